@@ -1,0 +1,296 @@
+//! The kernel/userspace ABI of the probe, in one place.
+//!
+//! Layout:
+//! - [`Event`]: the one record the eBPF programs write to the ring buffer.
+//! - [`EventKind`]: what an event is; also the index of its drop counter.
+//! - [`TaskState`]: the per-thread value of the `TASKS` map (thread id → span).
+//! - [`Offsets`]: tracepoint field offsets, parsed from tracefs by userspace
+//!   because their layout varies across kernels.
+//! - [`syscall_arg_role`]: which syscall argument holds a path or an address.
+//!
+//! Everything here is `#[repr(C)]`, `Copy`, with explicit padding: `u32` flags,
+//! never `bool`.
+#![no_std]
+
+/// Bytes of path or socket address carried by one event.
+pub const DATA_LEN: usize = 256;
+
+/// `Event::kind` values. Also the index into the per-CPU `DROPS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A traced syscall returned a negative errno after a matching enter.
+    SyscallFailed = 0,
+    /// A syscall exit with no matching enter: seccomp stopped it before it ran.
+    SeccompDenied = 1,
+    /// A signal generated for a traced task (fatal signals only).
+    Signal = 2,
+    /// The OOM killer chose a traced task.
+    OomVictim = 3,
+    /// A traced task forked or cloned.
+    Fork = 4,
+    /// A traced task executed a new program.
+    Exec = 5,
+    /// A traced process exited (last thread of the group).
+    Exit = 6,
+    /// A traced task opened a file for writing, or created one.
+    FileWrite = 7,
+    /// A traced task came back from direct memory reclaim.
+    ReclaimStall = 8,
+    /// Not an event: a fork whose child could not be tracked (TASKS full).
+    TaskUntracked = 9,
+    /// A traced task mounted a filesystem (`aux[0]`: mount flags).
+    Mount = 10,
+    /// dup2/dup3 succeeded (`aux[0]`: old fd, `ret`: new fd), so userspace
+    /// can follow a file opened for writing to the fd it is written through.
+    FdDup = 11,
+}
+
+/// Number of event kinds, i.e. length of the `DROPS` array.
+pub const EVENT_KINDS: u32 = 12;
+
+impl EventKind {
+    pub const ALL: [EventKind; EVENT_KINDS as usize] = [
+        EventKind::SyscallFailed,
+        EventKind::SeccompDenied,
+        EventKind::Signal,
+        EventKind::OomVictim,
+        EventKind::Fork,
+        EventKind::Exec,
+        EventKind::Exit,
+        EventKind::FileWrite,
+        EventKind::ReclaimStall,
+        EventKind::TaskUntracked,
+        EventKind::Mount,
+        EventKind::FdDup,
+    ];
+
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Self::ALL.get(v as usize).copied()
+    }
+}
+
+/// `Event::flags` bits.
+pub mod flags {
+    /// `data` holds a NUL-terminated path.
+    pub const DATA_PATH: u32 = 1 << 0;
+    /// `data` holds a `struct sockaddr` of `data_len` bytes.
+    pub const DATA_SOCKADDR: u32 = 1 << 1;
+    /// The task had a seccomp filter (seen installed, or present at attach).
+    pub const SECCOMP_ON: u32 = 1 << 2;
+    /// Fork: the child is a thread (CLONE_THREAD).
+    pub const THREAD: u32 = 1 << 3;
+    /// Exit: `aux[0]` holds the code passed to exit/exit_group.
+    pub const HAS_EXIT_CODE: u32 = 1 << 4;
+    /// Exit: the whole thread group is gone.
+    pub const GROUP_DEAD: u32 = 1 << 5;
+    /// Reading the path or address from user memory failed.
+    pub const DATA_FAULT: u32 = 1 << 6;
+}
+
+/// `TaskState::flags` bits.
+pub mod task {
+    /// The next syscall exit without an enter is expected (a fresh child's
+    /// return from fork/clone, or a syscall in flight when userspace attached).
+    pub const SKIP_ORPHAN_EXIT: u32 = 1 << 0;
+    /// The task runs under a seccomp filter.
+    pub const SECCOMP_ON: u32 = 1 << 1;
+}
+
+/// Marker for "no syscall in flight" in `TaskState::enter_nr`.
+pub const NO_SYSCALL: i64 = -1;
+
+/// One record in the ring buffer. Field meanings per kind are documented on
+/// each field; `aux` is kind-specific.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Event {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC).
+    pub ts_ns: u64,
+    /// The span the task belongs to.
+    pub span: u64,
+    /// An [`EventKind`] as u32.
+    pub kind: u32,
+    /// [`flags`] bits.
+    pub flags: u32,
+    /// Thread-group id of the current task (for `Signal`: the sender; for
+    /// `OomVictim`: the victim).
+    pub pid: u32,
+    /// Thread id of the current task.
+    pub tid: u32,
+    /// Syscall number (syscall events).
+    pub syscall: i64,
+    /// Syscall return value (syscall events).
+    pub ret: i64,
+    /// Syscall or reclaim duration.
+    pub duration_ns: u64,
+    /// SyscallFailed/FileWrite: [open flags or fd, -, -, -]; Fork: [child pid, clone
+    /// flags, -, -]; Exec: [old pid]; Exit: [exit code]; Signal: [signo, si_code,
+    /// target pid, result]; OomVictim: [total_vm kB, anon_rss kB, -, -].
+    pub aux: [u64; 4],
+    /// Valid bytes in `data`.
+    pub data_len: u32,
+    pub _pad: u32,
+    /// `comm` of the current task (OomVictim: the victim's).
+    pub comm: [u8; 16],
+    /// Path, socket address or exec filename, see `flags`.
+    pub data: [u8; DATA_LEN],
+}
+
+/// Per-thread state in the `TASKS` map, keyed by thread id. Only traced
+/// threads have an entry; an untracked thread costs one failed lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TaskState {
+    pub span: u64,
+    /// Syscall in flight, or [`NO_SYSCALL`].
+    pub enter_nr: i64,
+    pub enter_ts: u64,
+    /// User pointer to the path or sockaddr of the syscall in flight.
+    pub arg_ptr: u64,
+    /// Second argument worth keeping: open flags, sockaddr length, clone
+    /// flags, seccomp operation.
+    pub arg_aux: u64,
+    /// Start of the direct reclaim in progress, 0 when none.
+    pub reclaim_ts: u64,
+    /// [`task`] bits.
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+impl TaskState {
+    pub const fn new(span: u64, flags: u32) -> Self {
+        TaskState {
+            span,
+            enter_nr: NO_SYSCALL,
+            enter_ts: 0,
+            arg_ptr: 0,
+            arg_aux: 0,
+            reclaim_ts: 0,
+            flags,
+            _pad: 0,
+        }
+    }
+}
+
+/// Tracepoint field offsets that vary across kernels, read from
+/// `/sys/kernel/tracing/events/*/*/format` and stored in the `OFFSETS` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Offsets {
+    pub fork_parent_pid: u32,
+    pub fork_child_pid: u32,
+    pub exec_filename: u32,
+    pub exec_old_pid: u32,
+    pub exit_pid: u32,
+    pub exit_group_dead: u32,
+    pub signal_sig: u32,
+    pub signal_code: u32,
+    pub signal_pid: u32,
+    pub signal_result: u32,
+    pub oom_pid: u32,
+    pub oom_comm: u32,
+    pub oom_total_vm: u32,
+    pub oom_anon_rss: u32,
+}
+
+/// What the eBPF side keeps from a syscall's arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgRole {
+    /// Nothing worth reading.
+    None,
+    /// `args[path]` is a path; `args[flags]` (if any) are open flags.
+    Path { path: u8, flags: Option<u8> },
+    /// `args[addr]` is a `struct sockaddr *` of `args[len]` bytes.
+    SockAddr { addr: u8, len: u8 },
+    /// Keep `args[0]` (clone flags, seccomp op, prctl option, exit code, fd).
+    First,
+}
+
+/// x86_64 syscall numbers the eBPF side treats specially.
+pub mod nr {
+    pub const OPEN: i64 = 2;
+    pub const DUP2: i64 = 33;
+    pub const CONNECT: i64 = 42;
+    pub const SENDTO: i64 = 44;
+    pub const CLONE: i64 = 56;
+    pub const FORK: i64 = 57;
+    pub const VFORK: i64 = 58;
+    pub const EXECVE: i64 = 59;
+    pub const EXIT: i64 = 60;
+    pub const MKDIR: i64 = 83;
+    pub const CREAT: i64 = 85;
+    pub const PRCTL: i64 = 157;
+    pub const MOUNT: i64 = 165;
+    pub const EXIT_GROUP: i64 = 231;
+    pub const OPENAT: i64 = 257;
+    pub const MKDIRAT: i64 = 258;
+    pub const SECCOMP: i64 = 317;
+    pub const CLONE3: i64 = 435;
+    pub const OPENAT2: i64 = 437;
+    pub const DUP3: i64 = 292;
+    /// prctl option that installs a filter.
+    pub const PR_SET_SECCOMP: u64 = 22;
+}
+
+/// Which argument of syscall `nr` (x86_64) carries a path or an address.
+/// The same table drives the eBPF programs and the userspace decoder.
+#[inline(always)]
+pub const fn syscall_arg_role(nr: i64) -> ArgRole {
+    const fn p(path: u8) -> ArgRole {
+        ArgRole::Path { path, flags: None }
+    }
+    match nr {
+        // open(path, flags), openat(dfd, path, flags), creat(path, mode)
+        2 => ArgRole::Path { path: 0, flags: Some(1) },
+        257 => ArgRole::Path { path: 1, flags: Some(2) },
+        437 => p(1), // openat2: flags live in a struct
+        85 => p(0),
+        // stat, lstat, access, truncate, chdir, rename, mkdir, rmdir, link,
+        // unlink, readlink, chmod, chown, lchown, mknod, statfs, chroot,
+        // umount2, execve
+        4 | 6 | 21 | 76 | 80 | 82 | 83 | 84 | 86 | 87 | 89 | 90 | 92 | 94 | 133 | 137 | 161
+        | 166 | 59 => p(0),
+        // symlink(target, linkpath): the new link is what gets created
+        88 => p(1),
+        // mount(source, target, fstype, flags, data): the target and flags
+        165 => ArgRole::Path { path: 1, flags: Some(3) },
+        // *at(dfd, path, ...): mkdirat, mknodat, fchownat, newfstatat,
+        // unlinkat, renameat, linkat, readlinkat, fchmodat, faccessat,
+        // utimensat, renameat2, execveat, statx, faccessat2, fchmodat2
+        258 | 259 | 260 | 262 | 263 | 264 | 265 | 267 | 268 | 269 | 280 | 316 | 322 | 332
+        | 439 | 452 => p(1),
+        // symlinkat(target, newdfd, linkpath)
+        266 => p(2),
+        // connect(fd, addr, len), bind(fd, addr, len)
+        42 | 49 => ArgRole::SockAddr { addr: 1, len: 2 },
+        // sendto(fd, buf, len, flags, addr, addrlen)
+        44 => ArgRole::SockAddr { addr: 4, len: 5 },
+        56 | 60 | 157 | 231 | 317 | 435 => ArgRole::First,
+        // write, pwrite64, writev, ftruncate, fallocate, pwritev: the fd, so
+        // userspace can name the file an ENOSPC hit
+        1 | 18 | 20 | 77 | 285 | 296 => ArgRole::First,
+        // dup2, dup3: the old fd
+        33 | 292 => ArgRole::First,
+        _ => ArgRole::None,
+    }
+}
+
+/// True for open flags that make an open a write (O_WRONLY, O_RDWR, O_CREAT, O_TRUNC).
+#[inline(always)]
+pub const fn open_flags_write(flags: u64) -> bool {
+    const O_WRONLY: u64 = 0o1;
+    const O_RDWR: u64 = 0o2;
+    const O_CREAT: u64 = 0o100;
+    const O_TRUNC: u64 = 0o1000;
+    flags & (O_WRONLY | O_RDWR | O_CREAT | O_TRUNC) != 0
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: all three are repr(C), Copy, contain only integers and arrays of
+    // integers with explicit padding, so every bit pattern is valid.
+    unsafe impl aya::Pod for super::TaskState {}
+    unsafe impl aya::Pod for super::Offsets {}
+    unsafe impl aya::Pod for super::Event {}
+}

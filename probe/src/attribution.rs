@@ -1,0 +1,677 @@
+//! Attribution: from a span's evidence and its exit, the one primitive that
+//! made it fail, with a confidence and a sentence a person can act on.
+//!
+//! Decided by what made the workload fail, in this order: the caller's
+//! timeout, an OOM kill, a seccomp SIGSYS, another fatal signal, then the
+//! strongest rule match among failures of processes that exited non-zero
+//! (latest first). Processes that exited 0 handled their own failures, and
+//! failures that match no rule (ENOTTY, EAGAIN on reads, module searches)
+//! are never blamed.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Kind, KernelEvent, SYS_SECCOMP, errno_desc};
+use crate::primitive::{Layer, Primitive, classify};
+use crate::spans::{Drops, SpanEvidence};
+
+/// How the span's first process ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// Exit code, when it exited.
+    pub code: Option<i32>,
+    /// Signal name, when a signal killed it.
+    pub signal: Option<String>,
+}
+
+impl ExitStatus {
+    pub fn success(&self) -> bool {
+        self.code == Some(0) && self.signal.is_none()
+    }
+
+    /// The shell convention: the code, or 128 + signal number.
+    pub fn shell_code(&self) -> i32 {
+        match (&self.code, &self.signal) {
+            (Some(c), _) => *c,
+            (None, Some(sig)) => {
+                128 + sig.parse::<nix::sys::signal::Signal>().map(|s| s as i32).unwrap_or(0)
+            }
+            (None, None) => 1,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match (&self.code, &self.signal) {
+            (Some(c), _) => format!("exited with status {c}"),
+            (None, Some(s)) => format!("was killed by {s}"),
+            (None, None) => "did not start".to_string(),
+        }
+    }
+}
+
+/// The attribution object of ARCHITECTURE.md (`probe trace --json`,
+/// `end_span`, MCP `structuredContent.kernel`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Attribution {
+    pub span: u64,
+    pub session: Option<String>,
+    pub label: String,
+    pub exit: ExitStatus,
+    pub failed: bool,
+    pub primitive: Primitive,
+    /// `sandbox`, `test` (no kernel cause), or null when nothing failed.
+    pub layer: Option<Layer>,
+    pub confidence: f64,
+    pub explanation: String,
+    /// What to do about it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    pub decisive: Option<KernelEvent>,
+    pub events: Vec<KernelEvent>,
+    /// Events seen per kind (before retention).
+    pub counts: BTreeMap<String, u64>,
+    pub drops: Drops,
+    pub duration_ms: f64,
+}
+
+/// What the caller knows beyond the kernel's evidence.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub exit: ExitStatus,
+    /// The caller killed the workload on its deadline.
+    pub timed_out: Option<std::time::Duration>,
+    pub duration_ns: u64,
+    /// Put every retained event in `events`, not just the evidence.
+    pub all_events: bool,
+}
+
+/// One decision: primitive, confidence, sentence, decisive event.
+struct Verdict {
+    primitive: Primitive,
+    confidence: f64,
+    explanation: String,
+    decisive: Option<KernelEvent>,
+}
+
+/// Attributes a finished span.
+pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
+    let failed = !outcome.exit.success() || outcome.timed_out.is_some();
+    let verdict = if failed { failure_verdict(span, outcome) } else { success_verdict(span) };
+    let layer = failed.then(|| verdict.primitive.layer());
+    let events = if outcome.all_events {
+        span.events.iter().cloned().collect()
+    } else {
+        evidence_events(span, verdict.decisive.as_ref())
+    };
+    Attribution {
+        span: span.id,
+        session: span.session.clone(),
+        label: span.label.clone(),
+        exit: outcome.exit.clone(),
+        failed,
+        primitive: verdict.primitive,
+        layer,
+        confidence: (verdict.confidence * 100.0).round() / 100.0,
+        explanation: verdict.explanation,
+        hint: failed.then(|| hint(verdict.primitive).to_string()).filter(|h| !h.is_empty()),
+        decisive: verdict.decisive,
+        events,
+        counts: span.counts.iter().map(|(k, v)| (k.id().to_string(), *v)).collect(),
+        drops: span.drops,
+        duration_ms: outcome.duration_ns as f64 / 1e6,
+    }
+}
+
+fn success_verdict(span: &SpanEvidence) -> Verdict {
+    let denied = span
+        .events
+        .iter()
+        .filter(|e| e.kind == Kind::SeccompDenied && e.seccomp_filter == Some(true))
+        .count();
+    let explanation = if denied > 0 {
+        format!("exited 0; {denied} syscall(s) were denied by seccomp along the way and the workload coped")
+    } else {
+        "exited 0; nothing failed".to_string()
+    };
+    Verdict { primitive: Primitive::None, confidence: 0.95, explanation, decisive: None }
+}
+
+fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
+    let who = |pid: u32| {
+        let comm = span.processes.get(&pid).map(|p| p.comm.as_str()).filter(|c| !c.is_empty());
+        format!("{} (pid {pid})", comm.unwrap_or("process"))
+    };
+
+    if let Some(limit) = outcome.timed_out {
+        return Verdict {
+            primitive: Primitive::Timeout,
+            confidence: 0.95,
+            explanation: format!(
+                "the workload was still running after the time limit of {:.1}s and was killed",
+                limit.as_secs_f64()
+            ),
+            decisive: None,
+        };
+    }
+
+    if let Some(oom) = span.events.iter().find(|e| e.kind == Kind::OomVictim) {
+        let rss = oom.anon_rss_kb.map(|kb| format!(" at {} MiB anon RSS", kb / 1024)).unwrap_or_default();
+        return Verdict {
+            primitive: Primitive::MemOom,
+            confidence: 0.97,
+            explanation: format!("{} (pid {}) was killed by the OOM killer{rss}", oom.comm, oom.pid),
+            decisive: Some(oom.clone()),
+        };
+    }
+
+    // seccomp SIGSYS: RET_TRAP, RET_KILL_*
+    let sigsys = span.events.iter().find(|e| {
+        e.kind == Kind::Signal && e.signal.as_deref() == Some("SIGSYS") && e.si_code == Some(SYS_SECCOMP)
+    });
+    let killed_by_sigsys = span
+        .processes
+        .iter()
+        .find(|(_, p)| p.exited && p.exit_code.is_none() && p.signal.as_deref() == Some("SIGSYS"))
+        .map(|(pid, _)| *pid);
+    if sigsys.is_some() || killed_by_sigsys.is_some() || outcome.exit.signal.as_deref() == Some("SIGSYS") {
+        let pid = sigsys.map(|e| e.pid).or(killed_by_sigsys).or(span.root_pid);
+        let denial = span
+            .events
+            .iter()
+            .rev()
+            .find(|e| e.kind == Kind::SeccompDenied && (pid.is_none() || Some(e.pid) == pid));
+        let whom = pid.map(who).unwrap_or_else(|| "the workload".into());
+        let (explanation, decisive) = match denial {
+            Some(d) => (
+                format!(
+                    "{} was blocked by the seccomp filter: the kernel raised SIGSYS in {whom} and the syscall never ran",
+                    d.call()
+                ),
+                Some(d.clone()),
+            ),
+            None => (format!("the seccomp filter raised SIGSYS in {whom}"), sigsys.cloned()),
+        };
+        return Verdict { primitive: Primitive::Seccomp, confidence: 0.97, explanation, decisive };
+    }
+
+    // another fatal signal, on the root first
+    let root_signal = outcome.exit.signal.clone();
+    let signalled = span
+        .root_pid
+        .filter(|_| root_signal.is_some())
+        .or_else(|| span.processes.iter().find(|(_, p)| p.failed() && p.exit_code.is_none()).map(|(pid, _)| *pid));
+    if let Some(pid) = signalled {
+        let info = span.processes.get(&pid);
+        let sig = info.and_then(|p| p.signal.clone()).or(root_signal).unwrap_or_else(|| "a signal".into());
+        let decisive = span
+            .events
+            .iter()
+            .find(|e| e.kind == Kind::Signal && e.pid == pid && e.signal.as_deref() == Some(sig.as_str()))
+            .cloned();
+        if sig == "SIGXFSZ" {
+            return Verdict {
+                primitive: Primitive::FsSpace,
+                confidence: 0.9,
+                explanation: format!("{} exceeded the file-size limit (RLIMIT_FSIZE) and got SIGXFSZ", who(pid)),
+                decisive,
+            };
+        }
+        let crash = ["SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP"].contains(&sig.as_str());
+        let sender = info.and_then(|p| p.signal_sender.clone());
+        let explanation = match (crash, sender) {
+            (true, _) => format!("{} crashed with {sig}", who(pid)),
+            (false, Some((spid, scomm))) if spid != pid => {
+                format!("{} was killed by {sig} sent by {scomm} (pid {spid})", who(pid))
+            }
+            _ => format!("{} was killed by {sig}", who(pid)),
+        };
+        return Verdict { primitive: Primitive::Signal, confidence: 0.9, explanation, decisive };
+    }
+
+    // a seccomp denial or a hard limit outranks a shell's "not found"
+    match strongest_failure(span, outcome) {
+        Some(v) if v.confidence >= 0.95 => return v,
+        strongest => {
+            if let Some(v) = command_not_found(span, outcome).or(strongest) {
+                return v;
+            }
+        }
+    }
+
+    let duration = outcome.duration_ns.max(1);
+    if span.reclaim_ns * 5 > duration {
+        return Verdict {
+            primitive: Primitive::MemPressure,
+            confidence: 0.6,
+            explanation: format!(
+                "the workload {} after spending {:.0}% of its time in direct memory reclaim",
+                outcome.exit.describe(),
+                span.reclaim_ns as f64 * 100.0 / duration as f64
+            ),
+            decisive: span.events.iter().rev().find(|e| e.kind == Kind::ReclaimStall).cloned(),
+        };
+    }
+
+    Verdict {
+        primitive: Primitive::None,
+        confidence: 0.7,
+        explanation: format!(
+            "the workload {}; the kernel saw no denial, limit, kill or missing file that explains it \
+             (the cause is in the workload's own logic or its caller)",
+            outcome.exit.describe()
+        ),
+        decisive: None,
+    }
+}
+
+/// Paths a program looks up while searching (modules, libraries, locales,
+/// interpreter start-up files): their absence is how the search works, not
+/// a failure.
+pub fn is_search_noise(path: &str) -> bool {
+    const COMPONENTS: [&str; 14] = [
+        "__pycache__",
+        "site-packages",
+        "dist-packages",
+        "lib-dynload",
+        "glibc-hwcaps",
+        "tls",
+        "haswell",
+        "avx512_1",
+        "x86_64",
+        "node_modules",
+        "locale",
+        "gconv",
+        "Modules",
+        "selinux",
+    ];
+    const PREFIXES: [&str; 5] = ["/proc/", "/sys/", "/dev/", "/etc/ld.so", "/usr/share/zoneinfo"];
+    const NAMES: [&str; 4] = ["pybuilddir.txt", "pyvenv.cfg", "Setup.local", "os.py"];
+    let name = path.rsplit('/').next().unwrap_or(path);
+    path.starts_with('<')
+        || path.contains("/lib/python")
+        || path.split('/').any(|c| COMPONENTS.contains(&c))
+        || PREFIXES.iter().any(|p| path.starts_with(p))
+        || NAMES.contains(&name)
+        || name.ends_with("._pth")
+        || name.ends_with(".pyc")
+        || name.ends_with(".so")
+        || name.contains(".so.")
+        || (name.starts_with("python3") && name.ends_with(".zip"))
+}
+
+/// A failure event's primitive and weight, or None when it is not evidence.
+fn score(span: &SpanEvidence, ev: &KernelEvent, later: &[KernelEvent]) -> Option<(Primitive, f64)> {
+    let errno = ev.errno_nr()?;
+    let nr = ev.syscall_nr?;
+    if ev.kind == Kind::SeccompDenied {
+        let confirmed = ev.seccomp_filter == Some(true);
+        return Some((Primitive::Seccomp, if confirmed { 0.97 } else { 0.6 }));
+    }
+    // the program that failed here was replaced by a successful exec: it
+    // coped (a PATH search, a wrapper script); the new program is judged
+    if later.iter().any(|e| e.kind == Kind::Exec && e.pid == ev.pid) {
+        return None;
+    }
+    let rule = classify(nr, errno, ev.flags.unwrap_or(0))?;
+    let mut primitive = rule.primitive;
+    if let Some(path) = &ev.path {
+        if rule.primitive == Primitive::FsMissing && is_search_noise(path) {
+            return None;
+        }
+    }
+    match primitive {
+        Primitive::FsPermission if matches!(nr, 59 | 322) => {
+            let path = ev.path.as_deref().unwrap_or("");
+            let noexec_mount_in_span = span.events.iter().any(|m| {
+                m.kind == Kind::Mount
+                    && m.flags.unwrap_or(0) & libc::MS_NOEXEC != 0
+                    && m.path.as_deref().is_some_and(|t| path.starts_with(t))
+            });
+            if ev.mount_noexec == Some(true) || noexec_mount_in_span {
+                primitive = Primitive::FsNoexec;
+            }
+        }
+        _ => {}
+    }
+    Some((primitive, rule.weight as f64))
+}
+
+/// A shell's "command not found": a process exited 127 after looking up
+/// the same name in several PATH directories (stat, access or execve) and
+/// finding none.
+fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
+    let exited_127 = |pid: u32| {
+        span.processes.get(&pid).and_then(|p| p.exit_code) == Some(127)
+            || (Some(pid) == span.root_pid && outcome.exit.code == Some(127))
+    };
+    let misses: Vec<&KernelEvent> = span
+        .events
+        .iter()
+        .filter(|e| {
+            e.kind == Kind::SyscallFailed
+                && e.errno.as_deref() == Some("ENOENT")
+                && matches!(e.syscall_nr, Some(4 | 6 | 21 | 59 | 262 | 269 | 322 | 332 | 439))
+                && e.path.as_deref().is_some_and(|p| p.starts_with('/') && !is_search_noise(p))
+                && exited_127(e.pid)
+        })
+        .collect();
+    let last = *misses.last()?;
+    let name = last.path.as_deref()?.rsplit('/').next()?.to_string();
+    let mut tried: Vec<&str> = misses
+        .iter()
+        .filter(|e| e.pid == last.pid)
+        .filter_map(|e| e.path.as_deref())
+        .filter(|p| p.rsplit('/').next() == Some(name.as_str()))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    tried.retain(|p| seen.insert(*p));
+    if tried.len() < 2 {
+        return None;
+    }
+    Some(Verdict {
+        primitive: Primitive::ExecMissing,
+        confidence: 0.95,
+        explanation: format!(
+            "`{name}` is not installed: {} (pid {}) looked in {} PATH directories ({}) and exited 127",
+            last.comm,
+            last.pid,
+            tried.len(),
+            tried.join(", ")
+        ),
+        decisive: Some(last.clone()),
+    })
+}
+
+fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
+    let failing = |pid: u32| {
+        Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed())
+    };
+    let events: Vec<KernelEvent> = span.events.iter().cloned().collect();
+    let mut best: Option<(usize, Primitive, f64)> = None;
+    for (i, ev) in events.iter().enumerate().rev() {
+        if !matches!(ev.kind, Kind::SyscallFailed | Kind::SeccompDenied) || !failing(ev.pid) {
+            continue;
+        }
+        let Some((primitive, weight)) = score(span, ev, &events[i + 1..]) else { continue };
+        // strictly greater: among equals, the latest (seen first) wins
+        if best.is_none_or(|(_, _, w)| weight > w) {
+            best = Some((i, primitive, weight));
+        }
+    }
+    let (i, primitive, weight) = best?;
+    let ev = &events[i];
+    let errno = ev.errno.clone().unwrap_or_default();
+    let desc = errno_desc(&errno).to_lowercase();
+    let proc_desc = format!("{} (pid {})", ev.comm, ev.pid);
+    let mut confidence = weight;
+    let explanation = match primitive {
+        Primitive::Seccomp => {
+            let unconfirmed = if ev.seccomp_filter == Some(true) {
+                ""
+            } else {
+                " (the task's seccomp mode could not be confirmed)"
+            };
+            format!("{} was denied by the seccomp filter ({errno}; the syscall never ran) in {proc_desc}{unconfirmed}", ev.call())
+        }
+        Primitive::ExecMissing => {
+            let name = ev.path.as_deref().and_then(|p| p.rsplit('/').next()).unwrap_or("program");
+            let mut tried: Vec<&str> = events
+                .iter()
+                .filter(|e| {
+                    e.pid == ev.pid
+                        && e.syscall_nr == ev.syscall_nr
+                        && e.errno.as_deref() == Some("ENOENT")
+                        && e.path.as_deref().is_some_and(|p| p.rsplit('/').next() == Some(name))
+                })
+                .filter_map(|e| e.path.as_deref())
+                .collect();
+            let mut seen = std::collections::HashSet::new();
+            tried.retain(|p| seen.insert(*p));
+            if outcome.exit.code == Some(127) {
+                confidence = 0.97;
+            }
+            format!(
+                "`{name}` is not installed: execve failed with ENOENT for {} candidate path(s) ({})",
+                tried.len(),
+                tried.join(", ")
+            )
+        }
+        Primitive::FsNoexec => {
+            confidence = 0.95;
+            format!("{} failed with EACCES in {proc_desc}: the file is on a mount with noexec", ev.call())
+        }
+        _ => format!("{} failed with {errno} ({desc}) in {proc_desc}: {}", ev.call(), primitive.meaning()),
+    };
+    Some(Verdict { primitive, confidence, explanation, decisive: Some(ev.clone()) })
+}
+
+/// The events worth showing without `--events`: the decisive one, other
+/// scored failures of failing processes, signals, OOM, seccomp denials and
+/// failing exits. Repeats of the same call are shown once.
+fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<KernelEvent> {
+    const MAX: usize = 30;
+    let events: Vec<KernelEvent> = span.events.iter().cloned().collect();
+    let failing = |pid: u32| Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed());
+    let mut out: Vec<KernelEvent> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let keep = match e.kind {
+            Kind::SeccompDenied | Kind::Signal | Kind::OomVictim => true,
+            Kind::Exit => Some(e.pid) == span.root_pid || e.exit_code.is_none(),
+            Kind::SyscallFailed => {
+                failing(e.pid) && score(span, e, &events[i + 1..]).is_some_and(|(_, w)| w >= 0.5)
+            }
+            _ => false,
+        };
+        let repeat = out.last().is_some_and(|l: &KernelEvent| {
+            l.kind == e.kind && l.pid == e.pid && l.syscall == e.syscall && l.path == e.path && l.errno == e.errno
+        });
+        if keep && !repeat {
+            out.push(e.clone());
+        }
+    }
+    if out.len() > MAX {
+        out.drain(..out.len() - MAX);
+    }
+    if let Some(d) = decisive {
+        if !out.contains(d) {
+            out.push(d.clone());
+        }
+    }
+    out
+}
+
+/// What to do about a primitive.
+pub fn hint(p: Primitive) -> &'static str {
+    match p {
+        Primitive::Seccomp => "allow the syscall in the sandbox's seccomp profile, or avoid it in the workload",
+        Primitive::FsPermission => "write where the workload's user owns the directory, or fix the owner/mode",
+        Primitive::FsReadonly => "write to a writable mount (a tmpfs or volume), or mount this one read-write",
+        Primitive::FsNoexec => "run the program from a mount without noexec, or run it through its interpreter",
+        Primitive::FsSpace => "free space, or give the sandbox a larger disk/tmpfs/quota",
+        Primitive::FsPersistence => "write to a path that persists across calls (same mount namespace and host)",
+        Primitive::FsMissing => "create the file first, or fix the path the workload expects",
+        Primitive::ExecMissing => "install the program in the sandbox image, or put it on PATH",
+        Primitive::ProcLimit => "raise the pids cgroup limit / RLIMIT_NPROC / RLIMIT_NOFILE, or use fewer processes",
+        Primitive::MemOom => "raise the memory limit of the sandbox, or make the workload use less memory",
+        Primitive::MemLimit => "raise RLIMIT_AS or the overcommit setting, or allocate less",
+        Primitive::MemPressure => "give the sandbox more memory headroom",
+        Primitive::NetEgress => "allow this destination in the sandbox's egress rules, or route it",
+        Primitive::Caps => "grant the capability to the sandbox, or do without the privileged operation",
+        Primitive::Signal => "find who sent the signal, or debug the crash",
+        Primitive::Timeout => "raise the time limit, or make the workload faster",
+        Primitive::None => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spans::SpanEvidence;
+
+    fn ev(kind: Kind, pid: u32, ts: u64) -> KernelEvent {
+        serde_json::from_value(serde_json::json!({"kind": kind, "ts_ns": ts, "pid": pid, "tid": pid, "comm": "w"}))
+            .unwrap()
+    }
+
+    fn failed(pid: u32, ts: u64, syscall: &str, errno: i32, path: &str) -> KernelEvent {
+        let mut e = ev(Kind::SyscallFailed, pid, ts);
+        let nr = crate::syscalls::number(syscall).unwrap();
+        e.syscall = Some(syscall.into());
+        e.syscall_nr = Some(nr);
+        e.ret = Some(-(errno as i64));
+        e.errno = Some(crate::event::errno_name(errno));
+        e.path = Some(path.into());
+        e
+    }
+
+    fn exit(pid: u32, ts: u64, code: i32) -> KernelEvent {
+        let mut e = ev(Kind::Exit, pid, ts);
+        e.exit_code = Some(code);
+        e
+    }
+
+    fn span(events: Vec<KernelEvent>) -> SpanEvidence {
+        let mut s = SpanEvidence::new(1, Some("t-1".into()), "unit".into(), 0);
+        s.root_pid = Some(10);
+        for e in events {
+            s.add(e);
+        }
+        s
+    }
+
+    fn outcome(code: i32) -> Outcome {
+        Outcome { exit: ExitStatus { code: Some(code), signal: None }, ..Default::default() }
+    }
+
+    /// What python3 start-up looks like: module and library searches.
+    fn python_noise(pid: u32) -> Vec<KernelEvent> {
+        vec![
+            failed(pid, 1, "newfstatat", libc::ENOENT, "/usr/lib/x86_64-linux-gnu/tls/haswell"),
+            failed(pid, 2, "openat", libc::ENOENT, "/usr/local/bin/python3._pth"),
+            failed(pid, 3, "newfstatat", libc::ENOENT, "/usr/local/lib/python311.zip"),
+            failed(pid, 4, "openat", libc::ENOENT, "/usr/local/lib/python3.11/encodings/__pycache__/x.pyc"),
+            failed(pid, 5, "newfstatat", libc::ENOENT, "/root/.local/lib/python3.11/site-packages"),
+            failed(pid, 6, "ioctl", libc::ENOTTY, "/dev/null"),
+        ]
+    }
+
+    #[test]
+    fn benign_noise_with_exit_0_is_none_without_layer() {
+        let mut events = python_noise(10);
+        events.push(exit(10, 9, 0));
+        let a = attribute(&span(events), &outcome(0));
+        assert_eq!(a.primitive, Primitive::None);
+        assert_eq!(a.layer, None);
+        assert!(!a.failed);
+    }
+
+    #[test]
+    fn benign_noise_with_exit_3_is_none_in_test_layer() {
+        let mut events = python_noise(10);
+        events.push(exit(10, 9, 3));
+        let a = attribute(&span(events), &outcome(3));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        assert_eq!(a.layer, Some(Layer::Test));
+        assert!(a.decisive.is_none());
+    }
+
+    #[test]
+    fn missing_data_file_after_noise_is_fs_missing() {
+        let mut events = python_noise(10);
+        events.push(failed(10, 8, "openat", libc::ENOENT, "/data/in.csv"));
+        events.push(exit(10, 9, 1));
+        let a = attribute(&span(events), &outcome(1));
+        assert_eq!(a.primitive, Primitive::FsMissing);
+        assert_eq!(a.decisive.unwrap().path.as_deref(), Some("/data/in.csv"));
+    }
+
+    #[test]
+    fn seccomp_denial_outranks_later_weaker_failures() {
+        let mut denied = ev(Kind::SeccompDenied, 10, 5);
+        denied.syscall = Some("mkdir".into());
+        denied.syscall_nr = Some(83);
+        denied.ret = Some(-1);
+        denied.errno = Some("EPERM".into());
+        denied.path = Some("/tmp/out".into());
+        denied.seccomp_filter = Some(true);
+        let events = vec![denied, failed(10, 6, "openat", libc::ENOENT, "/tmp/out/x"), exit(10, 9, 1)];
+        let a = attribute(&span(events), &outcome(1));
+        assert_eq!(a.primitive, Primitive::Seccomp);
+        assert_eq!(
+            a.explanation,
+            "mkdir(\"/tmp/out\") was denied by the seccomp filter (EPERM; the syscall never ran) in w (pid 10)"
+        );
+    }
+
+    #[test]
+    fn failures_of_processes_that_exited_0_are_not_blamed() {
+        // a child hit EROFS but coped; the root failed for its own reasons
+        let events = vec![
+            failed(11, 1, "openat", libc::EROFS, "/ro/cache"),
+            exit(11, 2, 0),
+            exit(10, 3, 2),
+        ];
+        let a = attribute(&span(events), &outcome(2));
+        assert_eq!(a.primitive, Primitive::None);
+    }
+
+    #[test]
+    fn path_search_then_exec_is_not_exec_missing() {
+        let mut exec = ev(Kind::Exec, 10, 3);
+        exec.path = Some("/usr/bin/tool".into());
+        let events = vec![
+            failed(10, 1, "execve", libc::ENOENT, "/usr/local/bin/tool"),
+            exec,
+            failed(10, 4, "openat", libc::EACCES, "/etc/shadow"),
+            exit(10, 5, 1),
+        ];
+        let a = attribute(&span(events), &outcome(1));
+        assert_eq!(a.primitive, Primitive::FsPermission);
+    }
+
+    #[test]
+    fn execve_eacces_on_noexec_mount_from_span_mount_event() {
+        let mut mount = ev(Kind::Mount, 10, 1);
+        mount.path = Some("/scratch".into());
+        mount.flags = Some(libc::MS_NOEXEC);
+        let events = vec![mount, failed(10, 2, "execve", libc::EACCES, "/scratch/tool"), exit(10, 3, 126)];
+        let a = attribute(&span(events), &outcome(126));
+        assert_eq!(a.primitive, Primitive::FsNoexec);
+    }
+
+    #[test]
+    fn oom_victim_wins_and_names_rss() {
+        let mut oom = ev(Kind::OomVictim, 10, 4);
+        oom.comm = "python3".into();
+        oom.anon_rss_kb = Some(512 * 1024);
+        let events = vec![failed(10, 1, "openat", libc::ENOENT, "/data/x"), oom];
+        let o = Outcome { exit: ExitStatus { code: None, signal: Some("SIGKILL".into()) }, ..Default::default() };
+        let a = attribute(&span(events), &o);
+        assert_eq!(a.primitive, Primitive::MemOom);
+        assert_eq!(a.explanation, "python3 (pid 10) was killed by the OOM killer at 512 MiB anon RSS");
+        assert_eq!(a.exit.shell_code(), 137);
+    }
+
+    #[test]
+    fn timeout_is_reported_as_timeout() {
+        let o = Outcome {
+            exit: ExitStatus { code: None, signal: Some("SIGKILL".into()) },
+            timed_out: Some(std::time::Duration::from_secs(2)),
+            ..Default::default()
+        };
+        let a = attribute(&span(vec![]), &o);
+        assert_eq!(a.primitive, Primitive::Timeout);
+        assert_eq!(a.layer, Some(Layer::Sandbox));
+    }
+
+    #[test]
+    fn search_noise_is_recognised() {
+        for p in ["/usr/lib/python3.11/json/__pycache__/x.pyc", "/lib/x86_64-linux-gnu/tls/libc.so.6", "<string>"] {
+            assert!(is_search_noise(p), "{p}");
+        }
+        for p in ["/data/in.csv", "/tmp/out/result.json", "/workspace/model.bin"] {
+            assert!(!is_search_noise(p), "{p}");
+        }
+    }
+}

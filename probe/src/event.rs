@@ -1,0 +1,438 @@
+//! Decoding: raw ring-buffer records → [`KernelEvent`], the JSON event of the
+//! contract (`kind`, `syscall`, `errno`, `path`, `pid`, `ts_ns`, …).
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use probe_abi::{DATA_LEN, Event, EventKind, flags};
+use serde::{Deserialize, Serialize};
+
+/// Event kinds as they appear in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    SyscallFailed,
+    SeccompDenied,
+    Signal,
+    OomVictim,
+    Fork,
+    Exec,
+    Exit,
+    FileWrite,
+    ReclaimStall,
+    Mount,
+    /// dup2/dup3 (internal: followed to name files behind fds).
+    FdDup,
+}
+
+impl Kind {
+    pub fn id(self) -> &'static str {
+        match self {
+            Kind::SyscallFailed => "syscall_failed",
+            Kind::SeccompDenied => "seccomp_denied",
+            Kind::Signal => "signal",
+            Kind::OomVictim => "oom_victim",
+            Kind::Fork => "fork",
+            Kind::Exec => "exec",
+            Kind::Exit => "exit",
+            Kind::FileWrite => "file_write",
+            Kind::ReclaimStall => "reclaim_stall",
+            Kind::Mount => "mount",
+            Kind::FdDup => "fd_dup",
+        }
+    }
+
+    pub fn from_id(id: &str) -> Option<Kind> {
+        use Kind::*;
+        [SyscallFailed, SeccompDenied, Signal, OomVictim, Fork, Exec, Exit, FileWrite, ReclaimStall, Mount, FdDup]
+            .into_iter()
+            .find(|k| k.id() == id)
+    }
+}
+
+/// One decoded kernel event. Optional fields are present only for the kinds
+/// they belong to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelEvent {
+    pub kind: Kind,
+    /// Nanoseconds since the span began.
+    pub ts_ns: u64,
+    /// The process the event is about (for `signal`: the target).
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall_nr: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errno: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ret: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u64>,
+    /// open(2) flags, or mount(2) flags for `mount`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flags: Option<u64>,
+    /// The fd of a write-family syscall; the old fd of a dup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fd: Option<i64>,
+    /// The task had a seccomp filter installed (seen by the probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp_filter: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub si_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_comm: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anon_rss_kb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_vm_kb: Option<u64>,
+    /// execve EACCES: the path's mount has `noexec` (checked on arrival).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_noexec: Option<bool>,
+}
+
+/// `si_code` of a SIGSYS raised by seccomp.
+pub const SYS_SECCOMP: i32 = 1;
+
+impl KernelEvent {
+    fn bare(kind: Kind, ts_ns: u64, pid: u32, tid: u32, comm: String) -> Self {
+        KernelEvent {
+            kind,
+            ts_ns,
+            pid,
+            tid,
+            comm,
+            syscall: None,
+            syscall_nr: None,
+            errno: None,
+            ret: None,
+            path: None,
+            addr: None,
+            duration_ns: None,
+            flags: None,
+            fd: None,
+            seccomp_filter: None,
+            signal: None,
+            si_code: None,
+            sender_pid: None,
+            sender_comm: None,
+            child_pid: None,
+            thread: None,
+            exit_code: None,
+            anon_rss_kb: None,
+            total_vm_kb: None,
+            mount_noexec: None,
+        }
+    }
+
+    /// The errno number of a failed syscall or seccomp denial, if any.
+    pub fn errno_nr(&self) -> Option<i32> {
+        match self.kind {
+            Kind::SyscallFailed | Kind::SeccompDenied => {
+                self.ret.filter(|r| *r < 0 && *r >= -4095).map(|r| -r as i32)
+            }
+            _ => None,
+        }
+    }
+
+    /// `syscall("path")`, `syscall(addr)` or `syscall`, for sentences.
+    pub fn call(&self) -> String {
+        let name = self.syscall.as_deref().unwrap_or("syscall");
+        match (&self.path, &self.addr) {
+            (Some(p), _) => format!("{name}(\"{p}\")"),
+            (None, Some(a)) => format!("{name}({a})"),
+            _ => name.to_string(),
+        }
+    }
+}
+
+/// Why a record could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DecodeError {
+    /// The record is shorter than an [`Event`]: ABI mismatch between the
+    /// embedded eBPF object and this binary.
+    #[error("ring buffer record of {0} bytes, expected {1}")]
+    Size(usize, usize),
+    /// A kind this binary does not know.
+    #[error("unknown event kind {0}")]
+    Kind(u32),
+}
+
+/// Reads one ring-buffer record. Alignment is not guaranteed, hence the copy.
+pub fn read_raw(bytes: &[u8]) -> Result<Event, DecodeError> {
+    if bytes.len() < size_of::<Event>() {
+        return Err(DecodeError::Size(bytes.len(), size_of::<Event>()));
+    }
+    // SAFETY: length checked above; Event is plain old data (probe_abi), so
+    // any bit pattern is valid; read_unaligned copes with alignment.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Event) })
+}
+
+/// Decodes a raw event; `span_start_ns` makes `ts_ns` relative.
+pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeError> {
+    let kind = EventKind::from_u32(raw.kind).ok_or(DecodeError::Kind(raw.kind))?;
+    let ts = raw.ts_ns.saturating_sub(span_start_ns);
+    let comm = cstr(&raw.comm);
+    let data_len = (raw.data_len as usize).min(DATA_LEN);
+    let data = &raw.data[..data_len];
+    let mut ev = match kind {
+        EventKind::SyscallFailed | EventKind::SeccompDenied | EventKind::FileWrite | EventKind::Mount => {
+            let k = match kind {
+                EventKind::SyscallFailed => Kind::SyscallFailed,
+                EventKind::SeccompDenied => Kind::SeccompDenied,
+                EventKind::FileWrite => Kind::FileWrite,
+                _ => Kind::Mount,
+            };
+            let mut ev = KernelEvent::bare(k, ts, raw.pid, raw.tid, comm);
+            // A seccomp kill rolls the registers back: the exit's "ret" is
+            // the syscall number and the id may be -1.
+            let nr = if kind == EventKind::SeccompDenied && raw.syscall < 0 { raw.ret } else { raw.syscall };
+            ev.syscall = Some(crate::syscalls::name(nr));
+            ev.syscall_nr = Some(nr);
+            ev.ret = Some(raw.ret);
+            if let Some(e) = ev.errno_nr() {
+                ev.errno = Some(errno_name(e));
+            }
+            if kind != EventKind::SeccompDenied {
+                ev.duration_ns = Some(raw.duration_ns);
+                if is_fd_syscall(raw.syscall) {
+                    ev.fd = Some(raw.aux[0] as i64);
+                } else if raw.aux[0] != 0 {
+                    ev.flags = Some(raw.aux[0]);
+                }
+            }
+            if raw.flags & flags::DATA_PATH != 0 {
+                ev.path = Some(cstr(data));
+            } else if raw.flags & flags::DATA_SOCKADDR != 0 {
+                ev.addr = sockaddr(data);
+            }
+            if raw.flags & flags::SECCOMP_ON != 0 {
+                ev.seccomp_filter = Some(true);
+            }
+            ev
+        }
+        EventKind::Signal => {
+            let target = raw.aux[2] as u32;
+            let mut ev = KernelEvent::bare(Kind::Signal, ts, target, target, String::new());
+            ev.signal = Some(signal_name(raw.aux[0] as i32));
+            ev.si_code = Some(raw.aux[1] as u32 as i32);
+            ev.sender_pid = Some(raw.pid);
+            ev.sender_comm = Some(comm);
+            ev
+        }
+        EventKind::OomVictim => {
+            let mut ev = KernelEvent::bare(Kind::OomVictim, ts, raw.pid, raw.tid, comm);
+            ev.total_vm_kb = Some(raw.aux[0]);
+            ev.anon_rss_kb = Some(raw.aux[1]);
+            ev
+        }
+        EventKind::Fork => {
+            let mut ev = KernelEvent::bare(Kind::Fork, ts, raw.pid, raw.tid, comm);
+            ev.child_pid = Some(raw.aux[0] as u32);
+            ev.thread = Some(raw.flags & flags::THREAD != 0);
+            ev
+        }
+        EventKind::Exec => {
+            let mut ev = KernelEvent::bare(Kind::Exec, ts, raw.pid, raw.tid, comm);
+            if raw.flags & flags::DATA_PATH != 0 {
+                ev.path = Some(cstr(data));
+            }
+            ev
+        }
+        EventKind::Exit => {
+            let mut ev = KernelEvent::bare(Kind::Exit, ts, raw.pid, raw.tid, comm);
+            if raw.flags & flags::HAS_EXIT_CODE != 0 {
+                ev.exit_code = Some((raw.aux[0] as u32 as i32) & 0xff);
+            }
+            ev
+        }
+        EventKind::ReclaimStall => {
+            let mut ev = KernelEvent::bare(Kind::ReclaimStall, ts, raw.pid, raw.tid, comm);
+            ev.duration_ns = Some(raw.duration_ns);
+            ev
+        }
+        EventKind::FdDup => {
+            let mut ev = KernelEvent::bare(Kind::FdDup, ts, raw.pid, raw.tid, comm);
+            ev.syscall = Some(crate::syscalls::name(raw.syscall));
+            ev.syscall_nr = Some(raw.syscall);
+            ev.fd = Some(raw.aux[0] as i64);
+            ev.ret = Some(raw.ret);
+            ev
+        }
+        EventKind::TaskUntracked => return Err(DecodeError::Kind(raw.kind)),
+    };
+    if ev.kind == Kind::Mount {
+        ev.errno = None;
+    }
+    Ok(ev)
+}
+
+/// write, pwrite64, writev, ftruncate, fallocate, pwritev: `aux[0]` is an fd.
+pub fn is_fd_syscall(nr: i64) -> bool {
+    matches!(nr, 1 | 18 | 20 | 77 | 285 | 296)
+}
+
+/// A NUL-terminated byte string, lossily as UTF-8.
+fn cstr(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// `ENOENT` for 2, `E1234` when unknown.
+pub fn errno_name(errno: i32) -> String {
+    // kernel-internal restart codes leak to tracepoints on interrupted syscalls
+    match errno {
+        512 => return "ERESTARTSYS".into(),
+        513 => return "ERESTARTNOINTR".into(),
+        514 => return "ERESTARTNOHAND".into(),
+        516 => return "ERESTART_RESTARTBLOCK".into(),
+        _ => {}
+    }
+    let e = nix::errno::Errno::from_raw(errno);
+    if e == nix::errno::Errno::UnknownErrno { format!("E{errno}") } else { format!("{e:?}") }
+}
+
+/// "No such file or directory" for ENOENT.
+pub fn errno_desc(name: &str) -> &'static str {
+    (1..134)
+        .map(nix::errno::Errno::from_raw)
+        .find(|e| format!("{e:?}") == name)
+        .map(|e| e.desc())
+        .unwrap_or("unknown error")
+}
+
+/// `SIGKILL` for 9.
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("SIG{sig}"))
+}
+
+/// Renders a `struct sockaddr`: `10.0.0.1:80`, `[::1]:443`, `unix:/run/x.sock`.
+pub fn sockaddr(b: &[u8]) -> Option<String> {
+    if b.len() < 2 {
+        return None;
+    }
+    let family = u16::from_ne_bytes([b[0], b[1]]) as i32;
+    match family {
+        libc::AF_INET if b.len() >= 8 => {
+            let port = u16::from_be_bytes([b[2], b[3]]);
+            Some(format!("{}:{port}", Ipv4Addr::new(b[4], b[5], b[6], b[7])))
+        }
+        libc::AF_INET6 if b.len() >= 24 => {
+            let port = u16::from_be_bytes([b[2], b[3]]);
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&b[8..24]);
+            Some(format!("[{}]:{port}", Ipv6Addr::from(a)))
+        }
+        libc::AF_UNIX => {
+            let p = &b[2..];
+            if p.first() == Some(&0) {
+                Some(format!("unix:@{}", cstr(&p[1..])))
+            } else {
+                Some(format!("unix:{}", cstr(p)))
+            }
+        }
+        f => Some(format!("family {f}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(kind: EventKind) -> Event {
+        Event {
+            ts_ns: 1_000,
+            span: 7,
+            kind: kind as u32,
+            flags: 0,
+            pid: 42,
+            tid: 43,
+            syscall: 0,
+            ret: 0,
+            duration_ns: 0,
+            aux: [0; 4],
+            data_len: 0,
+            _pad: 0,
+            comm: *b"python3\0\0\0\0\0\0\0\0\0",
+            data: [0; DATA_LEN],
+        }
+    }
+
+    #[test]
+    fn failed_open_with_path() {
+        let mut r = raw(EventKind::SyscallFailed);
+        r.syscall = 257;
+        r.ret = -2;
+        r.flags = flags::DATA_PATH;
+        let p = b"/data/in.csv\0";
+        r.data[..p.len()].copy_from_slice(p);
+        r.data_len = p.len() as u32;
+        let ev = decode(&r, 400).unwrap();
+        assert_eq!(ev.kind, Kind::SyscallFailed);
+        assert_eq!(ev.syscall.as_deref(), Some("openat"));
+        assert_eq!(ev.errno.as_deref(), Some("ENOENT"));
+        assert_eq!(ev.path.as_deref(), Some("/data/in.csv"));
+        assert_eq!(ev.ts_ns, 600);
+        assert_eq!(ev.comm, "python3");
+        assert_eq!(ev.call(), "openat(\"/data/in.csv\")");
+    }
+
+    #[test]
+    fn seccomp_kill_names_the_syscall_from_ret() {
+        let mut r = raw(EventKind::SeccompDenied);
+        r.syscall = -1;
+        r.ret = 41;
+        let ev = decode(&r, 0).unwrap();
+        assert_eq!(ev.syscall.as_deref(), Some("socket"));
+        assert_eq!(ev.errno, None);
+    }
+
+    #[test]
+    fn connect_address_v4_v6_unix() {
+        let mut v4 = vec![0u8; 16];
+        v4[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        v4[2..4].copy_from_slice(&80u16.to_be_bytes());
+        v4[4..8].copy_from_slice(&[10, 0, 0, 1]);
+        assert_eq!(sockaddr(&v4).as_deref(), Some("10.0.0.1:80"));
+        let mut v6 = vec![0u8; 28];
+        v6[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        v6[2..4].copy_from_slice(&443u16.to_be_bytes());
+        v6[23] = 1;
+        assert_eq!(sockaddr(&v6).as_deref(), Some("[::1]:443"));
+        let mut un = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+        un.extend_from_slice(b"/run/x.sock\0");
+        assert_eq!(sockaddr(&un).as_deref(), Some("unix:/run/x.sock"));
+    }
+
+    #[test]
+    fn short_record_and_unknown_kind_are_errors() {
+        assert_eq!(read_raw(&[0u8; 8]).err(), Some(DecodeError::Size(8, size_of::<Event>())));
+        let mut r = raw(EventKind::Exit);
+        r.kind = 999;
+        assert_eq!(decode(&r, 0).err(), Some(DecodeError::Kind(999)));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(errno_name(13), "EACCES");
+        assert_eq!(errno_desc("EROFS"), "Read-only file system");
+        assert_eq!(signal_name(9), "SIGKILL");
+    }
+}

@@ -1,0 +1,212 @@
+//! Loader: checks the machine, loads the embedded eBPF object, attaches the
+//! tracepoints, and hands out the maps (`TASKS`, `EVENTS`, `DROPS`).
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{RawTracePoint, TracePoint},
+};
+use probe_abi::{EVENT_KINDS, EventKind, TaskState, task};
+
+use crate::tracefs;
+
+/// The eBPF object, built by build.rs and embedded in the binary.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
+
+/// (program name in the object, tracepoint category, tracepoint name, required).
+/// The two syscall programs are raw tracepoints on the same tracepoints: they
+/// get `pt_regs` (arguments of a syscall seccomp stopped) and skip the
+/// perf-record copy.
+const PROGRAMS: [(&str, &str, &str, bool); 9] = [
+    ("sys_enter", "raw_syscalls", "sys_enter", true),
+    ("sys_exit", "raw_syscalls", "sys_exit", true),
+    ("sched_process_fork", "sched", "sched_process_fork", true),
+    ("sched_process_exec", "sched", "sched_process_exec", true),
+    ("sched_process_exit", "sched", "sched_process_exit", true),
+    ("signal_generate", "signal", "signal_generate", true),
+    ("mark_victim", "oom", "mark_victim", true),
+    ("direct_reclaim_begin", "vmscan", "mm_vmscan_direct_reclaim_begin", false),
+    ("direct_reclaim_end", "vmscan", "mm_vmscan_direct_reclaim_end", false),
+];
+
+/// Why the probe could not start. Each message says what is missing and
+/// what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Not root and without the capabilities eBPF tracing needs.
+    #[error(
+        "cannot load eBPF programs: permission denied (run as root, or grant \
+         CAP_BPF+CAP_PERFMON+CAP_SYS_RESOURCE; effective uid is {0})"
+    )]
+    NotPermitted(u32),
+    /// tracefs or a tracepoint is missing.
+    #[error(transparent)]
+    Tracefs(#[from] tracefs::TracefsError),
+    /// The kernel refused the object (verifier, BTF, map creation).
+    #[error("the kernel refused the probe's eBPF object: {0}")]
+    Load(String),
+    /// Attaching one tracepoint failed.
+    #[error("cannot attach {0}: {1}")]
+    Attach(String, String),
+    /// A map the object should contain is missing: binary and object disagree.
+    #[error("the embedded eBPF object has no map `{0}` (rebuild the probe)")]
+    Map(&'static str),
+}
+
+/// Loaded and attached programs. Dropping it detaches everything.
+pub struct Probe {
+    /// Keeps programs and links alive.
+    _ebpf: Ebpf,
+    tasks: HashMap<MapData, u32, TaskState>,
+    events: RingBuf<MapData>,
+    drops: PerCpuArray<MapData, u64>,
+    /// Tracepoints attached, as `category:name`.
+    pub attached: Vec<String>,
+    /// Optional tracepoints this kernel lacks.
+    pub missing: Vec<String>,
+}
+
+/// Effective capabilities from /proc/self/status.
+fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+impl Probe {
+    /// Checks privileges and tracefs, loads the object and attaches all
+    /// programs.
+    pub fn load() -> Result<Probe, LoadError> {
+        const CAP_SYS_ADMIN: u64 = 1 << 21;
+        const CAP_PERFMON: u64 = 1 << 38;
+        const CAP_BPF: u64 = 1 << 39;
+        let caps = effective_caps();
+        let euid = nix::unistd::geteuid().as_raw();
+        if caps & CAP_SYS_ADMIN == 0 && caps & (CAP_BPF | CAP_PERFMON) != (CAP_BPF | CAP_PERFMON) {
+            return Err(LoadError::NotPermitted(euid));
+        }
+        let root = tracefs::root()?;
+        let mut missing = Vec::new();
+        for (_, cat, name, required) in PROGRAMS {
+            let tp = format!("{cat}/{name}");
+            if !root.join("events").join(&tp).is_dir() {
+                if required {
+                    return Err(tracefs::TracefsError::Missing(tp, "not in tracefs events".into()).into());
+                }
+                missing.push(format!("{cat}:{name}"));
+            }
+        }
+        let offsets = tracefs::offsets(&root)?;
+
+        let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT).map_err(|e| match e {
+            aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EPERM) =>
+            {
+                LoadError::NotPermitted(euid)
+            }
+            other => LoadError::Load(error_chain(&other)),
+        })?;
+        {
+            let map = ebpf.map_mut("OFFSETS").ok_or(LoadError::Map("OFFSETS"))?;
+            let mut arr: Array<&mut MapData, probe_abi::Offsets> =
+                Array::try_from(map).map_err(|e| LoadError::Load(e.to_string()))?;
+            arr.set(0, offsets, 0).map_err(|e| LoadError::Load(e.to_string()))?;
+        }
+        let mut attached = Vec::new();
+        for (prog, cat, name, _) in PROGRAMS {
+            if missing.contains(&format!("{cat}:{name}")) {
+                continue;
+            }
+            let what = format!("{cat}:{name}");
+            let program = ebpf
+                .program_mut(prog)
+                .ok_or_else(|| LoadError::Load(format!("program {prog} missing from object")))?;
+            let attach_err = |e: aya::programs::ProgramError| LoadError::Attach(what.clone(), error_chain(&e));
+            if cat == "raw_syscalls" {
+                let program: &mut RawTracePoint = program.try_into().map_err(attach_err)?;
+                program.load().map_err(attach_err)?;
+                program.attach(name).map_err(attach_err)?;
+            } else {
+                let program: &mut TracePoint = program.try_into().map_err(attach_err)?;
+                program.load().map_err(attach_err)?;
+                program.attach(cat, name).map_err(attach_err)?;
+            }
+            attached.push(what);
+        }
+        let tasks = HashMap::try_from(ebpf.take_map("TASKS").ok_or(LoadError::Map("TASKS"))?)
+            .map_err(|e| LoadError::Load(e.to_string()))?;
+        let events = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(LoadError::Map("EVENTS"))?)
+            .map_err(|e| LoadError::Load(e.to_string()))?;
+        let drops = PerCpuArray::try_from(ebpf.take_map("DROPS").ok_or(LoadError::Map("DROPS"))?)
+            .map_err(|e| LoadError::Load(e.to_string()))?;
+        Ok(Probe { _ebpf: ebpf, tasks, events, drops, attached, missing })
+    }
+
+    /// Starts tracing `pid` (and, in the kernel, everything it forks) as
+    /// part of `span`. Call it while `pid` is blocked before exec.
+    pub fn track(&mut self, pid: u32, span: u64) -> Result<(), aya::maps::MapError> {
+        let mut flags = task::SKIP_ORPHAN_EXIT;
+        if seccomp_mode(pid).unwrap_or(0) != 0 {
+            flags |= task::SECCOMP_ON;
+        }
+        self.tasks.insert(pid, TaskState::new(span, flags), 0)
+    }
+
+    /// Stops tracing every task of `span` (descendants that outlive it).
+    pub fn untrack_span(&mut self, span: u64) -> usize {
+        let stale: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, st)| st.span == span)
+            .map(|(tid, _)| tid)
+            .collect();
+        for tid in &stale {
+            let _ = self.tasks.remove(tid);
+        }
+        stale.len()
+    }
+
+    /// Threads currently traced.
+    pub fn tracked_tasks(&self) -> usize {
+        self.tasks.keys().count()
+    }
+
+    /// The ring buffer, to poll and drain.
+    pub fn events(&mut self) -> &mut RingBuf<MapData> {
+        &mut self.events
+    }
+
+    /// Kernel drop counters summed over CPUs, indexed by [`EventKind`].
+    pub fn drops(&self) -> [u64; EVENT_KINDS as usize] {
+        let mut out = [0u64; EVENT_KINDS as usize];
+        for kind in EventKind::ALL {
+            if let Ok(values) = self.drops.get(&(kind as u32), 0) {
+                out[kind as usize] = values.iter().sum();
+            }
+        }
+        out
+    }
+}
+
+/// `Seccomp:` of /proc/PID/status: 0 none, 1 strict, 2 filter.
+pub fn seccomp_mode(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Seccomp:")).and_then(|v| v.trim().parse().ok())
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}

@@ -1,0 +1,257 @@
+//! The primitive taxonomy, in one place: the [`Primitive`] enum, the
+//! errno/syscall rule table ([`RULES`]) and the reference page generated from
+//! them (`docs/PRIMITIVES.md`, checked by a test).
+
+use serde::{Deserialize, Serialize};
+
+use crate::syscalls::SyscallClass;
+
+/// A kernel primitive that can make a workload fail. The string ids are a
+/// stable contract (JSON, SQLite, docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub enum Primitive {
+    #[serde(rename = "seccomp")]
+    Seccomp,
+    #[serde(rename = "fs.permission")]
+    FsPermission,
+    #[serde(rename = "fs.readonly")]
+    FsReadonly,
+    #[serde(rename = "fs.noexec")]
+    FsNoexec,
+    #[serde(rename = "fs.space")]
+    FsSpace,
+    #[serde(rename = "fs.persistence")]
+    FsPersistence,
+    #[serde(rename = "fs.missing")]
+    FsMissing,
+    #[serde(rename = "exec.missing")]
+    ExecMissing,
+    #[serde(rename = "proc.limit")]
+    ProcLimit,
+    #[serde(rename = "mem.oom")]
+    MemOom,
+    #[serde(rename = "mem.limit")]
+    MemLimit,
+    #[serde(rename = "mem.pressure")]
+    MemPressure,
+    #[serde(rename = "net.egress")]
+    NetEgress,
+    #[serde(rename = "caps")]
+    Caps,
+    #[serde(rename = "signal")]
+    Signal,
+    #[serde(rename = "timeout")]
+    Timeout,
+    #[serde(rename = "none")]
+    None,
+}
+
+impl Primitive {
+    pub const ALL: [Primitive; 17] = [
+        Primitive::Seccomp,
+        Primitive::FsPermission,
+        Primitive::FsReadonly,
+        Primitive::FsNoexec,
+        Primitive::FsSpace,
+        Primitive::FsPersistence,
+        Primitive::FsMissing,
+        Primitive::ExecMissing,
+        Primitive::ProcLimit,
+        Primitive::MemOom,
+        Primitive::MemLimit,
+        Primitive::MemPressure,
+        Primitive::NetEgress,
+        Primitive::Caps,
+        Primitive::Signal,
+        Primitive::Timeout,
+        Primitive::None,
+    ];
+
+    /// The stable identifier, e.g. `fs.readonly`.
+    pub fn id(self) -> &'static str {
+        match self {
+            Primitive::Seccomp => "seccomp",
+            Primitive::FsPermission => "fs.permission",
+            Primitive::FsReadonly => "fs.readonly",
+            Primitive::FsNoexec => "fs.noexec",
+            Primitive::FsSpace => "fs.space",
+            Primitive::FsPersistence => "fs.persistence",
+            Primitive::FsMissing => "fs.missing",
+            Primitive::ExecMissing => "exec.missing",
+            Primitive::ProcLimit => "proc.limit",
+            Primitive::MemOom => "mem.oom",
+            Primitive::MemLimit => "mem.limit",
+            Primitive::MemPressure => "mem.pressure",
+            Primitive::NetEgress => "net.egress",
+            Primitive::Caps => "caps",
+            Primitive::Signal => "signal",
+            Primitive::Timeout => "timeout",
+            Primitive::None => "none",
+        }
+    }
+
+    pub fn from_id(id: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.id() == id)
+    }
+
+    /// What the primitive means, for the reference page.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Primitive::Seccomp => "a seccomp filter refused a syscall (errno returned, SIGSYS, or killed)",
+            Primitive::FsPermission => "file mode, owner or ACL refused access",
+            Primitive::FsReadonly => "the filesystem is mounted read-only",
+            Primitive::FsNoexec => "the file sits on a mount with `noexec`",
+            Primitive::FsSpace => "the filesystem, quota or file-size limit is full",
+            Primitive::FsPersistence => "a path written earlier in the same session is gone",
+            Primitive::FsMissing => "a file or directory the workload needed does not exist",
+            Primitive::ExecMissing => "the program is not installed (every PATH candidate is missing)",
+            Primitive::ProcLimit => "a process or file-descriptor limit (pids cgroup, RLIMIT_NPROC, RLIMIT_NOFILE)",
+            Primitive::MemOom => "the OOM killer killed the workload",
+            Primitive::MemLimit => "an allocation was refused (RLIMIT_AS, overcommit)",
+            Primitive::MemPressure => "long direct-reclaim stalls slowed the workload",
+            Primitive::NetEgress => "an outbound connection was refused, unroutable or filtered",
+            Primitive::Caps => "a privileged operation without the capability",
+            Primitive::Signal => "a signal from another process, or a crash",
+            Primitive::Timeout => "the caller's time limit killed the workload",
+            Primitive::None => "no kernel cause: the failure belongs to the interface or the test",
+        }
+    }
+
+    /// The kernel evidence that leads to the primitive, for the reference page.
+    pub fn evidence(self) -> &'static str {
+        match self {
+            Primitive::Seccomp => "sys_exit without sys_enter (errno or SIGSYS); SIGSYS with si_code SYS_SECCOMP; exit by SIGSYS",
+            Primitive::FsNoexec => "execve EACCES on a path whose mount has `noexec` (span mount events, then mountinfo)",
+            Primitive::FsPersistence => "ENOENT on a path this session wrote successfully before",
+            Primitive::ExecMissing => "execve ENOENT and no later successful exec of that program",
+            Primitive::MemOom => "oom:mark_victim for a traced pid",
+            Primitive::MemPressure => "direct-reclaim stalls (vmscan tracepoints) dominating the span",
+            Primitive::Signal => "signal:signal_generate of a fatal signal, then exit by it",
+            Primitive::Timeout => "the caller says it killed the workload on a deadline",
+            Primitive::None => "none of the above before the failing exit",
+            _ => "see the rule table",
+        }
+    }
+
+    /// Which layer a failure with this primitive belongs to.
+    pub fn layer(self) -> Layer {
+        match self {
+            Primitive::None => Layer::Test,
+            _ => Layer::Sandbox,
+        }
+    }
+}
+
+impl std::fmt::Display for Primitive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+/// Where a failed test's cause lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layer {
+    /// MCP server/client, transport, encoding, checksum mismatch.
+    Interface,
+    /// A kernel primitive of the sandbox.
+    Sandbox,
+    /// The test's own expectation, with no other evidence.
+    Test,
+}
+
+impl Layer {
+    pub fn id(self) -> &'static str {
+        match self {
+            Layer::Interface => "interface",
+            Layer::Sandbox => "sandbox",
+            Layer::Test => "test",
+        }
+    }
+}
+
+/// One row of the rule table: a failed syscall of `class` with one of
+/// `errnos` points at `primitive`.
+#[derive(Debug)]
+pub struct Rule {
+    pub class: SyscallClass,
+    pub errnos: &'static [i32],
+    pub primitive: Primitive,
+    /// How strongly this failure explains a failing exit on its own (0..1).
+    pub weight: f32,
+}
+
+use libc::{
+    EACCES, EAGAIN, ECONNREFUSED, EDQUOT, EFBIG, EHOSTUNREACH, EMFILE, ENETUNREACH, ENFILE,
+    ENOENT, ENOMEM, ENOSPC, ENOTDIR, EPERM, EROFS, ETIMEDOUT,
+};
+
+/// The errno/syscall → primitive table. First match wins; anything that
+/// matches no row (ENOTTY, EAGAIN on read, EINTR…) is never blamed.
+pub const RULES: &[Rule] = &[
+    Rule { class: SyscallClass::Exec, errnos: &[ENOENT], primitive: Primitive::ExecMissing, weight: 0.9 },
+    // refined to fs.noexec when the path's mount has noexec
+    Rule { class: SyscallClass::Exec, errnos: &[EACCES], primitive: Primitive::FsPermission, weight: 0.85 },
+    Rule { class: SyscallClass::Any, errnos: &[EROFS], primitive: Primitive::FsReadonly, weight: 0.95 },
+    Rule { class: SyscallClass::Any, errnos: &[ENOSPC, EDQUOT, EFBIG], primitive: Primitive::FsSpace, weight: 0.95 },
+    Rule { class: SyscallClass::Fork, errnos: &[EAGAIN], primitive: Primitive::ProcLimit, weight: 0.95 },
+    Rule { class: SyscallClass::Fork, errnos: &[ENOMEM], primitive: Primitive::MemLimit, weight: 0.9 },
+    Rule { class: SyscallClass::Any, errnos: &[EMFILE, ENFILE], primitive: Primitive::ProcLimit, weight: 0.9 },
+    Rule { class: SyscallClass::Memory, errnos: &[ENOMEM], primitive: Primitive::MemLimit, weight: 0.9 },
+    Rule {
+        class: SyscallClass::Connect,
+        errnos: &[ENETUNREACH, EHOSTUNREACH, ECONNREFUSED, ETIMEDOUT, EPERM, EACCES],
+        primitive: Primitive::NetEgress,
+        weight: 0.9,
+    },
+    Rule { class: SyscallClass::Privileged, errnos: &[EPERM], primitive: Primitive::Caps, weight: 0.9 },
+    Rule { class: SyscallClass::PathWrite, errnos: &[EACCES, EPERM], primitive: Primitive::FsPermission, weight: 0.9 },
+    Rule { class: SyscallClass::PathRead, errnos: &[EACCES, EPERM], primitive: Primitive::FsPermission, weight: 0.8 },
+    Rule { class: SyscallClass::PathWrite, errnos: &[ENOENT, ENOTDIR], primitive: Primitive::FsMissing, weight: 0.8 },
+    Rule { class: SyscallClass::PathRead, errnos: &[ENOENT, ENOTDIR], primitive: Primitive::FsMissing, weight: 0.6 },
+    // stat/access probes: a search, not a need; only blamed when nothing better exists
+    Rule { class: SyscallClass::PathProbe, errnos: &[ENOENT, ENOTDIR], primitive: Primitive::FsMissing, weight: 0.35 },
+];
+
+/// The rule a failed syscall matches, if any.
+pub fn classify(syscall: i64, errno: i32, open_flags: u64) -> Option<&'static Rule> {
+    let classes = crate::syscalls::classes(syscall, open_flags);
+    RULES
+        .iter()
+        .find(|r| r.errnos.contains(&errno) && (r.class == SyscallClass::Any || classes.contains(&r.class)))
+}
+
+/// The reference page `docs/PRIMITIVES.md`, generated from the enum and the
+/// rule table (`cargo xtask docs` writes it; a test checks it is current).
+pub fn reference_markdown() -> String {
+    let mut out = String::from(
+        "# Primitives reference\n\n\
+         Generated from `probe/src/primitive.rs` by `cargo xtask docs`; a test fails when it is stale.\n\n\
+         | primitive | layer | meaning | kernel evidence |\n|---|---|---|---|\n",
+    );
+    for p in Primitive::ALL {
+        let rules: Vec<String> = RULES
+            .iter()
+            .filter(|r| r.primitive == p)
+            .map(|r| {
+                let errnos: Vec<String> = r.errnos.iter().map(|&e| crate::event::errno_name(e)).collect();
+                format!("{} on {}", errnos.join("/"), r.class.describe())
+            })
+            .collect();
+        let evidence = if rules.is_empty() {
+            p.evidence().to_string()
+        } else if p.evidence() == "see the rule table" {
+            rules.join("; ")
+        } else {
+            format!("{}; {}", p.evidence(), rules.join("; "))
+        };
+        out.push_str(&format!("| `{}` | {} | {} | {} |\n", p.id(), p.layer().id(), p.meaning(), evidence));
+    }
+    out.push_str(
+        "\nA failure that matches no rule (ENOTTY ioctls, EAGAIN on reads, ENOENT while a program \
+         searches its module path and then exits 0…) is never blamed. The decisive event is the \
+         strongest rule match in a process that exited non-zero, latest first; fatal signals, OOM \
+         kills and seccomp denials outrank syscall failures.\n",
+    );
+    out
+}

@@ -1,0 +1,231 @@
+//! Spans: the evidence collected for one unit of work (one command, one MCP
+//! tool call), bounded in memory, with what retention removed counted.
+//!
+//! Events are enriched on arrival, while the process is most likely still
+//! alive: an unconfirmed seccomp denial is checked against the task's
+//! seccomp mode, an execve EACCES against the mount flags of its path.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Kind, KernelEvent};
+
+/// Events kept per span by default; older ones are evicted and counted.
+pub const DEFAULT_EVENT_CAP: usize = 20_000;
+
+/// What became of one process of the span.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ProcessInfo {
+    pub comm: String,
+    pub parent: Option<u32>,
+    /// Program of the last successful exec.
+    pub exe: Option<String>,
+    /// Code passed to exit/exit_group.
+    pub exit_code: Option<i32>,
+    /// Fatal signal generated for it, and by whom.
+    pub signal: Option<String>,
+    pub signal_code: Option<i32>,
+    pub signal_sender: Option<(u32, String)>,
+    pub exited: bool,
+    pub oom_killed: bool,
+}
+
+impl ProcessInfo {
+    /// Exited with a non-zero code or by a signal.
+    pub fn failed(&self) -> bool {
+        self.exit_code.is_some_and(|c| c != 0) || (self.exited && self.exit_code.is_none() && self.signal.is_some())
+    }
+}
+
+/// Counts of what was not kept or not delivered.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Drops {
+    /// Records the ring buffer had no room for while the span was open.
+    pub kernel: u64,
+    /// Events delivered but evicted by the per-span cap.
+    pub retention: u64,
+}
+
+/// Evidence of one span.
+#[derive(Debug)]
+pub struct SpanEvidence {
+    pub id: u64,
+    pub session: Option<String>,
+    pub label: String,
+    /// CLOCK_MONOTONIC at begin, in ns (the eBPF clock).
+    pub start_ns: u64,
+    /// Pid of the first process of the span.
+    pub root_pid: Option<u32>,
+    pub events: VecDeque<KernelEvent>,
+    pub cap: usize,
+    pub processes: HashMap<u32, ProcessInfo>,
+    /// fd → path of files opened for writing, per pid (to name an ENOSPC write).
+    pub write_fds: HashMap<(u32, i64), String>,
+    /// Total direct-reclaim stall.
+    pub reclaim_ns: u64,
+    pub counts: HashMap<Kind, u64>,
+    pub drops: Drops,
+}
+
+impl SpanEvidence {
+    pub fn new(id: u64, session: Option<String>, label: String, start_ns: u64) -> Self {
+        SpanEvidence {
+            id,
+            session,
+            label,
+            start_ns,
+            root_pid: None,
+            events: VecDeque::new(),
+            cap: DEFAULT_EVENT_CAP,
+            processes: HashMap::new(),
+            write_fds: HashMap::new(),
+            reclaim_ns: 0,
+            counts: HashMap::new(),
+            drops: Drops::default(),
+        }
+    }
+
+    /// Adds one decoded event: updates process facts, enriches, keeps it.
+    pub fn add(&mut self, mut ev: KernelEvent) {
+        *self.counts.entry(ev.kind).or_default() += 1;
+        match ev.kind {
+            Kind::Fork => {
+                if let (Some(child), Some(false)) = (ev.child_pid, ev.thread) {
+                    let p = self.processes.entry(child).or_default();
+                    p.parent = Some(ev.pid);
+                    p.comm = ev.comm.clone();
+                }
+            }
+            Kind::Exec => {
+                let p = self.processes.entry(ev.pid).or_default();
+                p.comm = ev.comm.clone();
+                p.exe = ev.path.clone();
+            }
+            Kind::Exit => {
+                let p = self.processes.entry(ev.pid).or_default();
+                p.comm = ev.comm.clone();
+                p.exited = true;
+                p.exit_code = ev.exit_code;
+            }
+            Kind::Signal => {
+                let p = self.processes.entry(ev.pid).or_default();
+                // the first fatal signal is the one that counts
+                if p.signal.is_none() {
+                    p.signal = ev.signal.clone();
+                    p.signal_code = ev.si_code;
+                    p.signal_sender = ev.sender_pid.zip(ev.sender_comm.clone());
+                }
+                if ev.comm.is_empty() {
+                    ev.comm = p.comm.clone();
+                }
+            }
+            Kind::OomVictim => {
+                self.processes.entry(ev.pid).or_default().oom_killed = true;
+            }
+            Kind::FileWrite => {
+                if let (Some(fd), Some(path)) = (ev.ret, &ev.path) {
+                    self.write_fds.insert((ev.pid, fd), path.clone());
+                }
+            }
+            Kind::FdDup => {
+                // plumbing, not evidence: follow the file, keep no event
+                if let (Some(old), Some(new)) = (ev.fd, ev.ret) {
+                    match self.write_fds.get(&(ev.pid, old)).cloned() {
+                        Some(path) => self.write_fds.insert((ev.pid, new), path),
+                        None => self.write_fds.remove(&(ev.pid, new)),
+                    };
+                }
+                return;
+            }
+            Kind::ReclaimStall => self.reclaim_ns += ev.duration_ns.unwrap_or(0),
+            Kind::SeccompDenied => {
+                if ev.seccomp_filter.is_none() && crate::loader::seccomp_mode(ev.pid).is_some_and(|m| m != 0) {
+                    ev.seccomp_filter = Some(true);
+                }
+            }
+            Kind::SyscallFailed => {
+                self.enrich_failure(&mut ev);
+            }
+            Kind::Mount => {}
+        }
+        if self.events.len() >= self.cap {
+            self.events.pop_front();
+            self.drops.retention += 1;
+        }
+        self.events.push_back(ev);
+    }
+
+    fn enrich_failure(&mut self, ev: &mut KernelEvent) {
+        let nr = ev.syscall_nr.unwrap_or(-1);
+        // write-family: name the file behind the fd
+        if crate::event::is_fd_syscall(nr) && ev.path.is_none() {
+            if let Some(fd) = ev.fd {
+                if let Some(path) = self.write_fds.get(&(ev.pid, fd)) {
+                    ev.path = Some(path.clone());
+                }
+            }
+        }
+        // execve EACCES: is the file on a noexec mount?
+        if matches!(nr, 59 | 322) && ev.errno.as_deref() == Some("EACCES") {
+            if let Some(path) = &ev.path {
+                let root = self.root_pid;
+                ev.mount_noexec = crate::mounts::is_noexec(path, ev.pid, root);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: Kind, pid: u32) -> KernelEvent {
+        serde_json::from_value(serde_json::json!({"kind": kind, "ts_ns": 0, "pid": pid, "tid": pid, "comm": "x"})).unwrap()
+    }
+
+    #[test]
+    fn retention_evicts_oldest_and_counts() {
+        let mut s = SpanEvidence::new(1, None, "t".into(), 0);
+        s.cap = 3;
+        for i in 0..5 {
+            let mut e = ev(Kind::ReclaimStall, 1);
+            e.ts_ns = i;
+            s.add(e);
+        }
+        assert_eq!(s.events.len(), 3);
+        assert_eq!(s.drops.retention, 2);
+        assert_eq!(s.events.front().unwrap().ts_ns, 2);
+        assert_eq!(s.counts[&Kind::ReclaimStall], 5);
+    }
+
+    #[test]
+    fn exit_and_signal_shape_process_facts() {
+        let mut s = SpanEvidence::new(1, None, "t".into(), 0);
+        let mut sig = ev(Kind::Signal, 7);
+        sig.signal = Some("SIGSEGV".into());
+        sig.sender_pid = Some(7);
+        sig.sender_comm = Some("crash".into());
+        s.add(sig);
+        s.add(ev(Kind::Exit, 7));
+        let p = &s.processes[&7];
+        assert!(p.exited && p.failed());
+        assert_eq!(p.signal.as_deref(), Some("SIGSEGV"));
+    }
+
+    #[test]
+    fn enospc_write_is_named_by_fd() {
+        let mut s = SpanEvidence::new(1, None, "t".into(), 0);
+        let mut open = ev(Kind::FileWrite, 3);
+        open.ret = Some(4);
+        open.path = Some("/mnt/small/blob".into());
+        s.add(open);
+        let mut write = ev(Kind::SyscallFailed, 3);
+        write.syscall_nr = Some(1);
+        write.fd = Some(4);
+        write.ret = Some(-28);
+        write.errno = Some("ENOSPC".into());
+        s.add(write);
+        assert_eq!(s.events.back().unwrap().path.as_deref(), Some("/mnt/small/blob"));
+    }
+}

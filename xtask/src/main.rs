@@ -1,0 +1,186 @@
+//! `cargo xtask`: setup, test, demo, bench, docs.
+//!
+//! xtask does not depend on the probe crates, so `setup` runs before the
+//! eBPF toolchain exists.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod demo;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Project tasks: setup, test, demo, bench, docs.")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the build and tests need: nightly rust-src, bpf-linker
+    /// 0.10.0, Debian packages (iproute2, util-linux, strace, bpftrace, gcc).
+    Setup,
+    /// Run every test: unit tests, then the kernel tests (as root, one thread).
+    Test {
+        /// Extra arguments for the kernel test binary (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Inject real faults and show `probe trace` attributing each.
+    Demo,
+    /// Measure overhead against unprobed, strace and bpftrace baselines;
+    /// writes docs/BENCHMARKS.md.
+    Bench {
+        /// Syscalls per storm run.
+        #[arg(long, default_value_t = 2_000_000)]
+        n: u64,
+        /// Repetitions per configuration (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Do not rewrite docs/BENCHMARKS.md.
+        #[arg(long)]
+        no_write: bool,
+    },
+    /// Regenerate docs/PRIMITIVES.md from the taxonomy in the code.
+    Docs,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    std::env::set_current_dir(&root)?;
+    match cli.cmd {
+        Cmd::Setup => setup(),
+        Cmd::Test { args } => {
+            setup()?;
+            test(&args)
+        }
+        Cmd::Demo => {
+            setup()?;
+            demo::run(&build_probe()?)
+        }
+        Cmd::Bench { n, runs, no_write } => {
+            setup()?;
+            bench::run(&build_probe_release()?, n, runs, !no_write)
+        }
+        Cmd::Docs => docs(),
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Runs a command, failing with its name when it fails.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn quiet_ok(cmd: &mut Command) -> bool {
+    cmd.output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+const BPF_LINKER: &str = "0.10.0";
+const DEBIAN_PACKAGES: [(&str, &str); 6] = [
+    ("iproute2", "ip"),
+    ("util-linux", "unshare"),
+    ("strace", "strace"),
+    ("bpftrace", "bpftrace"),
+    ("gcc", "gcc"),
+    ("procps", "ps"),
+];
+
+fn setup() -> anyhow::Result<()> {
+    let has_src = Command::new("rustup")
+        .args(["component", "list", "--installed", "--toolchain", "nightly"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("rust-src"))
+        .unwrap_or(false);
+    if !has_src {
+        eprintln!("xtask: installing nightly rust-src");
+        run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    }
+    let linker_ok = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER))
+        .unwrap_or(false);
+    if !linker_ok {
+        eprintln!("xtask: installing bpf-linker {BPF_LINKER} (about 90 s)");
+        run(Command::new("cargo").args(["install", "--locked", "--force", &format!("bpf-linker@{BPF_LINKER}")]))?;
+    }
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .filter(|(_, bin)| !quiet_ok(Command::new("sh").args(["-c", &format!("command -v {bin}")])))
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
+        let apt = |args: &[&str]| {
+            Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").status()
+        };
+        let mut install = vec!["install", "-y", "--no-install-recommends"];
+        install.extend(&missing);
+        if !apt(&install).map(|s| s.success()).unwrap_or(false) {
+            apt(&["update"]).context("apt-get update")?;
+            let status = apt(&install).context("apt-get install")?;
+            if !status.success() {
+                bail!("apt-get install {} failed", missing.join(" "));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+}
+
+fn test(args: &[String]) -> anyhow::Result<()> {
+    // default-members: every crate but probe-ebpf, which only builds for BPF
+    run(Command::new("cargo").args(["test", "--lib", "--bins"]))?;
+    run(Command::new("cargo").args(["test", "-p", "probe", "--test", "docs"]))?;
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    if !is_root() {
+        if ci {
+            bail!("kernel tests need root and CI=true: refusing to skip them");
+        }
+        eprintln!("xtask: NOT ROOT — kernel tests skipped (run `sudo -E cargo xtask test`)");
+        return Ok(());
+    }
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "-p", "probe", "--test", "kernel", "--", "--test-threads=1"]).args(args);
+    run(&mut cmd)
+}
+
+/// Builds the probe binaries (debug) and returns the target directory.
+pub fn build_probe() -> anyhow::Result<PathBuf> {
+    run(Command::new("cargo").args(["build", "-p", "probe", "--bins"]))?;
+    Ok(workspace_root().join("target/debug"))
+}
+
+/// Builds the probe binaries (release) and returns the target directory.
+pub fn build_probe_release() -> anyhow::Result<PathBuf> {
+    run(Command::new("cargo").args(["build", "--release", "-p", "probe", "--bins"]))?;
+    Ok(workspace_root().join("target/release"))
+}
+
+fn docs() -> anyhow::Result<()> {
+    let out = Command::new("cargo").args(["run", "-q", "-p", "probe", "--", "primitives"]).output()?;
+    if !out.status.success() {
+        bail!("probe primitives failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::create_dir_all("docs")?;
+    std::fs::write("docs/PRIMITIVES.md", &out.stdout)?;
+    eprintln!("xtask: wrote docs/PRIMITIVES.md");
+    Ok(())
+}
