@@ -1,10 +1,11 @@
 //! The probe's eBPF programs: tracepoints only (this kernel has no kprobes).
 //!
 //! Layout:
-//! - `TASKS` (thread id → [`TaskState`]) decides what is traced. Userspace
-//!   inserts the first task of a span; `sched_process_fork` copies the entry
-//!   to every child, so nothing a traced task starts escapes. An untracked
-//!   thread pays one failed lookup per tracepoint hit and emits nothing.
+//! - `TRACKED` (thread id → span, an array) decides what is traced, and
+//!   `TASKS` (thread id → [`TaskState`]) holds traced threads' state.
+//!   Userspace marks the first task of a span; `sched_process_fork` copies
+//!   both to every child, so nothing a traced task starts escapes. An
+//!   untracked thread pays one inlined array lookup and emits nothing.
 //! - `EVENTS`, one ring buffer; `DROPS`, per-CPU counters per event kind for
 //!   every record the ring buffer had no room for.
 //! - Seccomp denials: the kernel runs seccomp before `sys_enter` fires but
@@ -14,10 +15,12 @@
 #![no_std]
 #![no_main]
 
+use core::ptr::write_volatile;
+
 use aya_ebpf::{
     EbpfContext,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated as helper,
         bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_buf,
         bpf_probe_read_user_str_bytes,
     },
@@ -26,10 +29,17 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use probe_abi::{
-    ArgRole, DATA_LEN, EVENT_KINDS, Event, EventKind, NO_SYSCALL, Offsets, TaskState, flags, nr,
-    open_flags_write, syscall_arg_role, task,
+    ArgRole, EVENT_KINDS, Event, EventKind, Offsets, TaskState, flags, needs_enter_state, nr,
+    open_flags_write, slot, syscall_arg_role, task,
 };
 
+/// tid → packed span/flags/syscall-in-flight (`probe_abi::slot`; 0: untracked). An array, sized to pid_max by userspace,
+/// because its lookup is inlined by the verifier: the whole cost an
+/// untracked thread pays per syscall.
+#[map]
+static TRACKED: Array<u64> = Array::with_max_entries(32768, 0);
+
+/// tid → per-thread state, for tracked threads only.
 #[map]
 static TASKS: HashMap<u32, TaskState> = HashMap::with_max_entries(65536, 0);
 
@@ -96,24 +106,65 @@ fn reserve(
     };
     let pid_tgid = bpf_get_current_pid_tgid();
     let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` points at ring-buffer memory sized for one Event; we write
-    // fields in place so the 400-byte record never lands on the 512-byte stack.
+    // SAFETY: `ev` points at ring-buffer memory sized for one Event; fields
+    // are written in place so the 400-byte record never lands on the
+    // 512-byte stack. Volatile stores keep LLVM from turning runs of zero
+    // stores into a call to BPF's byte-at-a-time memset.
     unsafe {
-        (*ev).ts_ns = ts;
-        (*ev).span = span;
-        (*ev).kind = kind as u32;
-        (*ev).flags = 0;
-        (*ev).pid = (pid_tgid >> 32) as u32;
-        (*ev).tid = pid_tgid as u32;
-        (*ev).syscall = 0;
-        (*ev).ret = 0;
-        (*ev).duration_ns = 0;
-        (*ev).aux = [0; 4];
-        (*ev).data_len = 0;
-        (*ev)._pad = 0;
-        (*ev).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        write_volatile(&raw mut (*ev).ts_ns, ts);
+        write_volatile(&raw mut (*ev).span, span);
+        write_volatile(&raw mut (*ev).kind, kind as u32);
+        write_volatile(&raw mut (*ev).flags, 0);
+        write_volatile(&raw mut (*ev).pid, (pid_tgid >> 32) as u32);
+        write_volatile(&raw mut (*ev).tid, pid_tgid as u32);
+        write_volatile(&raw mut (*ev).syscall, 0);
+        write_volatile(&raw mut (*ev).ret, 0);
+        write_volatile(&raw mut (*ev).duration_ns, 0);
+        write_volatile(&raw mut (*ev).aux[0], 0);
+        write_volatile(&raw mut (*ev).aux[1], 0);
+        write_volatile(&raw mut (*ev).aux[2], 0);
+        write_volatile(&raw mut (*ev).aux[3], 0);
+        write_volatile(&raw mut (*ev).data_len, 0);
+        write_volatile(&raw mut (*ev)._pad, 0);
+        // the helper writes the comm straight into the record
+        helper::bpf_get_current_comm((&raw mut (*ev).comm).cast(), 16);
     }
     Some(entry)
+}
+
+/// The span of thread `tid`, or None when it is not traced.
+#[inline(always)]
+fn span_of(tid: u32) -> Option<u64> {
+    TRACKED.get(tid).map(|v| slot::span(*v) as u64).filter(|&span| span != 0)
+}
+
+/// Sets `tid`'s slot: `slot::pack(span, flags)`, or 0 to stop tracing it.
+#[inline(always)]
+fn set_tracked(tid: u32, value: u64) {
+    if let Some(ptr) = TRACKED.get_ptr_mut(tid) {
+        // SAFETY: an array slot; written by fork (before the child runs),
+        // exit (after it stopped) and the thread itself.
+        unsafe { *ptr = value };
+    }
+}
+
+/// Submits with a wake-up only when it matters: high-volume kinds are
+/// batched (the reader polls every few ms) unless 1 MiB is pending, so a
+/// failing-syscall storm does not pay a consumer wake-up per event.
+#[inline(always)]
+fn submit(entry: aya_ebpf::maps::ring_buf::RingBufEntry<Event>, urgent: bool) {
+    const WAKEUP_BYTES: u64 = 1 << 20;
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    const BPF_RB_AVAIL_DATA: u64 = 0;
+    let flags = if urgent {
+        0
+    } else if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(flags);
 }
 
 #[inline(always)]
@@ -123,7 +174,8 @@ fn offsets() -> Option<&'static Offsets> {
 
 // ---------------------------------------------------------------- syscalls
 
-/// x86_64 `struct pt_regs` offsets (the ptrace ABI; stable).
+/// x86_64 `struct pt_regs` offsets (the ptrace ABI; stable). The argument
+/// registers still hold the arguments at `sys_exit`.
 const REG_OFFSETS: [usize; 6] = [112, 104, 96, 56, 72, 64]; // di si dx r10 r8 r9
 const REG_ORIG_AX: usize = 120;
 
@@ -136,55 +188,49 @@ fn reg_arg(regs: *const u8, i: u8) -> u64 {
     unsafe { bpf_probe_read_kernel(regs.add(off) as *const u64) }.unwrap_or(0)
 }
 
-/// Saves what `sys_exit` will need from the arguments of syscall `id`.
+/// This thread's `TRACKED` slot, when it is traced.
 #[inline(always)]
-fn save_args(st: &mut TaskState, regs: *const u8, id: i64) {
-    match syscall_arg_role(id) {
-        ArgRole::None => {}
-        ArgRole::Path { path, flags } => {
-            st.arg_ptr = reg_arg(regs, path);
-            st.arg_aux = match flags {
-                Some(f) => reg_arg(regs, f),
-                // creat and mkdir always create
-                None if id == nr::CREAT || id == nr::MKDIR || id == nr::MKDIRAT => 0o100,
-                None => 0,
-            };
-        }
-        ArgRole::SockAddr { addr, len } => {
-            st.arg_ptr = reg_arg(regs, addr);
-            st.arg_aux = reg_arg(regs, len);
-        }
-        ArgRole::First => {
-            st.arg_aux = reg_arg(regs, 0);
-            if id == nr::EXIT_GROUP || id == nr::EXIT {
-                let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-                let _ = EXIT_CODES.insert(tgid, st.arg_aux as i32, 0);
-            }
-            if id == nr::CLONE3 {
-                // clone3(struct clone_args *): flags is the first u64
-                // SAFETY: user pointer read with the fault-tolerant helper.
-                st.arg_aux = unsafe { bpf_probe_read_user(st.arg_aux as *const u64) }.unwrap_or(0);
-            }
-        }
-    }
+fn tracked_slot(tid: u32) -> Option<*mut u64> {
+    let ptr = TRACKED.get_ptr_mut(tid)?;
+    // SAFETY: an array slot of this map, valid for the program's run.
+    if slot::span(unsafe { *ptr }) == 0 { None } else { Some(ptr) }
 }
 
 /// Raw tracepoint on `raw_syscalls:sys_enter(struct pt_regs *regs, long id)`:
 /// the same tracepoint as the classic one, without the perf-record copy.
+/// The common case is one array load and one store.
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(state) = TASKS.get_ptr_mut(tid) else {
+    let Some(ptr) = tracked_slot(tid) else {
         return 0;
     };
-    let regs: *const u8 = ctx.arg(0);
     let id: i64 = ctx.arg(1);
-    // SAFETY: `state` is this thread's own TASKS entry; only this thread
-    // writes it while it runs a syscall.
-    let st = unsafe { &mut *state };
-    st.enter_nr = id;
-    st.enter_ts = now();
-    save_args(st, regs, id);
+    let marker = if id >= 0 && (id as u64) < slot::NR_UNKNOWN - 1 { id as u64 + 1 } else { slot::NR_UNKNOWN };
+    // SAFETY: this thread's own slot; only this thread writes it while it
+    // runs (fork writes a child's slot before the child runs).
+    unsafe { *ptr = (*ptr & !slot::NR_MASK) | marker };
+    if !needs_enter_state(id) {
+        return 0;
+    }
+    let regs: *const u8 = ctx.arg(0);
+    if id == nr::EXIT_GROUP || id == nr::EXIT {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let _ = EXIT_CODES.insert(tgid, reg_arg(regs, 0) as i32, 0);
+        return 0;
+    }
+    if let Some(state) = TASKS.get_ptr_mut(tid) {
+        // SAFETY: this thread's own TASKS entry.
+        let st = unsafe { &mut *state };
+        st.enter_ts = now();
+        if id == nr::CLONE {
+            st.clone_flags = reg_arg(regs, 0);
+        } else if id == nr::CLONE3 {
+            // clone3(struct clone_args *): flags is the first u64
+            // SAFETY: user pointer read with the fault-tolerant helper.
+            st.clone_flags = unsafe { bpf_probe_read_user(reg_arg(regs, 0) as *const u64) }.unwrap_or(0);
+        }
+    }
     0
 }
 
@@ -192,51 +238,53 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(state) = TASKS.get_ptr_mut(tid) else {
+    let Some(ptr) = tracked_slot(tid) else {
         return 0;
     };
+    // SAFETY: this thread's own slot, see sys_enter.
+    let v = unsafe { *ptr };
+    let marker = v & slot::NR_MASK;
+    let tflags = slot::flags(v);
+    let span = slot::span(v) as u64;
+    // nothing in flight any more, and the one-time orphan allowance is spent
+    let cleared = v & !slot::NR_MASK & !((task::SKIP_ORPHAN_EXIT as u64) << slot::FLAGS_SHIFT);
+    // SAFETY: as above.
+    unsafe { *ptr = cleared };
     let regs: *const u8 = ctx.arg(0);
     let ret: i64 = ctx.arg(1);
-    // SAFETY: this thread's own TASKS entry, see sys_enter.
-    let st = unsafe { &mut *state };
-    let entered = st.enter_nr;
-    st.enter_nr = NO_SYSCALL;
 
-    if entered == NO_SYSCALL {
-        if st.flags & task::SKIP_ORPHAN_EXIT != 0 {
-            st.flags &= !task::SKIP_ORPHAN_EXIT;
+    if marker == 0 {
+        if tflags & task::SKIP_ORPHAN_EXIT != 0 {
             return 0;
         }
         // An exit with no enter: seccomp stopped the syscall before it ran.
         // The registers still hold its number and arguments.
         // SAFETY: pt_regs pointer of this tracepoint, fault-tolerant read.
         let id = unsafe { bpf_probe_read_kernel(regs.add(REG_ORIG_AX) as *const i64) }.unwrap_or(-1);
-        save_args(st, regs, id);
-        let ts = now();
-        if let Some(mut entry) = reserve(EventKind::SeccompDenied, st.span, ts) {
+        if let Some(mut entry) = reserve(EventKind::SeccompDenied, span, now()) {
             let ev = entry.as_mut_ptr();
             // SAFETY: reserved Event, header already written.
             unsafe {
                 (*ev).syscall = id;
                 (*ev).ret = ret;
-                fill_data(&mut *ev, id, st);
-                if st.flags & task::SECCOMP_ON != 0 {
+                fill_data(&mut *ev, regs, id);
+                if tflags & task::SECCOMP_ON != 0 {
                     (*ev).flags |= flags::SECCOMP_ON;
                 }
             }
-            entry.submit(0);
+            submit(entry, true);
         }
         return 0;
     }
-    st.flags &= !task::SKIP_ORPHAN_EXIT;
+    let entered = if marker == slot::NR_UNKNOWN { -1 } else { marker as i64 - 1 };
 
     if ret >= 0 {
-        on_success(st, entered, ret);
+        on_success(ptr, regs, span, entered, ret);
         return 0;
     }
 
     let ts = now();
-    let Some(mut entry) = reserve(EventKind::SyscallFailed, st.span, ts) else {
+    let Some(mut entry) = reserve(EventKind::SyscallFailed, span, ts) else {
         return 0;
     };
     let ev = entry.as_mut_ptr();
@@ -244,41 +292,60 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     unsafe {
         (*ev).syscall = entered;
         (*ev).ret = ret;
-        (*ev).duration_ns = ts.wrapping_sub(st.enter_ts);
-        (*ev).aux[0] = st.arg_aux;
-        fill_data(&mut *ev, entered, st);
-        if st.flags & task::SECCOMP_ON != 0 {
+        if needs_enter_state(entered) {
+            if let Some(state) = TASKS.get_ptr(tid) {
+                (*ev).duration_ns = ts.wrapping_sub((*state).enter_ts);
+            }
+        }
+        (*ev).aux[0] = match syscall_arg_role(entered) {
+            ArgRole::Path { flags: Some(f), .. } => reg_arg(regs, f),
+            ArgRole::First => reg_arg(regs, 0),
+            _ => 0,
+        };
+        fill_data(&mut *ev, regs, entered);
+        if tflags & task::SECCOMP_ON != 0 {
             (*ev).flags |= flags::SECCOMP_ON;
         }
     }
-    entry.submit(0);
+    // a failed exec is rare and is checked against mountinfo on arrival
+    submit(entry, entered == nr::EXECVE || entered == nr::EXECVEAT);
     0
 }
 
-/// A syscall succeeded: record file writes and seccomp filters installed.
+/// A syscall succeeded: record file writes, mounts, fd dups and seccomp
+/// filters installed. Everything else costs nothing more.
 #[inline(always)]
-fn on_success(st: &mut TaskState, entered: i64, ret: i64) {
+fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64) {
+    let set_seccomp = || {
+        // SAFETY: this thread's own slot, see sys_enter.
+        unsafe { *ptr |= (task::SECCOMP_ON as u64) << slot::FLAGS_SHIFT };
+    };
     match entered {
-        nr::SECCOMP => st.flags |= task::SECCOMP_ON,
+        nr::SECCOMP => set_seccomp(),
+        nr::PRCTL if reg_arg(regs, 0) == nr::PR_SET_SECCOMP => set_seccomp(),
         nr::DUP2 | nr::DUP3 => {
-            if let Some(mut entry) = reserve(EventKind::FdDup, st.span, now()) {
+            if let Some(mut entry) = reserve(EventKind::FdDup, span, now()) {
                 let ev = entry.as_mut_ptr();
                 // SAFETY: reserved Event, header already written.
                 unsafe {
                     (*ev).syscall = entered;
                     (*ev).ret = ret;
-                    (*ev).aux[0] = st.arg_aux;
+                    (*ev).aux[0] = reg_arg(regs, 0);
                 }
-                entry.submit(0);
+                submit(entry, false);
             }
         }
-        nr::PRCTL if st.arg_aux == nr::PR_SET_SECCOMP => st.flags |= task::SECCOMP_ON,
-        nr::OPEN | nr::OPENAT | nr::CREAT | nr::MKDIR | nr::MKDIRAT | nr::MOUNT
-            if entered == nr::MOUNT || open_flags_write(st.arg_aux) =>
-        {
-            let ts = now();
+        nr::OPEN | nr::OPENAT | nr::CREAT | nr::MKDIR | nr::MKDIRAT | nr::MOUNT => {
+            let open_flags = match syscall_arg_role(entered) {
+                ArgRole::Path { flags: Some(f), .. } => reg_arg(regs, f),
+                // creat and mkdir always create
+                _ => 0o100,
+            };
+            if entered != nr::MOUNT && !open_flags_write(open_flags) {
+                return;
+            }
             let kind = if entered == nr::MOUNT { EventKind::Mount } else { EventKind::FileWrite };
-            let Some(mut entry) = reserve(kind, st.span, ts) else {
+            let Some(mut entry) = reserve(kind, span, now()) else {
                 return;
             };
             let ev = entry.as_mut_ptr();
@@ -286,23 +353,23 @@ fn on_success(st: &mut TaskState, entered: i64, ret: i64) {
             unsafe {
                 (*ev).syscall = entered;
                 (*ev).ret = ret;
-                (*ev).duration_ns = ts.wrapping_sub(st.enter_ts);
-                (*ev).aux[0] = st.arg_aux;
-                fill_data(&mut *ev, entered, st);
+                (*ev).aux[0] = open_flags;
+                fill_data(&mut *ev, regs, entered);
             }
-            entry.submit(0);
+            submit(entry, false);
         }
         _ => {}
     }
 }
 
-/// Copies the path or socket address of the syscall into `ev.data`.
+/// Copies the path or socket address of syscall `nr` into `ev.data`.
 #[inline(always)]
-fn fill_data(ev: &mut Event, nr: i64, st: &TaskState) {
+fn fill_data(ev: &mut Event, regs: *const u8, nr: i64) {
     match syscall_arg_role(nr) {
-        ArgRole::Path { .. } => {
+        ArgRole::Path { path, .. } => {
+            let ptr = reg_arg(regs, path);
             // SAFETY: a user pointer read with the fault-tolerant helper.
-            match unsafe { bpf_probe_read_user_str_bytes(st.arg_ptr as *const u8, &mut ev.data) } {
+            match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, &mut ev.data) } {
                 Ok(s) => {
                     ev.data_len = s.len() as u32;
                     ev.flags |= flags::DATA_PATH;
@@ -310,14 +377,15 @@ fn fill_data(ev: &mut Event, nr: i64, st: &TaskState) {
                 Err(_) => ev.flags |= flags::DATA_FAULT,
             }
         }
-        ArgRole::SockAddr { .. } => {
+        ArgRole::SockAddr { addr, len } => {
             // sockaddr_in6 is 28 bytes, sockaddr_un 110: copy a fixed 112.
             const N: usize = 112;
+            let ptr = reg_arg(regs, addr);
             let buf = &mut ev.data[..N];
             // SAFETY: a user pointer read with the fault-tolerant helper.
-            match unsafe { bpf_probe_read_user_buf(st.arg_ptr as *const u8, buf) } {
+            match unsafe { bpf_probe_read_user_buf(ptr as *const u8, buf) } {
                 Ok(()) => {
-                    let len = st.arg_aux as u32;
+                    let len = reg_arg(regs, len) as u32;
                     ev.data_len = if len > N as u32 { N as u32 } else { len };
                     ev.flags |= flags::DATA_SOCKADDR;
                 }
@@ -326,7 +394,6 @@ fn fill_data(ev: &mut Event, nr: i64, st: &TaskState) {
         }
         _ => {}
     }
-    let _ = DATA_LEN;
 }
 
 // ---------------------------------------------------------------- processes
@@ -334,7 +401,7 @@ fn fill_data(ev: &mut Event, nr: i64, st: &TaskState) {
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(parent) = TASKS.get_ptr(tid) else {
+    let Some(ptr) = tracked_slot(tid) else {
         return 0;
     };
     let Some(off) = offsets() else { return 0 };
@@ -342,20 +409,23 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     let Ok(child) = (unsafe { ctx.read_at::<i32>(off.fork_child_pid as usize) }) else {
         return 0;
     };
-    // SAFETY: the parent's own entry; read-only here.
-    let parent = unsafe { &*parent };
-    let clone_flags = match parent.enter_nr {
-        nr::CLONE | nr::CLONE3 => parent.arg_aux,
-        _ => 0,
+    // SAFETY: the parent's own slot; read only.
+    let v = unsafe { *ptr };
+    let span = slot::span(v);
+    let clone_flags = match TASKS.get_ptr(tid) {
+        // SAFETY: the parent's own entry; read only.
+        Some(st) => unsafe { (*st).clone_flags },
+        None => 0,
     };
-    let inherited = parent.flags & task::SECCOMP_ON;
-    let child_state = TaskState::new(parent.span, task::SKIP_ORPHAN_EXIT | inherited);
-    let ts = now();
-    if TASKS.insert(child as u32, child_state, 0).is_err() {
+    let inherited = slot::flags(v) & task::SECCOMP_ON;
+    if TASKS.insert(child as u32, TaskState::new(span as u64), 0).is_ok() {
+        // the child's first event is its return from clone: no enter seen
+        set_tracked(child as u32, slot::pack(span, task::SKIP_ORPHAN_EXIT | inherited));
+    } else {
         // TASKS is full: the child escapes. Say so rather than lose it silently.
         count_drop(EventKind::TaskUntracked);
     }
-    if let Some(mut entry) = reserve(EventKind::Fork, parent.span, ts) {
+    if let Some(mut entry) = reserve(EventKind::Fork, span as u64, now()) {
         let ev = entry.as_mut_ptr();
         // SAFETY: reserved Event, header already written.
         unsafe {
@@ -365,7 +435,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
                 (*ev).flags |= flags::THREAD;
             }
         }
-        entry.submit(0);
+        submit(entry, false);
     }
     0
 }
@@ -373,12 +443,10 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(state) = TASKS.get_ptr(tid) else {
+    let Some(span) = span_of(tid) else {
         return 0;
     };
     let Some(off) = offsets() else { return 0 };
-    // SAFETY: the task's own entry, read-only.
-    let span = unsafe { (*state).span };
     let Some(mut entry) = reserve(EventKind::Exec, span, now()) else {
         return 0;
     };
@@ -397,18 +465,17 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
             }
         }
     }
-    entry.submit(0);
+    submit(entry, false);
     0
 }
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(state) = TASKS.get_ptr(tid) else {
+    let Some(span) = span_of(tid) else {
         return 0;
     };
-    // SAFETY: the task's own entry; copied before it is removed below.
-    let st = unsafe { *state };
+    set_tracked(tid, 0);
     let _ = TASKS.remove(tid);
     let Some(off) = offsets() else { return 0 };
     // SAFETY: offset parsed from this kernel's format file.
@@ -424,7 +491,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     // SAFETY: plain value read of this process's own entry.
     let exit_code = unsafe { EXIT_CODES.get(tgid) }.copied();
     let _ = EXIT_CODES.remove(tgid);
-    let Some(mut entry) = reserve(EventKind::Exit, st.span, now()) else {
+    let Some(mut entry) = reserve(EventKind::Exit, span, now()) else {
         return 0;
     };
     let ev = entry.as_mut_ptr();
@@ -436,7 +503,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
             (*ev).aux[0] = code as u32 as u64;
         }
     }
-    entry.submit(0);
+    submit(entry, true);
     0
 }
 
@@ -455,7 +522,7 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
     if !(1..64).contains(&sig) || FATAL_SIGNALS & (1u64 << sig) == 0 {
         return 0;
     }
-    let Some(state) = TASKS.get_ptr(target as u32) else {
+    let Some(span) = span_of(target as u32) else {
         return 0;
     };
     // SAFETY: offsets parsed from this kernel's format file.
@@ -465,17 +532,18 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
             ctx.read_at::<i32>(off.signal_result as usize).unwrap_or(0),
         )
     };
-    // SAFETY: read-only access to the target's entry.
-    let span = unsafe { (*state).span };
     let Some(mut entry) = reserve(EventKind::Signal, span, now()) else {
         return 0;
     };
     let ev = entry.as_mut_ptr();
     // SAFETY: reserved Event, header already written (pid/comm = sender).
     unsafe {
-        (*ev).aux = [sig as u64, code as u32 as u64, target as u64, result as u64];
+        (*ev).aux[0] = sig as u64;
+        (*ev).aux[1] = code as u32 as u64;
+        (*ev).aux[2] = target as u64;
+        (*ev).aux[3] = result as u64;
     }
-    entry.submit(0);
+    submit(entry, true);
     0
 }
 
@@ -484,11 +552,9 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
     let Some(off) = offsets() else { return 0 };
     // SAFETY: offset parsed from this kernel's format file.
     let victim = unsafe { ctx.read_at::<i32>(off.oom_pid as usize) }.unwrap_or(0);
-    let Some(state) = TASKS.get_ptr(victim as u32) else {
+    let Some(span) = span_of(victim as u32) else {
         return 0;
     };
-    // SAFETY: read-only access to the victim's entry.
-    let span = unsafe { (*state).span };
     let Some(mut entry) = reserve(EventKind::OomVictim, span, now()) else {
         return 0;
     };
@@ -506,13 +572,16 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
             }
         }
     }
-    entry.submit(0);
+    submit(entry, true);
     0
 }
 
 #[tracepoint]
 pub fn direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
+    if span_of(tid).is_none() {
+        return 0;
+    }
     if let Some(state) = TASKS.get_ptr_mut(tid) {
         // SAFETY: this thread's own entry.
         unsafe { (*state).reclaim_ts = now() };
@@ -523,6 +592,9 @@ pub fn direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn direct_reclaim_end(_ctx: TracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
+    if span_of(tid).is_none() {
+        return 0;
+    }
     let Some(state) = TASKS.get_ptr_mut(tid) else {
         return 0;
     };
@@ -538,7 +610,7 @@ pub fn direct_reclaim_end(_ctx: TracePointContext) -> u32 {
         let ev = entry.as_mut_ptr();
         // SAFETY: reserved Event, header already written.
         unsafe { (*ev).duration_ns = ts.wrapping_sub(began) };
-        entry.submit(0);
+        submit(entry, false);
     }
     0
 }

@@ -8,7 +8,7 @@
 //! failures that match no rule (ENOTTY, EAGAIN on reads, module searches)
 //! are never blamed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -301,7 +301,15 @@ pub fn is_search_noise(path: &str) -> bool {
 }
 
 /// A failure event's primitive and weight, or None when it is not evidence.
-fn score(span: &SpanEvidence, ev: &KernelEvent, later: &[KernelEvent]) -> Option<(Primitive, f64)> {
+/// Index of the last successful exec per pid: a failure before it belongs
+/// to a program image that was replaced.
+fn last_exec(events: &[KernelEvent]) -> HashMap<u32, usize> {
+    events.iter().enumerate().filter(|(_, e)| e.kind == Kind::Exec).map(|(i, e)| (e.pid, i)).collect()
+}
+
+/// Scores `events[i]`; `execs` from [`last_exec`].
+fn score(span: &SpanEvidence, events: &[KernelEvent], i: usize, execs: &HashMap<u32, usize>) -> Option<(Primitive, f64)> {
+    let ev = &events[i];
     let errno = ev.errno_nr()?;
     let nr = ev.syscall_nr?;
     if ev.kind == Kind::SeccompDenied {
@@ -310,7 +318,7 @@ fn score(span: &SpanEvidence, ev: &KernelEvent, later: &[KernelEvent]) -> Option
     }
     // the program that failed here was replaced by a successful exec: it
     // coped (a PATH search, a wrapper script); the new program is judged
-    if later.iter().any(|e| e.kind == Kind::Exec && e.pid == ev.pid) {
+    if execs.get(&ev.pid).is_some_and(|&x| x > i) {
         return None;
     }
     let rule = classify(nr, errno, ev.flags.unwrap_or(0))?;
@@ -388,12 +396,13 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
         Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed())
     };
     let events: Vec<KernelEvent> = span.events.iter().cloned().collect();
+    let execs = last_exec(&events);
     let mut best: Option<(usize, Primitive, f64)> = None;
     for (i, ev) in events.iter().enumerate().rev() {
         if !matches!(ev.kind, Kind::SyscallFailed | Kind::SeccompDenied) || !failing(ev.pid) {
             continue;
         }
-        let Some((primitive, weight)) = score(span, ev, &events[i + 1..]) else { continue };
+        let Some((primitive, weight)) = score(span, &events, i, &execs) else { continue };
         // strictly greater: among equals, the latest (seen first) wins
         if best.is_none_or(|(_, _, w)| weight > w) {
             best = Some((i, primitive, weight));
@@ -401,7 +410,7 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
     }
     let (i, primitive, weight) = best?;
     let ev = &events[i];
-    let errno = ev.errno.clone().unwrap_or_default();
+    let errno = ev.errno.clone().unwrap_or_default().into_owned();
     let desc = errno_desc(&errno).to_lowercase();
     let proc_desc = format!("{} (pid {})", ev.comm, ev.pid);
     let mut confidence = weight;
@@ -452,6 +461,7 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
 fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<KernelEvent> {
     const MAX: usize = 30;
     let events: Vec<KernelEvent> = span.events.iter().cloned().collect();
+    let execs = last_exec(&events);
     let failing = |pid: u32| Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed());
     let mut out: Vec<KernelEvent> = Vec::new();
     for (i, e) in events.iter().enumerate() {
@@ -459,7 +469,7 @@ fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<K
             Kind::SeccompDenied | Kind::Signal | Kind::OomVictim => true,
             Kind::Exit => Some(e.pid) == span.root_pid || e.exit_code.is_none(),
             Kind::SyscallFailed => {
-                failing(e.pid) && score(span, e, &events[i + 1..]).is_some_and(|(_, w)| w >= 0.5)
+                failing(e.pid) && score(span, &events, i, &execs).is_some_and(|(_, w)| w >= 0.5)
             }
             _ => false,
         };
@@ -514,7 +524,7 @@ mod tests {
             .unwrap()
     }
 
-    fn failed(pid: u32, ts: u64, syscall: &str, errno: i32, path: &str) -> KernelEvent {
+    fn failed(pid: u32, ts: u64, syscall: &'static str, errno: i32, path: &str) -> KernelEvent {
         let mut e = ev(Kind::SyscallFailed, pid, ts);
         let nr = crate::syscalls::number(syscall).unwrap();
         e.syscall = Some(syscall.into());

@@ -1,6 +1,7 @@
 //! Decoding: raw ring-buffer records → [`KernelEvent`], the JSON event of the
 //! contract (`kind`, `syscall`, `errno`, `path`, `pid`, `ts_ns`, …).
 
+use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use probe_abi::{DATA_LEN, Event, EventKind, flags};
@@ -61,11 +62,11 @@ pub struct KernelEvent {
     pub tid: u32,
     pub comm: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub syscall: Option<String>,
+    pub syscall: Option<Cow<'static, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub syscall_nr: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub errno: Option<String>,
+    pub errno: Option<Cow<'static, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ret: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -293,8 +294,9 @@ fn cstr(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
-/// `ENOENT` for 2, `E1234` when unknown.
-pub fn errno_name(errno: i32) -> String {
+/// `ENOENT` for 2, `E1234` when unknown. Borrowed for every known errno:
+/// this runs once per failing syscall.
+pub fn errno_name(errno: i32) -> Cow<'static, str> {
     // kernel-internal restart codes leak to tracepoints on interrupted syscalls
     match errno {
         512 => return "ERESTARTSYS".into(),
@@ -303,16 +305,18 @@ pub fn errno_name(errno: i32) -> String {
         516 => return "ERESTART_RESTARTBLOCK".into(),
         _ => {}
     }
-    let e = nix::errno::Errno::from_raw(errno);
-    if e == nix::errno::Errno::UnknownErrno { format!("E{errno}") } else { format!("{e:?}") }
+    match syscalls::Errno::new(errno).name() {
+        Some(name) => Cow::Borrowed(name),
+        None => Cow::Owned(format!("E{errno}")),
+    }
 }
 
 /// "No such file or directory" for ENOENT.
 pub fn errno_desc(name: &str) -> &'static str {
     (1..134)
-        .map(nix::errno::Errno::from_raw)
-        .find(|e| format!("{e:?}") == name)
-        .map(|e| e.desc())
+        .map(syscalls::Errno::new)
+        .find(|e| e.name() == Some(name))
+        .and_then(|e| e.description())
         .unwrap_or("unknown error")
 }
 

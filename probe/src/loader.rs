@@ -6,7 +6,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{RawTracePoint, TracePoint},
 };
-use probe_abi::{EVENT_KINDS, EventKind, TaskState, task};
+use probe_abi::{EVENT_KINDS, EventKind, TaskState, slot, task};
 
 use crate::tracefs;
 
@@ -57,6 +57,7 @@ pub enum LoadError {
 pub struct Probe {
     /// Keeps programs and links alive.
     _ebpf: Ebpf,
+    tracked: Array<MapData, u64>,
     tasks: HashMap<MapData, u32, TaskState>,
     events: RingBuf<MapData>,
     drops: PerCpuArray<MapData, u64>,
@@ -103,7 +104,12 @@ impl Probe {
         }
         let offsets = tracefs::offsets(&root)?;
 
-        let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT).map_err(|e| match e {
+        // TRACKED is indexed by thread id
+        let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(4_194_304);
+        let mut ebpf = EbpfLoader::new().map_max_entries("TRACKED", pid_max).load(EBPF_OBJECT).map_err(|e| match e {
             aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
                 if io_error.raw_os_error() == Some(libc::EPERM) =>
             {
@@ -138,23 +144,28 @@ impl Probe {
             }
             attached.push(what);
         }
+        let tracked = Array::try_from(ebpf.take_map("TRACKED").ok_or(LoadError::Map("TRACKED"))?)
+            .map_err(|e| LoadError::Load(e.to_string()))?;
         let tasks = HashMap::try_from(ebpf.take_map("TASKS").ok_or(LoadError::Map("TASKS"))?)
             .map_err(|e| LoadError::Load(e.to_string()))?;
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(LoadError::Map("EVENTS"))?)
             .map_err(|e| LoadError::Load(e.to_string()))?;
         let drops = PerCpuArray::try_from(ebpf.take_map("DROPS").ok_or(LoadError::Map("DROPS"))?)
             .map_err(|e| LoadError::Load(e.to_string()))?;
-        Ok(Probe { _ebpf: ebpf, tasks, events, drops, attached, missing })
+        Ok(Probe { _ebpf: ebpf, tracked, tasks, events, drops, attached, missing })
     }
 
     /// Starts tracing `pid` (and, in the kernel, everything it forks) as
-    /// part of `span`. Call it while `pid` is blocked before exec.
+    /// part of `span` (1..=u32::MAX: the kernel keeps span ids in 32 bits).
+    /// Call it while `pid` is blocked before exec.
     pub fn track(&mut self, pid: u32, span: u64) -> Result<(), aya::maps::MapError> {
         let mut flags = task::SKIP_ORPHAN_EXIT;
         if seccomp_mode(pid).unwrap_or(0) != 0 {
             flags |= task::SECCOMP_ON;
         }
-        self.tasks.insert(pid, TaskState::new(span, flags), 0)
+        let span32 = u32::try_from(span).ok().filter(|&s| s != 0).ok_or(aya::maps::MapError::KeyNotFound)?;
+        self.tasks.insert(pid, TaskState::new(span), 0)?;
+        self.tracked.set(pid, slot::pack(span32, flags), 0)
     }
 
     /// Stops tracing every task of `span` (descendants that outlive it).
@@ -167,6 +178,7 @@ impl Probe {
             .map(|(tid, _)| tid)
             .collect();
         for tid in &stale {
+            let _ = self.tracked.set(*tid, 0, 0);
             let _ = self.tasks.remove(tid);
         }
         stale.len()

@@ -234,7 +234,7 @@ pub fn reference_markdown() -> String {
             .iter()
             .filter(|r| r.primitive == p)
             .map(|r| {
-                let errnos: Vec<String> = r.errnos.iter().map(|&e| crate::event::errno_name(e)).collect();
+                let errnos: Vec<String> = r.errnos.iter().map(|&e| crate::event::errno_name(e).into_owned()).collect();
                 format!("{} on {}", errnos.join("/"), r.class.describe())
             })
             .collect();

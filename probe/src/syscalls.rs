@@ -1,5 +1,7 @@
 //! x86_64 syscall names and the classes the rule table speaks of.
 
+use std::borrow::Cow;
+
 use probe_abi::open_flags_write;
 
 /// Groups of syscalls that fail for the same kind of reason.
@@ -69,12 +71,11 @@ pub fn classes(nr: i64, open_flags: u64) -> &'static [SyscallClass] {
 }
 
 /// The syscall's name, e.g. `openat`, or `syscall_NNN` when unknown.
-pub fn name(nr: i64) -> String {
-    usize::try_from(nr)
-        .ok()
-        .and_then(|n| syscalls::Sysno::new(n))
-        .map(|s| s.name().to_string())
-        .unwrap_or_else(|| format!("syscall_{nr}"))
+pub fn name(nr: i64) -> Cow<'static, str> {
+    match usize::try_from(nr).ok().and_then(syscalls::Sysno::new) {
+        Some(s) => Cow::Borrowed(s.name()),
+        None => Cow::Owned(format!("syscall_{nr}")),
+    }
 }
 
 /// The syscall number for `name` on x86_64.

@@ -42,7 +42,10 @@ pub struct Traced {
     pub interrupted: bool,
 }
 
-/// Span id used by `probe trace` (it owns its programs, so any id works).
+/// How often the ring buffer is read when no urgent event wakes us.
+pub const READ_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Span id used by `probe trace` (it owns its programs, so any non-zero id works).
 const TRACE_SPAN: u64 = 1;
 
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
@@ -169,9 +172,11 @@ fn wait_collecting(
         let wait = match (timeout.filter(|_| timed_out.is_none()), kill_at) {
             (_, Some(at)) => at.saturating_duration_since(Instant::now()),
             (Some(t), None) => t.saturating_sub(started.elapsed()),
-            (None, None) => Duration::from_millis(500),
+            (None, None) => READ_INTERVAL,
         };
-        let ms = wait.as_millis().min(500) as u16;
+        // high-volume events arrive without a wake-up: read them at least
+        // every READ_INTERVAL
+        let ms = wait.min(READ_INTERVAL).as_millis() as u16;
         match poll(&mut fds, PollTimeout::from(ms)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(e).context("poll"),

@@ -88,7 +88,31 @@ pub mod flags {
     pub const DATA_FAULT: u32 = 1 << 6;
 }
 
-/// `TaskState::flags` bits.
+/// Layout of a `TRACKED` slot (one u64 per thread id): the span in the
+/// high 32 bits, [`task`] flags in bits 16..32, the syscall in flight + 1
+/// in bits 0..16 (0: none). One inlined array access per syscall.
+pub mod slot {
+    pub const NR_MASK: u64 = 0xffff;
+    pub const FLAGS_SHIFT: u32 = 16;
+    pub const SPAN_SHIFT: u32 = 32;
+    /// In flight, but a syscall number that does not fit (or is negative).
+    pub const NR_UNKNOWN: u64 = 0xffff;
+
+    #[inline(always)]
+    pub const fn pack(span: u32, flags: u32) -> u64 {
+        ((span as u64) << SPAN_SHIFT) | (((flags as u64) & 0xffff) << FLAGS_SHIFT)
+    }
+    #[inline(always)]
+    pub const fn span(v: u64) -> u32 {
+        (v >> SPAN_SHIFT) as u32
+    }
+    #[inline(always)]
+    pub const fn flags(v: u64) -> u32 {
+        ((v >> FLAGS_SHIFT) & 0xffff) as u32
+    }
+}
+
+/// Task flag bits (in a `TRACKED` slot).
 pub mod task {
     /// The next syscall exit without an enter is expected (a fresh child's
     /// return from fork/clone, or a syscall in flight when userspace attached).
@@ -96,9 +120,6 @@ pub mod task {
     /// The task runs under a seccomp filter.
     pub const SECCOMP_ON: u32 = 1 << 1;
 }
-
-/// Marker for "no syscall in flight" in `TaskState::enter_nr`.
-pub const NO_SYSCALL: i64 = -1;
 
 /// One record in the ring buffer. Field meanings per kind are documented on
 /// each field; `aux` is kind-specific.
@@ -137,39 +158,23 @@ pub struct Event {
     pub data: [u8; DATA_LEN],
 }
 
-/// Per-thread state in the `TASKS` map, keyed by thread id. Only traced
-/// threads have an entry; an untracked thread costs one failed lookup.
+/// Per-thread state in the `TASKS` map, keyed by thread id, for tracked
+/// threads only; what does not fit in their `TRACKED` slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TaskState {
     pub span: u64,
-    /// Syscall in flight, or [`NO_SYSCALL`].
-    pub enter_nr: i64,
+    /// Enter time of the syscall in flight, when it is timed.
     pub enter_ts: u64,
-    /// User pointer to the path or sockaddr of the syscall in flight.
-    pub arg_ptr: u64,
-    /// Second argument worth keeping: open flags, sockaddr length, clone
-    /// flags, seccomp operation.
-    pub arg_aux: u64,
+    /// Clone flags of the clone/clone3 in flight (read at fork).
+    pub clone_flags: u64,
     /// Start of the direct reclaim in progress, 0 when none.
     pub reclaim_ts: u64,
-    /// [`task`] bits.
-    pub flags: u32,
-    pub _pad: u32,
 }
 
 impl TaskState {
-    pub const fn new(span: u64, flags: u32) -> Self {
-        TaskState {
-            span,
-            enter_nr: NO_SYSCALL,
-            enter_ts: 0,
-            arg_ptr: 0,
-            arg_aux: 0,
-            reclaim_ts: 0,
-            flags,
-            _pad: 0,
-        }
+    pub const fn new(span: u64) -> Self {
+        TaskState { span, enter_ts: 0, clone_flags: 0, reclaim_ts: 0 }
     }
 }
 
@@ -203,8 +208,22 @@ pub enum ArgRole {
     Path { path: u8, flags: Option<u8> },
     /// `args[addr]` is a `struct sockaddr *` of `args[len]` bytes.
     SockAddr { addr: u8, len: u8 },
-    /// Keep `args[0]` (clone flags, seccomp op, prctl option, exit code, fd).
+    /// `args[0]` matters: clone flags, seccomp op, prctl option, exit
+    /// code, the fd of a write, the old fd of a dup.
     First,
+}
+
+/// Whether `sys_enter` must do more than mark the syscall in flight for
+/// `nr`: time it (paths, addresses) or keep an argument that is gone or
+/// needed before `sys_exit` (exit code, clone flags). Everything else is
+/// read from the saved registers at `sys_exit`, and only on failure.
+#[inline(always)]
+pub const fn needs_enter_state(nr: i64) -> bool {
+    match syscall_arg_role(nr) {
+        ArgRole::Path { .. } | ArgRole::SockAddr { .. } => true,
+        ArgRole::First => matches!(nr, 56 | 60 | 231 | 435),
+        ArgRole::None => false,
+    }
 }
 
 /// x86_64 syscall numbers the eBPF side treats specially.
@@ -229,6 +248,7 @@ pub mod nr {
     pub const CLONE3: i64 = 435;
     pub const OPENAT2: i64 = 437;
     pub const DUP3: i64 = 292;
+    pub const EXECVEAT: i64 = 322;
     /// prctl option that installs a filter.
     pub const PR_SET_SECCOMP: u64 = 22;
 }
