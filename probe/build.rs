@@ -8,6 +8,8 @@ fn main() -> anyhow::Result<()> {
     let root = root.canonicalize().with_context(|| format!("{}", root.display()))?;
     let root_dir = root.to_str().context("non-UTF-8 path to probe-ebpf")?;
     println!("cargo:rerun-if-changed={root_dir}/abi/src");
+    // the schema is embedded (store.rs): a new migration must never ship missing
+    println!("cargo:rerun-if-changed={manifest}/../migrations");
     aya_build::build_ebpf(
         [aya_build::Package { name: "probe-ebpf", root_dir, ..Default::default() }],
         aya_build::Toolchain::default(),

@@ -321,6 +321,9 @@ fn score(span: &SpanEvidence, events: &[KernelEvent], i: usize, execs: &HashMap<
     if execs.get(&ev.pid).is_some_and(|&x| x > i) {
         return None;
     }
+    if ev.written_earlier.is_some() && matches!(errno, libc::ENOENT | libc::ENOTDIR) {
+        return Some((Primitive::FsPersistence, 0.95));
+    }
     let rule = classify(nr, errno, ev.flags.unwrap_or(0))?;
     let mut primitive = rule.primitive;
     if let Some(path) = &ev.path {
@@ -444,6 +447,30 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
                 "`{name}` is not installed: execve failed with ENOENT for {} candidate path(s) ({})",
                 tried.len(),
                 tried.join(", ")
+            )
+        }
+        Primitive::FsPersistence => {
+            let w = ev.written_earlier.as_ref();
+            let ago = w.map(|w| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0);
+                format!("{:.1} s earlier", (now - w.at_ms).max(0) as f64 / 1000.0)
+            });
+            let ns = match (w.and_then(|w| w.mount_ns.as_deref()), ev.mount_ns.as_deref()) {
+                (Some(a), Some(b)) if a != b => format!(" — written in mount namespace {a}, missing in {b}"),
+                (Some(a), Some(_)) => format!(" — same mount namespace {a}: removed, or a tmpfs/overlay that was reset"),
+                _ => String::new(),
+            };
+            format!(
+                "{} failed with {errno} in {proc_desc}, but span {} of this session wrote it ({} of {} (pid {}), {}){ns}: the write did not persist",
+                ev.call(),
+                w.map(|w| w.span).unwrap_or(0),
+                w.map(|w| w.syscall.as_str()).unwrap_or("open"),
+                w.map(|w| w.comm.as_str()).unwrap_or("?"),
+                w.map(|w| w.pid).unwrap_or(0),
+                ago.unwrap_or_default()
             )
         }
         Primitive::FsNoexec => {

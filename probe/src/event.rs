@@ -105,6 +105,12 @@ pub struct KernelEvent {
     /// execve EACCES: the path's mount has `noexec` (checked on arrival).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount_noexec: Option<bool>,
+    /// ENOENT on a path an earlier span of the same session wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_earlier: Option<crate::sessions::WrittenEarlier>,
+    /// `mnt:[NNN]` of the process, when it matters (persistence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_ns: Option<String>,
 }
 
 /// `si_code` of a SIGSYS raised by seccomp.
@@ -138,6 +144,8 @@ impl KernelEvent {
             anon_rss_kb: None,
             total_vm_kb: None,
             mount_noexec: None,
+            written_earlier: None,
+            mount_ns: None,
         }
     }
 

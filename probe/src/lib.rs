@@ -15,13 +15,19 @@
 //! [`syscalls`] (names and classes), [`mounts`] (mountinfo lookups).
 
 pub mod attribution;
+pub mod client;
+pub mod config;
+pub mod daemon;
 pub mod event;
 pub mod loader;
 pub mod mounts;
 pub mod primitive;
+pub mod protocol;
 pub mod report;
+pub mod sessions;
 pub mod spans;
 pub mod spawn;
+pub mod store;
 pub mod syscalls;
 pub mod trace;
 pub mod tracefs;

@@ -1,13 +1,21 @@
 //! `probe`: the command line. A thin layer over the `probe` library.
 
 use std::ffi::OsString;
-use std::process::ExitCode;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
 
+use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
+use serde_json::Value;
 
+use probe::attribution::{Attribution, ExitStatus};
+use probe::client::Client;
+use probe::daemon::DaemonConfig;
 use probe::loader::Probe;
 use probe::primitive::reference_markdown;
+use probe::protocol::{DEFAULT_DB, DEFAULT_SOCKET};
+use probe::store::{SpanFilter, SpanRow, Store};
 use probe::trace::{TraceOptions, trace};
 
 /// Exit status for the probe's own failures (CMD's statuses pass through).
@@ -23,7 +31,10 @@ read-only or noexec mounts, permissions, full disks, pids and memory limits, blo
 eBPF programs on tracepoints (no kprobes needed) watch failing syscalls, seccomp denials, \
 forks/execs/exits, signals, OOM kills and memory reclaim of the traced workload only, and the \
 probe names the one event that made it fail.\n\n\
-Needs root (or CAP_BPF+CAP_PERFMON+CAP_SYS_RESOURCE)."
+One-off:   probe trace -- CMD            (no daemon)\n\
+Daemon:    probe run                     (spans opened by agent-bridge or `probe span`)\n\
+Inspect:   probe status | spans --failed | show SPAN | tail | export\n\n\
+Loading programs needs root (or CAP_BPF+CAP_PERFMON+CAP_SYS_RESOURCE)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,7 +43,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a command under the probe and say why it failed.
+    /// Run a command under the probe and say why it failed (no daemon).
     ///
     /// Exits with the command's status (128+N when killed by signal N; 125
     /// when the probe itself cannot run). The command's output passes
@@ -61,6 +72,139 @@ enum Cmd {
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
     },
+    /// Run the daemon: programs attached once, spans opened and closed by
+    /// clients over the control socket, evidence kept in SQLite.
+    ///
+    /// Stops on SIGTERM/SIGINT: open spans are ended and stored, programs
+    /// detached, the database checkpointed.
+    ///
+    /// Examples:
+    ///   probe run
+    ///   probe run --socket /tmp/p.sock --db /tmp/p.db
+    ///   probe run --config /etc/probe/probe.toml --group probe
+    #[command(verbatim_doc_comment)]
+    Run {
+        /// Control socket [default: /run/probe/probe.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Evidence database [default: /var/lib/probe/evidence.db].
+        #[arg(long)]
+        db: Option<PathBuf>,
+        /// TOML config file (socket, db, group, events_per_span,
+        /// max_open_spans, [retention] max_age_secs, max_db_bytes).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Group allowed to use the socket besides root (mode becomes 0660).
+        #[arg(long)]
+        group: Option<String>,
+        /// Events kept per span [default: 20000].
+        #[arg(long)]
+        event_cap: Option<usize>,
+        /// Spans that may be open at once [default: 4096].
+        #[arg(long)]
+        max_open_spans: Option<usize>,
+    },
+    /// Run a command inside a span of the running daemon; print its attribution.
+    ///
+    /// Like `probe trace`, but the daemon does the watching, stores the
+    /// evidence, and remembers the session's writes across spans.
+    ///
+    /// Example:
+    ///   probe span --session t-42 -- sh -c 'echo x > /mnt/data/out'
+    ///   probe span --session t-42 -- cat /mnt/data/out
+    #[command(verbatim_doc_comment)]
+    Span {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Session the span belongs to (one MCP session / one test).
+        #[arg(long)]
+        session: Option<String>,
+        /// Label [default: the command line].
+        #[arg(long)]
+        label: Option<String>,
+        /// Print one JSON attribution object on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Kill the command after this many seconds (attributed `timeout`).
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<f64>,
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+        command: Vec<OsString>,
+    },
+    /// Daemon health: kernel, programs, events/s, drops, open spans, DB size.
+    Status {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stored spans, newest first.
+    ///
+    /// Examples:
+    ///   probe spans --failed
+    ///   probe spans --session t-0042 --since 2h --json
+    #[command(verbatim_doc_comment)]
+    Spans {
+        #[arg(long, default_value = DEFAULT_DB)]
+        db: PathBuf,
+        #[arg(long)]
+        session: Option<String>,
+        /// Only spans whose workload failed.
+        #[arg(long)]
+        failed: bool,
+        /// Only spans started within this long (30s, 10m, 2h, 7d) or since this Unix time in ms.
+        #[arg(long, value_name = "T")]
+        since: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One stored span: attribution and event timeline.
+    Show {
+        span: u64,
+        #[arg(long, default_value = DEFAULT_DB)]
+        db: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Live decoded events from the daemon.
+    Tail {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Only this span.
+        #[arg(long)]
+        span: Option<u64>,
+        /// Only this kind (syscall_failed, seccomp_denied, signal, oom_victim, fork, exec, exit, file_write, reclaim_stall, mount).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Raw JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ship evidence home: spans with attributions and events.
+    ///
+    /// jsonl: one span per line. sqlite: a database with the same schema,
+    /// to merge into a campaign's results DB with ATTACH.
+    #[command(verbatim_doc_comment)]
+    Export {
+        #[arg(long, default_value = DEFAULT_DB)]
+        db: PathBuf,
+        #[arg(long, value_parser = ["jsonl", "sqlite"], default_value = "jsonl")]
+        format: String,
+        #[arg(long)]
+        session: Option<String>,
+        #[arg(long, value_name = "T")]
+        since: Option<String>,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Import a jsonl or sqlite export into a database (created if missing).
+    Import {
+        #[arg(long)]
+        db: PathBuf,
+        input: PathBuf,
+    },
     /// Print the primitives reference (the taxonomy and its rules) as Markdown.
     Primitives,
 }
@@ -82,6 +226,13 @@ fn main() -> ExitCode {
     }
 }
 
+fn seconds(t: Option<f64>) -> anyhow::Result<Option<Duration>> {
+    match t {
+        Some(t) if !(t.is_finite() && t > 0.0) => bail!("--timeout must be a positive number of seconds"),
+        t => Ok(t.map(Duration::from_secs_f64)),
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Cmd::Primitives => {
@@ -89,30 +240,330 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Trace { json, events, timeout, event_cap, command } => {
-            let timeout = match timeout {
-                Some(t) if !(t.is_finite() && t > 0.0) => anyhow::bail!("--timeout must be a positive number of seconds"),
-                t => t.map(Duration::from_secs_f64),
-            };
             let mut probe = Probe::load()?;
             let opts = TraceOptions {
                 command,
-                timeout,
+                timeout: seconds(timeout)?,
                 all_events: events,
                 stdout_to_stderr: json,
                 event_cap: Some(event_cap.max(1)),
             };
             let traced = trace(&mut probe, &opts)?;
             drop(probe);
-            let a = &traced.attribution;
-            if json {
-                println!("{}", serde_json::to_string_pretty(a)?);
-            } else {
-                print!("{}", probe::report::render(a));
-            }
+            print_attribution(&traced.attribution, json)?;
             if traced.interrupted {
                 eprintln!("probe: interrupted; the workload was stopped");
             }
-            Ok(ExitCode::from(a.exit.shell_code().clamp(0, 255) as u8))
+            Ok(exit_code(&traced.attribution.exit))
         }
+        Cmd::Run { socket, db, config, group, event_cap, max_open_spans } => {
+            let file = match &config {
+                Some(path) => probe::config::load(path)?,
+                None => Default::default(),
+            };
+            let group = match group.or(file.group) {
+                Some(name) => Some(
+                    nix::unistd::Group::from_name(&name)?
+                        .with_context(|| format!("no group named {name}"))?
+                        .gid,
+                ),
+                None => None,
+            };
+            probe::daemon::run(DaemonConfig {
+                socket: socket.or(file.socket).unwrap_or_else(|| DEFAULT_SOCKET.into()),
+                db: db.or(file.db).unwrap_or_else(|| DEFAULT_DB.into()),
+                group,
+                event_cap: event_cap.or(file.events_per_span).unwrap_or(probe::spans::DEFAULT_EVENT_CAP).max(1),
+                max_open_spans: max_open_spans.or(file.max_open_spans).unwrap_or(4096).max(1),
+                retention: file.retention,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Span { socket, session, label, json, timeout, command } => span(&socket, session, label, json, seconds(timeout)?, command),
+        Cmd::Status { socket, json } => {
+            let status = Client::connect(&socket)?.status()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print!("{}", render_status(&status));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Spans { db, session, failed, since, limit, json } => {
+            let store = Store::open_readonly(&db)?;
+            let since_ms = since.as_deref().map(parse_since).transpose()?;
+            let rows = store.spans(&SpanFilter { session, failed_only: failed, since_ms, limit: Some(limit) })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                print!("{}", render_spans(&rows));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Show { span, db, json } => {
+            let store = Store::open_readonly(&db)?;
+            let Some(a) = store.show(span)? else {
+                bail!("span {span} is not in {} (still open, removed by retention, or never existed)", db.display());
+            };
+            print_attribution(&a, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Tail { socket, span, kind, json } => {
+            let mut client = Client::connect(&socket)?;
+            client.subscribe(span, kind.as_deref())?;
+            loop {
+                let line = client.read_line()?;
+                if json {
+                    println!("{line}");
+                } else if let Some(n) = line.get("lagged") {
+                    println!("… {n} events not shown (tail could not keep up)");
+                } else if let Ok(ev) = serde_json::from_value::<probe::event::KernelEvent>(line["event"].clone()) {
+                    println!("span {:<6} {}", line["span"], probe::report::event_line(&ev));
+                }
+            }
+        }
+        Cmd::Export { db, format, session, since, out } => {
+            let store = Store::open_readonly(&db)?;
+            let filter = SpanFilter { session, failed_only: false, since_ms: since.as_deref().map(parse_since).transpose()?, limit: None };
+            let n = match format.as_str() {
+                "sqlite" => store.export_sqlite(&filter, &out)?,
+                _ => store.export_jsonl(&filter, &out)?,
+            };
+            eprintln!("probe: exported {n} span(s) to {}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Import { db, input } => {
+            let mut store = Store::open(&db)?;
+            let n = store.import(&input)?;
+            eprintln!("probe: imported {n} span(s) into {}", db.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn exit_code(exit: &ExitStatus) -> ExitCode {
+    ExitCode::from(exit.shell_code().clamp(0, 255) as u8)
+}
+
+fn print_attribution(a: &Attribution, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(a)?);
+    } else {
+        print!("{}", probe::report::render(a));
+    }
+    Ok(())
+}
+
+/// `probe span`: begin, run attached, end, print.
+fn span(
+    socket: &Path,
+    session: Option<String>,
+    label: Option<String>,
+    json: bool,
+    timeout: Option<Duration>,
+    command: Vec<OsString>,
+) -> anyhow::Result<ExitCode> {
+    let mut client = Client::connect(socket)?;
+    let line = command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
+    let span = client.begin_span(session.as_deref(), label.as_deref().unwrap_or(&line))?;
+    let (program, args) = command.split_first().context("no command")?;
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    if json {
+        cmd.stdout(std::process::Stdio::from(std::io::stderr().as_fd_owned()?));
+    }
+    let spawned = probe::spawn::spawn_attached(&mut cmd, |pid| client.attach(span, pid));
+    let (exit, timed_out) = match spawned {
+        Ok((Ok(child), _)) => wait_forwarding(child, timeout)?,
+        Ok((Err(e), _)) => {
+            eprintln!("probe: {}: {e}", program.to_string_lossy());
+            let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+            (ExitStatus { code: Some(code), signal: None }, None)
+        }
+        Err(e) => {
+            let _ = client.end_span(span, Some(&ExitStatus::default()), None);
+            return Err(e.into());
+        }
+    };
+    let a = client.end_span(span, Some(&exit), timed_out.map(|t| t.as_millis() as u64))?;
+    print_attribution(&a, json)?;
+    Ok(exit_code(&a.exit))
+}
+
+trait AsFdOwned {
+    fn as_fd_owned(&self) -> std::io::Result<std::os::fd::OwnedFd>;
+}
+
+impl AsFdOwned for std::io::Stderr {
+    fn as_fd_owned(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd as _;
+        self.as_fd().try_clone_to_owned()
+    }
+}
+
+/// Waits for `child`, forwarding SIGINT/SIGTERM/SIGHUP and killing it at
+/// the deadline. Returns its exit and whether the deadline killed it.
+fn wait_forwarding(mut child: std::process::Child, timeout: Option<Duration>) -> anyhow::Result<(ExitStatus, Option<Duration>)> {
+    use std::os::unix::process::ExitStatusExt as _;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])?;
+    let handle = signals.handle();
+    let forwarder = std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
+                let _ = nix::sys::signal::kill(pid, s);
+            }
+        }
+    });
+    let started = Instant::now();
+    let mut timed_out = None;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if let Some(t) = timeout.filter(|t| timed_out.is_none() && started.elapsed() >= *t) {
+            timed_out = Some(t);
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    handle.close();
+    let _ = forwarder.join();
+    Ok((ExitStatus { code: status.code(), signal: status.signal().map(probe::event::signal_name) }, timed_out))
+}
+
+/// `30s`, `10m`, `2h`, `7d` ago, or Unix ms.
+fn parse_since(t: &str) -> anyhow::Result<i64> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    if let Ok(ms) = t.parse::<i64>() {
+        return Ok(ms);
+    }
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: i64 = num.parse().with_context(|| format!("--since {t}: expected e.g. 30s, 10m, 2h, 7d, or Unix ms"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => bail!("--since {t}: unit must be s, m, h or d"),
+    };
+    Ok(now - secs * 1000)
+}
+
+/// `2026-11-29 17:55:01` (UTC) for Unix ms.
+fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // civil-from-days (Howard Hinnant)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+fn render_spans(rows: &[SpanRow]) -> String {
+    use std::fmt::Write as _;
+    if rows.is_empty() {
+        return "no spans\n".into();
+    }
+    let mut out = format!(
+        "{:<7} {:<19} {:>9} {:<8} {:<14} {:>4}  {:<12} {}\n",
+        "SPAN", "STARTED (UTC)", "DURATION", "EXIT", "PRIMITIVE", "CONF", "SESSION", "LABEL"
+    );
+    for r in rows {
+        let exit = match (&r.exit_code, &r.exit_signal) {
+            (Some(c), _) => c.to_string(),
+            (None, Some(s)) => s.clone(),
+            _ => "-".into(),
+        };
+        let mut label = r.label.clone();
+        if label.chars().count() > 48 {
+            label = label.chars().take(47).collect::<String>() + "…";
+        }
+        let _ = writeln!(
+            out,
+            "{:<7} {:<19} {:>7.1}ms {:<8} {:<14} {:>4.2}  {:<12} {}",
+            r.span,
+            utc(r.started_ms),
+            r.duration_ms,
+            exit,
+            r.primitive,
+            r.confidence,
+            r.session.as_deref().unwrap_or("-"),
+            label
+        );
+    }
+    out
+}
+
+fn render_status(s: &Value) -> String {
+    let programs: Vec<&str> = s["programs"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    let mib = |v: &Value| v.as_f64().unwrap_or(0.0) / 1024.0 / 1024.0;
+    format!(
+        "probe daemon   pid {}, up {}s, protocol {}, version {}\n\
+         kernel         {} (btf: {}, kprobes: {})\n\
+         programs       {} attached: {}{}\n\
+         events         {} total, {}/s, {} late (after their span ended), {} undecodable\n\
+         drops          kernel {} (ring buffer full), retention {} (per-span cap)\n\
+         spans          {} open, {} ended; {} threads traced; {} sessions remembered\n\
+         db             {} — {:.1} MiB, queue {}, stored {}, errors {}, retention removed {} spans / {} events\n\
+         memory         RSS {:.1} MiB\n",
+        s["pid"],
+        s["uptime_s"],
+        s["protocol"],
+        s["version"].as_str().unwrap_or("?"),
+        s["kernel"].as_str().unwrap_or("?"),
+        s["features"]["btf"],
+        s["features"]["kprobes"],
+        programs.len(),
+        programs.join(", "),
+        match s["missing_optional"].as_array() {
+            Some(m) if !m.is_empty() => format!(" (missing optional: {})", m.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", ")),
+            _ => String::new(),
+        },
+        s["events_total"],
+        s["events_per_sec"],
+        s["late_events"],
+        s["decode_errors"],
+        s["drops"]["kernel_total"],
+        s["drops"]["retention_events_total"],
+        s["open_spans"],
+        s["spans_ended"],
+        s["tracked_tasks"],
+        s["sessions_remembered"],
+        s["db"]["path"].as_str().unwrap_or("?"),
+        mib(&s["db"]["size_bytes"]),
+        s["db"]["store_queue"],
+        s["db"]["stored_spans"],
+        s["db"]["store_errors"],
+        s["db"]["retention_removed"]["spans"],
+        s["db"]["retention_removed"]["events"],
+        s["rss_kib"].as_f64().unwrap_or(0.0) / 1024.0,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(1_795_974_901_000), "2026-11-29 17:55:01");
+    }
+
+    #[test]
+    fn since_parses_units_and_ms() {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+        let two_h = parse_since("2h").unwrap();
+        assert!((now - two_h - 7_200_000).abs() < 5_000);
+        assert_eq!(parse_since("1700000000000").unwrap(), 1_700_000_000_000);
+        assert!(parse_since("2w").is_err());
     }
 }

@@ -89,7 +89,8 @@ fn quiet_ok(cmd: &mut Command) -> bool {
 }
 
 const BPF_LINKER: &str = "0.10.0";
-const DEBIAN_PACKAGES: [(&str, &str); 6] = [
+const DEBIAN_PACKAGES: [(&str, &str); 7] = [
+    ("bpftool", "bpftool"),
     ("iproute2", "ip"),
     ("util-linux", "unshare"),
     ("strace", "strace"),
@@ -158,7 +159,7 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "probe", "--test", "kernel", "--", "--test-threads=1"]).args(args);
+    cmd.args(["test", "-p", "probe", "--test", "kernel", "--test", "daemon", "--", "--test-threads=1"]).args(args);
     run(&mut cmd)
 }
 

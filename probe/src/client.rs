@@ -1,0 +1,127 @@
+//! A blocking client of the daemon's control socket: what agent-bridge and
+//! `probe span`/`probe status` use.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::attribution::{Attribution, ExitStatus};
+use crate::protocol::{ErrorBody, ErrorCode};
+use crate::store::SpanRow;
+
+/// Why a call to the daemon failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing listens at the socket, or we may not open it.
+    #[error("cannot connect to the probe daemon at {0}: {1} (is `probe run` running? use --socket to pick another)")]
+    Connect(PathBuf, std::io::Error),
+    /// The connection broke mid-call.
+    #[error("lost the connection to the probe daemon: {0}")]
+    Io(#[from] std::io::Error),
+    /// The daemon answered something that is not a response.
+    #[error("the probe daemon answered nonsense: {0}")]
+    Protocol(String),
+    /// The daemon refused the request.
+    #[error("the probe daemon refused: {} ({:?})", .0.message, .0.code)]
+    Daemon(ErrorBody),
+}
+
+impl ClientError {
+    /// The daemon's error code, when it answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Daemon(e) => Some(e.code),
+            _ => None,
+        }
+    }
+}
+
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    next_id: u64,
+}
+
+impl Client {
+    pub fn connect(socket: &Path) -> Result<Client, ClientError> {
+        let stream = UnixStream::connect(socket).map_err(|e| ClientError::Connect(socket.into(), e))?;
+        let writer = stream.try_clone()?;
+        Ok(Client { reader: BufReader::new(stream), writer, next_id: 1 })
+    }
+
+    /// Sends one request object (an `id` is added) and reads its response.
+    pub fn call(&mut self, mut request: Value) -> Result<Value, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        if let Value::Object(m) = &mut request {
+            m.insert("id".into(), Value::from(id));
+        }
+        let mut line = request.to_string();
+        line.push('\n');
+        self.writer.write_all(line.as_bytes())?;
+        let response = self.read_line()?;
+        if response.get("id") != Some(&Value::from(id)) {
+            return Err(ClientError::Protocol(format!("response for another request: {response}")));
+        }
+        if response.get("ok") == Some(&Value::Bool(true)) {
+            Ok(response)
+        } else {
+            let err = response
+                .get("error")
+                .cloned()
+                .and_then(|e| serde_json::from_value::<ErrorBody>(e).ok())
+                .ok_or_else(|| ClientError::Protocol(format!("error without a body: {response}")))?;
+            Err(ClientError::Daemon(err))
+        }
+    }
+
+    /// Reads one response or streamed line.
+    pub fn read_line(&mut self) -> Result<Value, ClientError> {
+        let mut buf = String::new();
+        if self.reader.read_line(&mut buf)? == 0 {
+            return Err(ClientError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "daemon closed the connection")));
+        }
+        serde_json::from_str(&buf).map_err(|e| ClientError::Protocol(format!("{e}: {buf}")))
+    }
+
+    pub fn hello(&mut self) -> Result<Value, ClientError> {
+        self.call(json!({"op": "hello"}))
+    }
+
+    pub fn begin_span(&mut self, session: Option<&str>, label: &str) -> Result<u64, ClientError> {
+        let r = self.call(json!({"op": "begin_span", "session": session, "label": label}))?;
+        r["span_id"].as_u64().ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
+    }
+
+    pub fn attach(&mut self, span_id: u64, pid: u32) -> Result<(), ClientError> {
+        self.call(json!({"op": "attach", "span_id": span_id, "pid": pid})).map(drop)
+    }
+
+    pub fn end_span(
+        &mut self,
+        span_id: u64,
+        exit: Option<&ExitStatus>,
+        timed_out_ms: Option<u64>,
+    ) -> Result<Attribution, ClientError> {
+        let r = self.call(json!({"op": "end_span", "span_id": span_id, "exit": exit, "timed_out_ms": timed_out_ms}))?;
+        serde_json::from_value(r["attribution"].clone()).map_err(|e| ClientError::Protocol(format!("attribution: {e}")))
+    }
+
+    pub fn status(&mut self) -> Result<Value, ClientError> {
+        Ok(self.call(json!({"op": "status"}))?["status"].take())
+    }
+
+    pub fn query(&mut self, filter: Value) -> Result<Vec<SpanRow>, ClientError> {
+        let mut req = filter;
+        req["op"] = "query".into();
+        let r = self.call(req)?;
+        serde_json::from_value(r["spans"].clone()).map_err(|e| ClientError::Protocol(format!("spans: {e}")))
+    }
+
+    /// Starts a subscription; read events with [`Client::read_line`].
+    pub fn subscribe(&mut self, span_id: Option<u64>, kind: Option<&str>) -> Result<(), ClientError> {
+        self.call(json!({"op": "subscribe", "span_id": span_id, "kind": kind})).map(drop)
+    }
+}

@@ -1,0 +1,62 @@
+//! The daemon's config file (TOML). Every key is optional; flags win.
+//!
+//! ```toml
+//! socket = "/run/probe/probe.sock"
+//! db = "/var/lib/probe/evidence.db"
+//! group = "probe"             # may use the socket besides root
+//! events_per_span = 20000
+//! max_open_spans = 4096
+//! [retention]
+//! max_age_secs = 604800       # a week
+//! max_db_bytes = 1073741824   # 1 GiB
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::store::RetentionPolicy;
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    pub socket: Option<PathBuf>,
+    pub db: Option<PathBuf>,
+    pub group: Option<String>,
+    pub events_per_span: Option<usize>,
+    pub max_open_spans: Option<usize>,
+    #[serde(default)]
+    pub retention: RetentionPolicy,
+}
+
+/// Why the config file was not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    /// The file is not valid TOML or has unknown keys.
+    #[error("{0}: {1}")]
+    Parse(PathBuf, String),
+}
+
+pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse(path.into(), e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_unknown_keys() {
+        let c: ConfigFile = toml::from_str(
+            "socket = \"/tmp/p.sock\"\nevents_per_span = 100\n[retention]\nmax_age_secs = 60\n",
+        )
+        .unwrap();
+        assert_eq!(c.socket.as_deref(), Some(Path::new("/tmp/p.sock")));
+        assert_eq!(c.retention.max_age_secs, Some(60));
+        assert!(toml::from_str::<ConfigFile>("sockett = \"x\"").is_err());
+    }
+}

@@ -1,0 +1,712 @@
+//! `probe run`: the long-running daemon.
+//!
+//! Layout (data flows one way):
+//! - the **core** thread owns the loaded programs ([`Probe`]), the open
+//!   spans and the session write memory. It drains the ring buffer, routes
+//!   each event to its span, and executes commands (begin, attach, end,
+//!   status, subscribe) sent by connections. One owner, no locks.
+//! - the **store** thread owns the only write connection to SQLite and
+//!   writes finished spans in batched transactions, then applies retention.
+//! - the **control** server (tokio) accepts connections on the Unix socket,
+//!   checks the peer (SO_PEERCRED), reads bounded NDJSON lines and turns
+//!   them into core commands; `query` reads the DB on its own connection.
+
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::os::fd::AsFd as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+
+use crate::attribution::{Attribution, ExitStatus, Outcome, attribute};
+use crate::event::{Kind, decode, read_raw};
+use crate::loader::Probe;
+use crate::protocol::{self, ErrorBody, ErrorCode, MAX_LINE, Request};
+use crate::sessions::Sessions;
+use crate::spans::SpanEvidence;
+use crate::store::{RetentionPolicy, SpanFilter, Store, StoredSpan};
+use crate::trace::{READ_INTERVAL, monotonic_ns};
+
+/// Daemon settings (flags override the config file).
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub socket: PathBuf,
+    pub db: PathBuf,
+    /// Group allowed to use the socket besides root.
+    pub group: Option<nix::unistd::Gid>,
+    pub event_cap: usize,
+    pub max_open_spans: usize,
+    pub retention: RetentionPolicy,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, ErrorBody>>;
+
+/// What connections ask of the core.
+enum Command {
+    Begin { session: Option<String>, label: String, reply: Reply<u64> },
+    Attach { span: u64, pid: u32, reply: Reply<()> },
+    End { span: u64, exit: Option<ExitStatus>, timed_out: Option<Duration>, reply: Reply<Attribution> },
+    Status { reply: oneshot::Sender<Value> },
+    Subscribe { span: Option<u64>, kind: Option<Kind>, tx: tokio::sync::mpsc::Sender<String> },
+    Shutdown,
+}
+
+/// Sends commands to the core and wakes it.
+struct CoreHandle {
+    tx: std::sync::Mutex<mpsc::Sender<Command>>,
+    wake: StdUnixStream,
+}
+
+impl CoreHandle {
+    fn send(&self, cmd: Command) -> Result<(), ErrorBody> {
+        let sent = self.tx.lock().map(|tx| tx.send(cmd).is_ok()).unwrap_or(false);
+        if !sent {
+            return Err(ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down"));
+        }
+        // a full pipe means a wake-up is already pending
+        let _ = (&self.wake).write(&[1]);
+        Ok(())
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, ErrorBody> {
+        let (tx, rx) = oneshot::channel();
+        self.send(make(tx))?;
+        rx.await.map_err(|_| ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down"))?
+    }
+}
+
+use std::io::Write as _;
+
+/// Counters the store thread shares with status.
+#[derive(Default)]
+struct StoreStats {
+    queued: AtomicU64,
+    written: AtomicU64,
+    errors: AtomicU64,
+    retention_spans: AtomicU64,
+    retention_events: AtomicU64,
+}
+
+struct OpenSpan {
+    evidence: SpanEvidence,
+    started_ms: i64,
+    started: Instant,
+    drops_before: u64,
+}
+
+struct Subscriber {
+    span: Option<u64>,
+    kind: Option<Kind>,
+    tx: tokio::sync::mpsc::Sender<String>,
+    lagged: u64,
+}
+
+struct Core {
+    probe: Probe,
+    spans: HashMap<u64, OpenSpan>,
+    sessions: Sessions,
+    subscribers: Vec<Subscriber>,
+    next_span: u64,
+    store_tx: mpsc::SyncSender<StoredSpan>,
+    store_stats: Arc<StoreStats>,
+    config: DaemonConfig,
+    started: Instant,
+    events_total: u64,
+    late_events: u64,
+    decode_errors: u64,
+    spans_ended: u64,
+    retention_drops_total: u64,
+    rate: (Instant, u64, f64),
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+impl Core {
+    fn run(mut self, rx: mpsc::Receiver<Command>, wake: StdUnixStream) {
+        wake.set_nonblocking(true).ok();
+        loop {
+            let ring_fd = match self.probe.events().as_fd().try_clone_to_owned() {
+                Ok(fd) => fd,
+                Err(e) => {
+                    tracing::error!("cannot poll the ring buffer: {e}");
+                    break;
+                }
+            };
+            let mut fds = [PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN), PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::from(READ_INTERVAL.as_millis() as u16));
+            drop(fds);
+            let mut sink = [0u8; 256];
+            while matches!((&wake).read(&mut sink), Ok(n) if n > 0) {}
+            self.drain();
+            let mut stop = false;
+            while let Ok(cmd) = rx.try_recv() {
+                if matches!(cmd, Command::Shutdown) {
+                    stop = true;
+                    break;
+                }
+                self.handle(cmd);
+            }
+            self.update_rate();
+            if stop {
+                break;
+            }
+        }
+        // end what is still open, so nothing collected is lost
+        let open: Vec<u64> = self.spans.keys().copied().collect();
+        for span in open {
+            let _ = self.end(span, None, None);
+        }
+        tracing::info!("core stopped; detaching programs");
+    }
+
+    fn drain(&mut self) {
+        let Core { probe, spans, sessions, subscribers, events_total, late_events, decode_errors, .. } = self;
+        let ring = probe.events();
+        while let Some(item) = ring.next() {
+            *events_total += 1;
+            let raw = match read_raw(&item) {
+                Ok(raw) => raw,
+                Err(e) => {
+                    *decode_errors += 1;
+                    tracing::warn!("undecodable ring buffer record: {e}");
+                    continue;
+                }
+            };
+            drop(item);
+            let Some(open) = spans.get_mut(&raw.span) else {
+                // a descendant outliving its ended span: counted, not hidden
+                *late_events += 1;
+                continue;
+            };
+            let mut ev = match decode(&raw, open.evidence.start_ns) {
+                Ok(ev) => ev,
+                Err(e) => {
+                    *decode_errors += 1;
+                    tracing::warn!("{e}");
+                    continue;
+                }
+            };
+            if let Some(session) = open.evidence.session.as_deref() {
+                sessions.observe(session, raw.span, &mut ev);
+            }
+            if !subscribers.is_empty() {
+                publish(subscribers, raw.span, &ev);
+            }
+            open.evidence.add(ev);
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Begin { session, label, reply } => {
+                let _ = reply.send(self.begin(session, label));
+            }
+            Command::Attach { span, pid, reply } => {
+                let _ = reply.send(self.attach(span, pid));
+            }
+            Command::End { span, exit, timed_out, reply } => {
+                self.drain();
+                let _ = reply.send(self.end(span, exit, timed_out));
+            }
+            Command::Status { reply } => {
+                let _ = reply.send(self.status());
+            }
+            Command::Subscribe { span, kind, tx } => self.subscribers.push(Subscriber { span, kind, tx, lagged: 0 }),
+            Command::Shutdown => {}
+        }
+    }
+
+    fn begin(&mut self, session: Option<String>, label: String) -> Result<u64, ErrorBody> {
+        if self.spans.len() >= self.config.max_open_spans {
+            return Err(ErrorBody::new(
+                ErrorCode::Unavailable,
+                format!("{} spans are open, the limit (end some, or raise --max-open-spans)", self.spans.len()),
+            ));
+        }
+        let id = self.next_span;
+        if id > u32::MAX as u64 {
+            return Err(ErrorBody::new(ErrorCode::Unavailable, "span ids exhausted (2^32): start a new database"));
+        }
+        self.next_span += 1;
+        let mut evidence = SpanEvidence::new(id, session, label, monotonic_ns());
+        evidence.cap = self.config.event_cap;
+        let drops_before = self.probe.drops().iter().sum();
+        self.spans.insert(id, OpenSpan { evidence, started_ms: now_ms(), started: Instant::now(), drops_before });
+        Ok(id)
+    }
+
+    fn attach(&mut self, span: u64, pid: u32) -> Result<(), ErrorBody> {
+        let Some(open) = self.spans.get_mut(&span) else {
+            return Err(ErrorBody::new(ErrorCode::NotFound, format!("span {span} is not open")));
+        };
+        if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(ErrorBody::new(ErrorCode::NotFound, format!("no process {pid}")));
+        }
+        self.probe
+            .track(pid, span)
+            .map_err(|e| ErrorBody::new(ErrorCode::Unavailable, format!("cannot trace pid {pid}: {e}")))?;
+        open.evidence.root_pid.get_or_insert(pid);
+        Ok(())
+    }
+
+    fn end(&mut self, span: u64, exit: Option<ExitStatus>, timed_out: Option<Duration>) -> Result<Attribution, ErrorBody> {
+        if !self.spans.contains_key(&span) {
+            return Err(ErrorBody::new(ErrorCode::NotFound, format!("span {span} is not open (never begun, or already ended)")));
+        }
+        self.probe.untrack_span(span);
+        self.drain();
+        let Some(mut open) = self.spans.remove(&span) else {
+            return Err(ErrorBody::new(ErrorCode::NotFound, format!("span {span} is not open")));
+        };
+        let drops_after: u64 = self.probe.drops().iter().sum();
+        open.evidence.drops.kernel = drops_after.saturating_sub(open.drops_before);
+        let exit = exit.unwrap_or_else(|| observed_exit(&open.evidence));
+        let outcome = Outcome {
+            exit,
+            timed_out,
+            duration_ns: open.started.elapsed().as_nanos() as u64,
+            all_events: false,
+        };
+        let attribution = attribute(&open.evidence, &outcome);
+        self.spans_ended += 1;
+        self.retention_drops_total += open.evidence.drops.retention;
+        let mut stored = attribution.clone();
+        stored.events = open.evidence.events.iter().cloned().collect();
+        self.store_stats.queued.fetch_add(1, Ordering::Relaxed);
+        if self.store_tx.send(StoredSpan { started_ms: open.started_ms, ended_ms: now_ms(), attribution: stored }).is_err() {
+            self.store_stats.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("store thread is gone; span {span} was not saved");
+        }
+        Ok(attribution)
+    }
+
+    fn update_rate(&mut self) {
+        let (at, total, _) = self.rate;
+        let elapsed = at.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            let rate = (self.events_total - total) as f64 / elapsed.as_secs_f64();
+            self.rate = (Instant::now(), self.events_total, rate);
+        }
+    }
+
+    fn status(&self) -> Value {
+        let drops = self.probe.drops();
+        let kernel_drops: serde_json::Map<String, Value> = probe_abi::EventKind::ALL
+            .iter()
+            .map(|k| (format!("{k:?}"), Value::from(drops[*k as usize])))
+            .collect();
+        let rss_kib = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")).map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
+            .and_then(|v| v.parse::<u64>().ok());
+        let db_size = std::fs::metadata(&self.config.db).map(|m| m.len()).unwrap_or(0)
+            + std::fs::metadata(format!("{}-wal", self.config.db.display())).map(|m| m.len()).unwrap_or(0);
+        let s = &self.store_stats;
+        json!({
+            "protocol": protocol::PROTOCOL_VERSION,
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "uptime_s": self.started.elapsed().as_secs(),
+            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+            "features": {
+                "btf": Path::new("/sys/kernel/btf/vmlinux").exists(),
+                "ring_buffer": true,
+                "raw_tracepoints": true,
+                "kprobes": Path::new("/sys/kernel/tracing/kprobe_events").exists(),
+            },
+            "programs": self.probe.attached,
+            "missing_optional": self.probe.missing,
+            "events_total": self.events_total,
+            "events_per_sec": (self.rate.2 * 10.0).round() / 10.0,
+            "late_events": self.late_events,
+            "decode_errors": self.decode_errors,
+            "drops": {
+                "kernel_total": drops.iter().sum::<u64>(),
+                "kernel_by_kind": kernel_drops,
+                "retention_events_total": self.retention_drops_total,
+            },
+            "open_spans": self.spans.len(),
+            "spans_ended": self.spans_ended,
+            "tracked_tasks": self.probe.tracked_tasks(),
+            "sessions_remembered": self.sessions.len(),
+            "rss_kib": rss_kib,
+            "db": {
+                "path": self.config.db,
+                "size_bytes": db_size,
+                "store_queue": s.queued.load(Ordering::Relaxed).saturating_sub(s.written.load(Ordering::Relaxed) + s.errors.load(Ordering::Relaxed)),
+                "stored_spans": s.written.load(Ordering::Relaxed),
+                "store_errors": s.errors.load(Ordering::Relaxed),
+                "retention_removed": {
+                    "spans": s.retention_spans.load(Ordering::Relaxed),
+                    "events": s.retention_events.load(Ordering::Relaxed),
+                },
+            },
+        })
+    }
+}
+
+/// The first process's exit as the kernel saw it, when the caller did not say.
+fn observed_exit(span: &SpanEvidence) -> ExitStatus {
+    let root = span.root_pid.and_then(|pid| span.processes.get(&pid));
+    match root {
+        Some(p) if p.exited && p.exit_code.is_some() => ExitStatus { code: p.exit_code, signal: None },
+        Some(p) if p.exited => ExitStatus { code: None, signal: p.signal.clone() },
+        _ => ExitStatus::default(),
+    }
+}
+
+fn publish(subscribers: &mut Vec<Subscriber>, span: u64, ev: &crate::event::KernelEvent) {
+    let mut line: Option<String> = None;
+    subscribers.retain_mut(|s| {
+        if s.span.is_some_and(|id| id != span) || s.kind.is_some_and(|k| k != ev.kind) {
+            return !s.tx.is_closed();
+        }
+        let text = line.get_or_insert_with(|| {
+            let mut l = json!({"span": span, "event": ev}).to_string();
+            l.push('\n');
+            l
+        });
+        if s.lagged > 0 {
+            let notice = format!("{}\n", json!({"lagged": s.lagged}));
+            if s.tx.try_send(notice).is_ok() {
+                s.lagged = 0;
+            }
+        }
+        match s.tx.try_send(text.clone()) {
+            Ok(()) => true,
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                s.lagged += 1;
+                true
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    });
+}
+
+fn store_loop(mut store: Store, rx: mpsc::Receiver<StoredSpan>, policy: RetentionPolicy, stats: Arc<StoreStats>) {
+    let mut last_retention = Instant::now();
+    let apply = |store: &mut Store| match store.apply_retention(&policy) {
+        Ok(r) => {
+            stats.retention_spans.fetch_add(r.spans_removed, Ordering::Relaxed);
+            stats.retention_events.fetch_add(r.events_removed, Ordering::Relaxed);
+        }
+        Err(e) => tracing::error!("retention failed: {e}"),
+    };
+    apply(&mut store);
+    loop {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(first) => {
+                let mut batch = vec![first];
+                while batch.len() < 512 {
+                    match rx.try_recv() {
+                        Ok(s) => batch.push(s),
+                        Err(_) => break,
+                    }
+                }
+                match store.insert(&batch) {
+                    Ok(()) => stats.written.fetch_add(batch.len() as u64, Ordering::Relaxed),
+                    Err(e) => {
+                        tracing::error!("cannot store {} span(s): {e}", batch.len());
+                        stats.errors.fetch_add(batch.len() as u64, Ordering::Relaxed)
+                    }
+                };
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if last_retention.elapsed() >= Duration::from_secs(60) {
+            apply(&mut store);
+            last_retention = Instant::now();
+        }
+    }
+    if let Err(e) = store.connection().execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
+        tracing::warn!("final checkpoint: {e}");
+    }
+}
+
+/// Binds the control socket: refuses when another daemon answers there,
+/// replaces a stale socket file, sets mode 0600 (0660 with a group).
+fn bind(path: &Path, group: Option<nix::unistd::Gid>) -> anyhow::Result<std::os::unix::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if path.exists() {
+        if StdUnixStream::connect(path).is_ok() {
+            bail!("another probe daemon is listening on {} (use --socket for a second one)", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
+    }
+    let listener =
+        std::os::unix::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if let Some(g) = group {
+        nix::unistd::chown(path, None, Some(g)).with_context(|| format!("cannot chown {} to gid {g}", path.display()))?;
+    }
+    Ok(listener)
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
+    // the DB first: a locked, full or corrupt DB is reported even without root
+    let store = Store::open(&config.db)?;
+    let next_span = store.next_span_id()?;
+    let probe = Probe::load()?;
+    let listener = bind(&config.socket, config.group)?;
+    tracing::info!(socket = %config.socket.display(), db = %config.db.display(), "probe daemon ready");
+
+    let (store_tx, store_rx) = mpsc::sync_channel::<StoredSpan>(4096);
+    let stats = Arc::new(StoreStats::default());
+    let store_thread = {
+        let stats = stats.clone();
+        let policy = config.retention;
+        std::thread::Builder::new().name("store".into()).spawn(move || store_loop(store, store_rx, policy, stats))?
+    };
+    let (cmd_tx, cmd_rx) = mpsc::channel();
+    let (wake_r, wake_w) = StdUnixStream::pair()?;
+    wake_w.set_nonblocking(true)?;
+    let core = Core {
+        probe,
+        spans: HashMap::new(),
+        sessions: Sessions::default(),
+        subscribers: Vec::new(),
+        next_span,
+        store_tx,
+        store_stats: stats,
+        config: config.clone(),
+        started: Instant::now(),
+        events_total: 0,
+        late_events: 0,
+        decode_errors: 0,
+        spans_ended: 0,
+        retention_drops_total: 0,
+        rate: (Instant::now(), 0, 0.0),
+    };
+    let core_thread = std::thread::Builder::new().name("core".into()).spawn(move || core.run(cmd_rx, wake_r))?;
+    let handle = Arc::new(CoreHandle { tx: std::sync::Mutex::new(cmd_tx), wake: wake_w });
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let served = runtime.block_on(serve(listener, handle.clone(), config.clone()));
+    let _ = handle.send(Command::Shutdown);
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    drop(handle);
+    if core_thread.join().is_err() {
+        tracing::error!("core thread panicked");
+    }
+    if store_thread.join().is_err() {
+        tracing::error!("store thread panicked");
+    }
+    let _ = std::fs::remove_file(&config.socket);
+    tracing::info!("probe daemon stopped");
+    served
+}
+
+async fn serve(
+    listener: std::os::unix::net::UnixListener,
+    core: Arc<CoreHandle>,
+    config: DaemonConfig,
+) -> anyhow::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let config = Arc::new(config);
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let core = core.clone();
+                    let config = config.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = connection(stream, core, config).await {
+                            tracing::debug!("connection ended: {e}");
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!("accept: {e}"),
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// Result of reading one bounded line.
+enum Line {
+    Complete,
+    TooLong,
+    Eof,
+}
+
+/// Reads up to a newline into `buf`, at most `MAX_LINE` bytes.
+async fn read_line_bounded(rd: &mut BufReader<tokio::net::unix::OwnedReadHalf>, buf: &mut Vec<u8>) -> std::io::Result<Line> {
+    loop {
+        let available = rd.fill_buf().await?;
+        if available.is_empty() {
+            // EOF; a half-written line is dropped
+            return Ok(Line::Eof);
+        }
+        match available.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                buf.extend_from_slice(&available[..i]);
+                rd.consume(i + 1);
+                return Ok(if buf.len() > MAX_LINE { Line::TooLong } else { Line::Complete });
+            }
+            None => {
+                let n = available.len();
+                buf.extend_from_slice(available);
+                rd.consume(n);
+                if buf.len() > MAX_LINE {
+                    return Ok(Line::TooLong);
+                }
+            }
+        }
+    }
+}
+
+async fn connection(stream: UnixStream, core: Arc<CoreHandle>, config: Arc<DaemonConfig>) -> anyhow::Result<()> {
+    let cred = stream.peer_cred()?;
+    let (rd, mut wr) = stream.into_split();
+    let me = nix::unistd::geteuid().as_raw();
+    let allowed = cred.uid() == 0 || cred.uid() == me || config.group.is_some_and(|g| g.as_raw() == cred.gid());
+    if !allowed {
+        let err = ErrorBody::new(
+            ErrorCode::Forbidden,
+            format!("uid {} may not use the probe (root{} only)", cred.uid(), if config.group.is_some() { " or its group" } else { "" }),
+        );
+        wr.write_all(protocol::error_line(&Value::Null, &err).as_bytes()).await?;
+        return Ok(());
+    }
+    let mut rd = BufReader::new(rd);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match read_line_bounded(&mut rd, &mut buf).await? {
+            Line::Eof => return Ok(()),
+            Line::TooLong => {
+                let err = ErrorBody::new(ErrorCode::TooLarge, format!("request line longer than {MAX_LINE} bytes; closing"));
+                wr.write_all(protocol::error_line(&Value::Null, &err).as_bytes()).await?;
+                return Ok(());
+            }
+            Line::Complete => {}
+        }
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let (id, req) = protocol::parse_request(&buf);
+        let line = match req {
+            Err(e) => protocol::error_line(&id, &e),
+            Ok(Request::Subscribe { span_id, kind }) => {
+                let kind = match kind.as_deref().map(|k| Kind::from_id(k).ok_or(k)) {
+                    Some(Err(k)) => {
+                        let e = ErrorBody::new(ErrorCode::BadRequest, format!("unknown event kind \"{k}\""));
+                        wr.write_all(protocol::error_line(&id, &e).as_bytes()).await?;
+                        continue;
+                    }
+                    Some(Ok(k)) => Some(k),
+                    None => None,
+                };
+                let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+                if let Err(e) = core.send(Command::Subscribe { span: span_id, kind, tx }) {
+                    wr.write_all(protocol::error_line(&id, &e).as_bytes()).await?;
+                    return Ok(());
+                }
+                wr.write_all(protocol::ok_line(&id, json!({"subscribed": true})).as_bytes()).await?;
+                // stream until the client hangs up
+                let mut probe_buf = Vec::new();
+                loop {
+                    tokio::select! {
+                        line = rx.recv() => match line {
+                            Some(l) => wr.write_all(l.as_bytes()).await?,
+                            None => return Ok(()),
+                        },
+                        r = read_line_bounded(&mut rd, &mut probe_buf) => match r {
+                            Ok(Line::Eof) | Err(_) | Ok(Line::TooLong) => return Ok(()),
+                            Ok(Line::Complete) => probe_buf.clear(),
+                        },
+                    }
+                }
+            }
+            Ok(req) => respond(&id, req, &core, &config).await,
+        };
+        wr.write_all(line.as_bytes()).await?;
+    }
+}
+
+async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonConfig) -> String {
+    let result: Result<Value, ErrorBody> = match req {
+        Request::Hello => Ok(json!({"protocol": protocol::PROTOCOL_VERSION, "version": env!("CARGO_PKG_VERSION")})),
+        Request::BeginSpan { session, label } => core
+            .ask(|reply| Command::Begin { session, label, reply })
+            .await
+            .map(|span| json!({"span_id": span})),
+        Request::Attach { span_id, pid } => {
+            core.ask(|reply| Command::Attach { span: span_id, pid, reply }).await.map(|()| json!({}))
+        }
+        Request::EndSpan { span_id, exit, timed_out_ms } => core
+            .ask(|reply| Command::End {
+                span: span_id,
+                exit,
+                timed_out: timed_out_ms.map(Duration::from_millis),
+                reply,
+            })
+            .await
+            .map(|a| json!({"attribution": a})),
+        Request::Status => {
+            let (tx, rx) = oneshot::channel();
+            match core.send(Command::Status { reply: tx }) {
+                Ok(()) => rx
+                    .await
+                    .map(|s| json!({"status": s}))
+                    .map_err(|_| ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down")),
+                Err(e) => Err(e),
+            }
+        }
+        Request::Query { session, failed, since_ms, span_id, limit } => {
+            let db = config.db.clone();
+            tokio::task::spawn_blocking(move || query(&db, session, failed, since_ms, span_id, limit))
+                .await
+                .unwrap_or_else(|e| Err(ErrorBody::new(ErrorCode::Internal, e.to_string())))
+        }
+        Request::Subscribe { .. } => Err(ErrorBody::new(ErrorCode::Internal, "subscribe is handled by the connection")),
+    };
+    match result {
+        Ok(v) => protocol::ok_line(id, v),
+        Err(e) => protocol::error_line(id, &e),
+    }
+}
+
+fn query(
+    db: &Path,
+    session: Option<String>,
+    failed: bool,
+    since_ms: Option<i64>,
+    span_id: Option<u64>,
+    limit: Option<u64>,
+) -> Result<Value, ErrorBody> {
+    let internal = |e: crate::store::StoreError| ErrorBody::new(ErrorCode::Internal, e.to_string());
+    let store = Store::open_readonly(db).map_err(internal)?;
+    if let Some(id) = span_id {
+        return match store.show(id).map_err(internal)? {
+            Some(a) => Ok(json!({"span": a})),
+            None => Err(ErrorBody::new(ErrorCode::NotFound, format!("span {id} is not stored (still open, or never existed)"))),
+        };
+    }
+    let rows = store.spans(&SpanFilter { session, failed_only: failed, since_ms, limit }).map_err(internal)?;
+    Ok(json!({"spans": rows}))
+}

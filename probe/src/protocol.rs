@@ -1,0 +1,187 @@
+//! The control protocol: newline-delimited JSON over a Unix stream socket
+//! (docs/PROTOCOL.md). One request per line, one response line per request
+//! (a `subscribe` streams event lines until the client hangs up).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::attribution::ExitStatus;
+
+/// Bumped on any incompatible change; `hello` and `status` report it.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Longest request line accepted (bytes, newline excluded).
+pub const MAX_LINE: usize = 1 << 20;
+
+/// Where the daemon listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/probe/probe.sock";
+
+/// Where the daemon keeps its evidence unless told otherwise.
+pub const DEFAULT_DB: &str = "/var/lib/probe/evidence.db";
+
+/// A request. `id` (any JSON value) is echoed in the response.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Protocol version and daemon identity.
+    Hello,
+    /// Opens a span; answers `span_id`.
+    BeginSpan {
+        #[serde(default)]
+        session: Option<String>,
+        #[serde(default)]
+        label: String,
+    },
+    /// Traces `pid` (and everything it starts) in the span. Send it while
+    /// the child is blocked before exec.
+    Attach { span_id: u64, pid: u32 },
+    /// Closes a span; answers `attribution`. `exit` is how the span's
+    /// first process ended, when the caller knows; `timed_out_ms` when the
+    /// caller killed it on a deadline.
+    EndSpan {
+        span_id: u64,
+        #[serde(default)]
+        exit: Option<ExitStatus>,
+        #[serde(default)]
+        timed_out_ms: Option<u64>,
+    },
+    /// Daemon health: kernel, programs, rates, drops, open spans, DB.
+    Status,
+    /// Stored spans (newest first), or one span with its events.
+    Query {
+        #[serde(default)]
+        session: Option<String>,
+        #[serde(default)]
+        failed: bool,
+        #[serde(default)]
+        since_ms: Option<i64>,
+        #[serde(default)]
+        span_id: Option<u64>,
+        #[serde(default)]
+        limit: Option<u64>,
+    },
+    /// Streams live decoded events (`{"span": N, "event": {...}}` lines).
+    Subscribe {
+        #[serde(default)]
+        span_id: Option<u64>,
+        #[serde(default)]
+        kind: Option<String>,
+    },
+}
+
+pub const OPS: &str = "hello, begin_span, attach, end_span, status, query, subscribe";
+
+/// Machine-readable error codes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// Not JSON, not UTF-8, or missing/invalid fields.
+    BadRequest,
+    /// `op` names no request.
+    UnknownOp,
+    /// Line longer than [`MAX_LINE`].
+    TooLarge,
+    /// No such span (never begun, or already ended).
+    NotFound,
+    /// The peer's uid/gid may not use the probe.
+    Forbidden,
+    /// Limits reached (open spans) or the kernel refused.
+    Unavailable,
+    /// The daemon is shutting down or failed internally.
+    Internal,
+}
+
+/// An error response body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ErrorBody { code, message: message.into() }
+    }
+}
+
+/// Parses one request line into (id, request).
+pub fn parse_request(line: &[u8]) -> (Value, Result<Request, ErrorBody>) {
+    let text = match std::str::from_utf8(line) {
+        Ok(t) => t,
+        Err(e) => return (Value::Null, Err(ErrorBody::new(ErrorCode::BadRequest, format!("request is not UTF-8: {e}")))),
+    };
+    if text.contains('\0') {
+        return (Value::Null, Err(ErrorBody::new(ErrorCode::BadRequest, "request contains a NUL byte")));
+    }
+    let value: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => return (Value::Null, Err(ErrorBody::new(ErrorCode::BadRequest, format!("request is not JSON: {e}")))),
+    };
+    let id = value.get("id").cloned().unwrap_or(Value::Null);
+    let Some(op) = value.get("op").and_then(Value::as_str).map(str::to_owned) else {
+        return (id, Err(ErrorBody::new(ErrorCode::BadRequest, format!("request has no \"op\" (one of: {OPS})"))));
+    };
+    let known = ["hello", "begin_span", "attach", "end_span", "status", "query", "subscribe"];
+    if !known.contains(&op.as_str()) {
+        return (id, Err(ErrorBody::new(ErrorCode::UnknownOp, format!("unknown op \"{op}\" (one of: {OPS})"))));
+    }
+    let req = serde_json::from_value::<Request>(value)
+        .map_err(|e| ErrorBody::new(ErrorCode::BadRequest, format!("bad \"{op}\" request: {e}")));
+    (id, req)
+}
+
+/// A success response line: `{"id":…, "ok":true, …fields}`.
+pub fn ok_line(id: &Value, fields: Value) -> String {
+    let mut obj = serde_json::Map::new();
+    obj.insert("id".into(), id.clone());
+    obj.insert("ok".into(), Value::Bool(true));
+    if let Value::Object(f) = fields {
+        obj.extend(f);
+    }
+    let mut s = Value::Object(obj).to_string();
+    s.push('\n');
+    s
+}
+
+/// An error response line: `{"id":…, "ok":false, "error":{code, message}}`.
+pub fn error_line(id: &Value, err: &ErrorBody) -> String {
+    let mut s = serde_json::json!({"id": id, "ok": false, "error": err}).to_string();
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_requests_and_echoes_ids() {
+        let (id, r) = parse_request(br#"{"id": 7, "op": "begin_span", "session": "t-1", "label": "exec: ls"}"#);
+        assert_eq!(id, 7);
+        assert_eq!(r.unwrap(), Request::BeginSpan { session: Some("t-1".into()), label: "exec: ls".into() });
+        let (_, r) = parse_request(br#"{"op": "end_span", "span_id": 3, "exit": {"code": 1, "signal": null}}"#);
+        assert!(matches!(r.unwrap(), Request::EndSpan { span_id: 3, exit: Some(_), timed_out_ms: None }));
+    }
+
+    #[test]
+    fn bad_input_gets_a_coded_error() {
+        let code = |line: &[u8]| parse_request(line).1.unwrap_err().code;
+        assert_eq!(code(b"{not json"), ErrorCode::BadRequest);
+        assert_eq!(code(b"\xff\xfe"), ErrorCode::BadRequest);
+        assert_eq!(code(b"{\"op\":\"status\",\"x\":\"a\0b\"}"), ErrorCode::BadRequest);
+        assert_eq!(code(br#"{"op": "format_disk"}"#), ErrorCode::UnknownOp);
+        assert_eq!(code(br#"{"op": "attach", "span_id": "x"}"#), ErrorCode::BadRequest);
+        assert_eq!(code(br#"{"span_id": 1}"#), ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn response_lines_are_single_json_lines() {
+        let l = ok_line(&Value::from(1), serde_json::json!({"span_id": 5}));
+        assert!(l.ends_with('\n') && l.matches('\n').count() == 1);
+        let v: Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["ok"], true);
+        assert_eq!(v["span_id"], 5);
+        let e: Value = serde_json::from_str(&error_line(&Value::Null, &ErrorBody::new(ErrorCode::NotFound, "x"))).unwrap();
+        assert_eq!(e["error"]["code"], "not_found");
+    }
+}

@@ -1,0 +1,166 @@
+//! Sessions: what each session wrote successfully, so that a later span of
+//! the same session that finds the path gone is attributed `fs.persistence`
+//! (the seed's "files written to a directory were not there when asked for").
+//!
+//! Paths are made absolute (against the writer's cwd) and tagged with the
+//! writer's mount namespace when they arrive, while the process is likely
+//! still alive.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Kind, KernelEvent};
+
+/// Paths remembered per session; the oldest are forgotten first.
+pub const MAX_PATHS_PER_SESSION: usize = 10_000;
+/// Sessions remembered; the least recently used are forgotten first.
+pub const MAX_SESSIONS: usize = 4_096;
+
+/// Where and when a path was written: attached to the ENOENT that finds it
+/// missing later.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenEarlier {
+    pub span: u64,
+    pub pid: u32,
+    pub comm: String,
+    pub syscall: String,
+    /// Wall-clock ms when it was written.
+    pub at_ms: i64,
+    /// `mnt:[NNN]` of the writer, when it could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_ns: Option<String>,
+}
+
+#[derive(Default)]
+struct Session {
+    writes: HashMap<String, WrittenEarlier>,
+    order: VecDeque<String>,
+    last_used: u64,
+}
+
+/// The per-session write memory.
+#[derive(Default)]
+pub struct Sessions {
+    sessions: HashMap<String, Session>,
+    tick: u64,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// `mnt:[4026531841]` of `pid`.
+pub fn mount_ns(pid: u32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok().map(|p| p.display().to_string())
+}
+
+/// `path` made absolute against `pid`'s cwd (None when relative and the
+/// cwd is gone).
+fn absolute(path: &str, pid: u32) -> Option<String> {
+    if path.starts_with('/') {
+        return Some(path.to_string());
+    }
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+    Some(format!("{}/{}", cwd.display().to_string().trim_end_matches('/'), path.trim_start_matches("./")))
+}
+
+impl Sessions {
+    /// Looks at one event of `span` in `session`: remembers successful
+    /// writes, and tags an ENOENT/ENOTDIR on a path an earlier span wrote.
+    pub fn observe(&mut self, session: &str, span: u64, ev: &mut KernelEvent) {
+        match ev.kind {
+            Kind::FileWrite => {
+                let Some(path) = ev.path.as_deref().and_then(|p| absolute(p, ev.pid)) else { return };
+                self.tick += 1;
+                let tick = self.tick;
+                if self.sessions.len() >= MAX_SESSIONS && !self.sessions.contains_key(session) {
+                    if let Some(oldest) = self.sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) {
+                        self.sessions.remove(&oldest);
+                    }
+                }
+                let s = self.sessions.entry(session.to_string()).or_default();
+                s.last_used = tick;
+                let record = WrittenEarlier {
+                    span,
+                    pid: ev.pid,
+                    comm: ev.comm.clone(),
+                    syscall: ev.syscall.as_deref().unwrap_or("open").to_string(),
+                    at_ms: now_ms(),
+                    mount_ns: mount_ns(ev.pid),
+                };
+                if s.writes.insert(path.clone(), record).is_none() {
+                    s.order.push_back(path);
+                    if s.order.len() > MAX_PATHS_PER_SESSION {
+                        if let Some(old) = s.order.pop_front() {
+                            s.writes.remove(&old);
+                        }
+                    }
+                }
+            }
+            Kind::SyscallFailed if matches!(ev.errno.as_deref(), Some("ENOENT" | "ENOTDIR")) => {
+                let Some(s) = self.sessions.get(session) else { return };
+                let Some(path) = ev.path.as_deref().and_then(|p| absolute(p, ev.pid)) else { return };
+                // the path itself, or a directory above it, written by an earlier span
+                let mut probe_path = path.as_str();
+                loop {
+                    if let Some(w) = s.writes.get(probe_path).filter(|w| w.span != span) {
+                        ev.written_earlier = Some(w.clone());
+                        ev.mount_ns = mount_ns(ev.pid);
+                        return;
+                    }
+                    match probe_path.rfind('/') {
+                        Some(i) if i > 0 => probe_path = &probe_path[..i],
+                        _ => return,
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: Kind, path: &str, errno: Option<&'static str>) -> KernelEvent {
+        let mut e: KernelEvent =
+            serde_json::from_value(serde_json::json!({"kind": kind, "ts_ns": 0, "pid": 1, "tid": 1, "comm": "w"})).unwrap();
+        e.path = Some(path.into());
+        e.errno = errno.map(Into::into);
+        e.syscall = Some("openat".into());
+        e
+    }
+
+    #[test]
+    fn later_enoent_of_an_earlier_write_is_tagged() {
+        let mut s = Sessions::default();
+        s.observe("t-1", 1, &mut ev(Kind::FileWrite, "/mnt/data/out.csv", None));
+        // same span: not a persistence problem
+        let mut same = ev(Kind::SyscallFailed, "/mnt/data/out.csv", Some("ENOENT"));
+        s.observe("t-1", 1, &mut same);
+        assert!(same.written_earlier.is_none());
+        // other session: not ours
+        let mut other = ev(Kind::SyscallFailed, "/mnt/data/out.csv", Some("ENOENT"));
+        s.observe("t-2", 2, &mut other);
+        assert!(other.written_earlier.is_none());
+        // later span, same session: tagged, citing the write
+        let mut later = ev(Kind::SyscallFailed, "/mnt/data/out.csv", Some("ENOENT"));
+        s.observe("t-1", 2, &mut later);
+        assert_eq!(later.written_earlier.as_ref().map(|w| w.span), Some(1));
+        // a file under a directory the session created
+        s.observe("t-1", 3, &mut ev(Kind::FileWrite, "/mnt/work", None));
+        let mut under = ev(Kind::SyscallFailed, "/mnt/work/result.json", Some("ENOENT"));
+        s.observe("t-1", 4, &mut under);
+        assert_eq!(under.written_earlier.map(|w| w.span), Some(3));
+    }
+}

@@ -1,0 +1,766 @@
+//! Store: the SQLite evidence database (schema in `migrations/`, embedded).
+//!
+//! WAL, busy_timeout, synchronous=NORMAL, foreign_keys=ON on every
+//! connection. One writer per process (the daemon's store thread); readers
+//! (`probe spans`, `probe show`, exports) open their own connections. A DB
+//! that is locked, full or corrupt is an error at open, never a reset.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use include_dir::{Dir, include_dir};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use rusqlite_migration::Migrations;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::attribution::Attribution;
+use crate::event::KernelEvent;
+
+static MIGRATIONS_DIR: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../migrations");
+
+/// What went wrong with the database, said so a person can act.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The file is not a SQLite database, or it is damaged.
+    #[error("{0}: the database is corrupt or not a probe database ({1}); it was left untouched — move it aside to start a new one")]
+    Corrupt(PathBuf, String),
+    /// Another process holds the lock longer than busy_timeout.
+    #[error("{0}: the database is locked by another process ({1}); is another probe daemon using it?")]
+    Locked(PathBuf, String),
+    /// The disk or quota is full.
+    #[error("{0}: the disk is full ({1}); free space or point --db elsewhere")]
+    Full(PathBuf, String),
+    /// Opening failed for another reason (permissions, missing directory…).
+    #[error("{0}: cannot open the database: {1}")]
+    Open(PathBuf, String),
+    /// The schema could not be brought up to date.
+    #[error("{0}: cannot migrate the schema: {1}")]
+    Migrate(PathBuf, String),
+    /// A query failed.
+    #[error("database error: {0}")]
+    Sql(#[from] rusqlite::Error),
+    /// A stored JSON document did not parse.
+    #[error("stored JSON is malformed: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Reading or writing an export file failed.
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
+fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
+    let msg = e.to_string();
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt) => {
+            StoreError::Corrupt(path.into(), msg)
+        }
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            StoreError::Locked(path.into(), msg)
+        }
+        Some(rusqlite::ErrorCode::DiskFull) => StoreError::Full(path.into(), msg),
+        _ => StoreError::Open(path.into(), msg),
+    }
+}
+
+/// One finished span, as stored.
+#[derive(Debug, Clone)]
+pub struct StoredSpan {
+    pub started_ms: i64,
+    pub ended_ms: i64,
+    /// The attribution; its `events` are all retained events of the span.
+    pub attribution: Attribution,
+}
+
+/// A row of `probe spans`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SpanRow {
+    pub span: u64,
+    pub session: Option<String>,
+    pub label: String,
+    pub started_ms: i64,
+    pub duration_ms: f64,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<String>,
+    pub failed: bool,
+    pub primitive: String,
+    pub layer: Option<String>,
+    pub confidence: f64,
+    pub explanation: String,
+    pub events: u64,
+    pub drops_kernel: u64,
+    pub drops_retention: u64,
+}
+
+/// Which spans to list or export.
+#[derive(Debug, Clone, Default)]
+pub struct SpanFilter {
+    pub session: Option<String>,
+    pub failed_only: bool,
+    pub since_ms: Option<i64>,
+    pub limit: Option<u64>,
+}
+
+/// Bounds on what the DB keeps.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionPolicy {
+    /// Delete spans older than this many seconds.
+    pub max_age_secs: Option<u64>,
+    /// Delete the oldest spans while the DB is larger than this.
+    pub max_db_bytes: Option<u64>,
+}
+
+/// Totals of what retention removed so far.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RetentionTotals {
+    pub spans_removed: u64,
+    pub events_removed: u64,
+}
+
+/// One span in a JSONL export: the rows, verbatim, so a re-import is
+/// identical.
+#[derive(Serialize, Deserialize)]
+struct ExportLine {
+    probe_id: String,
+    span: ExportSpan,
+    attribution: Box<RawValue>,
+    decisive: Option<Box<RawValue>>,
+    events: Vec<Box<RawValue>>,
+    drops: (u64, u64),
+}
+
+#[derive(Serialize, Deserialize)]
+struct ExportSpan {
+    id: u64,
+    session: Option<String>,
+    label: String,
+    started_ms: i64,
+    ended_ms: i64,
+    duration_ms: f64,
+    exit_code: Option<i32>,
+    exit_signal: Option<String>,
+    failed: bool,
+    primitive: String,
+    layer: Option<String>,
+    confidence: f64,
+    explanation: String,
+}
+
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+    probe_id: String,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    Ok(())
+}
+
+impl Store {
+    /// Opens (creating if needed) and migrates the database at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let mut conn = Connection::open(path).map_err(|e| classify(path, e))?;
+        configure(&conn).map_err(|e| classify(path, e))?;
+        // WAL first: it also proves the file is a database at all
+        let mode: String =
+            conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(|e| classify(path, e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Open(path.into(), format!("cannot switch to WAL (journal_mode is {mode})")));
+        }
+        let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(|e| classify(path, e))?;
+        if check != "ok" {
+            return Err(StoreError::Corrupt(path.into(), check));
+        }
+        let migrations = Migrations::from_directory(&MIGRATIONS_DIR)
+            .map_err(|e| StoreError::Migrate(path.into(), e.to_string()))?;
+        migrations.to_latest(&mut conn).map_err(|e| match e {
+            rusqlite_migration::Error::RusqliteError { err, .. } => classify(path, err),
+            other => StoreError::Migrate(path.into(), other.to_string()),
+        })?;
+        let probe_id = match conn
+            .query_row("SELECT value FROM meta WHERE key = 'probe_id'", [], |r| r.get::<_, String>(0))
+            .optional()?
+        {
+            Some(id) => id,
+            None => {
+                let id = new_probe_id();
+                conn.execute("INSERT INTO meta (key, value) VALUES ('probe_id', ?1), ('created_ms', ?2)", params![
+                    id,
+                    now_ms().to_string()
+                ])
+                .map_err(|e| classify(path, e))?;
+                id
+            }
+        };
+        Ok(Store { conn, path: path.into(), probe_id })
+    }
+
+    /// Opens an existing database read-only (inspection commands).
+    pub fn open_readonly(path: &Path) -> Result<Store, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Open(path.into(), "no such file (is the daemon using another --db?)".into()));
+        }
+        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+            .map_err(|e| classify(path, e))?;
+        configure(&conn).map_err(|e| classify(path, e))?;
+        let probe_id = conn
+            .query_row("SELECT value FROM meta WHERE key = 'probe_id'", [], |r| r.get::<_, String>(0))
+            .map_err(|e| match e {
+                rusqlite::Error::SqliteFailure(..) => classify(path, e),
+                other => StoreError::Corrupt(path.into(), format!("no probe_id: {other}")),
+            })?;
+        Ok(Store { conn, path: path.into(), probe_id })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn probe_id(&self) -> &str {
+        &self.probe_id
+    }
+
+    /// The next unused span id of this probe (ids are never reused).
+    pub fn next_span_id(&self) -> Result<u64, StoreError> {
+        let max: Option<i64> =
+            self.conn.query_row("SELECT MAX(id) FROM spans WHERE probe_id = ?1", [&self.probe_id], |r| r.get(0))?;
+        Ok(max.unwrap_or(0) as u64 + 1)
+    }
+
+    /// Inserts finished spans in one transaction.
+    pub fn insert(&mut self, spans: &[StoredSpan]) -> Result<(), StoreError> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut session = tx.prepare_cached(
+                "INSERT INTO sessions (probe_id, id, first_seen_ms, last_seen_ms) VALUES (?1, ?2, ?3, ?3)
+                 ON CONFLICT (probe_id, id) DO UPDATE SET last_seen_ms = MAX(last_seen_ms, excluded.last_seen_ms)",
+            )?;
+            let mut span = tx.prepare_cached(
+                "INSERT INTO spans (probe_id, id, session, label, started_ms, ended_ms, duration_ms, exit_code, exit_signal)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?;
+            let mut attribution = tx.prepare_cached(
+                "INSERT INTO attributions (probe_id, span_id, failed, primitive, layer, confidence, explanation, decisive, object)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?;
+            let mut event = tx.prepare_cached(
+                "INSERT INTO events (probe_id, span_id, seq, ts_ns, kind, pid, comm, syscall, errno, path, detail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            )?;
+            let mut drops = tx.prepare_cached(
+                "INSERT INTO drops (probe_id, span_id, kernel, retention) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for s in spans {
+                let a = &s.attribution;
+                let id = a.span as i64;
+                if let Some(sess) = &a.session {
+                    session.execute(params![self.probe_id, sess, s.started_ms])?;
+                }
+                span.execute(params![
+                    self.probe_id,
+                    id,
+                    a.session,
+                    a.label,
+                    s.started_ms,
+                    s.ended_ms,
+                    a.duration_ms,
+                    a.exit.code,
+                    a.exit.signal
+                ])?;
+                let object = {
+                    let mut bare = a.clone();
+                    bare.events = Vec::new();
+                    serde_json::to_string(&bare)?
+                };
+                let decisive = a.decisive.as_ref().map(serde_json::to_string).transpose()?;
+                attribution.execute(params![
+                    self.probe_id,
+                    id,
+                    a.failed,
+                    a.primitive.id(),
+                    a.layer.map(|l| l.id()),
+                    a.confidence,
+                    a.explanation,
+                    decisive,
+                    object
+                ])?;
+                for (seq, e) in a.events.iter().enumerate() {
+                    event.execute(params![
+                        self.probe_id,
+                        id,
+                        seq as i64,
+                        e.ts_ns as i64,
+                        e.kind.id(),
+                        e.pid,
+                        e.comm,
+                        e.syscall.as_deref(),
+                        e.errno.as_deref(),
+                        e.path,
+                        serde_json::to_string(e)?
+                    ])?;
+                }
+                drops.execute(params![self.probe_id, id, a.drops.kernel as i64, a.drops.retention as i64])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Spans matching `filter`, newest first.
+    pub fn spans(&self, filter: &SpanFilter) -> Result<Vec<SpanRow>, StoreError> {
+        let mut sql = String::from(
+            "SELECT s.id, s.session, s.label, s.started_ms, s.duration_ms, s.exit_code, s.exit_signal,
+                    a.failed, a.primitive, a.layer, a.confidence, a.explanation,
+                    (SELECT COUNT(*) FROM events e WHERE e.probe_id = s.probe_id AND e.span_id = s.id),
+                    d.kernel, d.retention
+             FROM spans s JOIN attributions a ON a.probe_id = s.probe_id AND a.span_id = s.id
+             LEFT JOIN drops d ON d.probe_id = s.probe_id AND d.span_id = s.id
+             WHERE 1 = 1",
+        );
+        let mut args: Vec<rusqlite::types::Value> = Vec::new();
+        if let Some(sess) = &filter.session {
+            sql.push_str(" AND s.session = ?");
+            args.push(sess.clone().into());
+        }
+        if filter.failed_only {
+            sql.push_str(" AND a.failed = 1");
+        }
+        if let Some(since) = filter.since_ms {
+            sql.push_str(" AND s.started_ms >= ?");
+            args.push(since.into());
+        }
+        sql.push_str(" ORDER BY s.started_ms DESC, s.id DESC");
+        if let Some(limit) = filter.limit {
+            sql.push_str(&format!(" LIMIT {limit}"));
+        }
+        let mut stmt = self.conn.prepare(&sql)?;
+        let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+            Ok(SpanRow {
+                span: r.get::<_, i64>(0)? as u64,
+                session: r.get(1)?,
+                label: r.get(2)?,
+                started_ms: r.get(3)?,
+                duration_ms: r.get(4)?,
+                exit_code: r.get(5)?,
+                exit_signal: r.get(6)?,
+                failed: r.get(7)?,
+                primitive: r.get(8)?,
+                layer: r.get(9)?,
+                confidence: r.get(10)?,
+                explanation: r.get(11)?,
+                events: r.get::<_, i64>(12)? as u64,
+                drops_kernel: r.get::<_, Option<i64>>(13)?.unwrap_or(0) as u64,
+                drops_retention: r.get::<_, Option<i64>>(14)?.unwrap_or(0) as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// One span's attribution with every stored event.
+    pub fn show(&self, span: u64) -> Result<Option<Attribution>, StoreError> {
+        let object: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT object FROM attributions WHERE probe_id = ?1 AND span_id = ?2",
+                params![self.probe_id, span as i64],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(object) = object else { return Ok(None) };
+        let mut a: Attribution = serde_json::from_str(&object)?;
+        let mut stmt =
+            self.conn.prepare("SELECT detail FROM events WHERE probe_id = ?1 AND span_id = ?2 ORDER BY seq")?;
+        let details = stmt.query_map(params![self.probe_id, span as i64], |r| r.get::<_, String>(0))?;
+        a.events = Vec::new();
+        for d in details {
+            a.events.push(serde_json::from_str::<KernelEvent>(&d?)?);
+        }
+        Ok(Some(a))
+    }
+
+    /// Applies `policy`, logging what it removed. Returns what it removed now.
+    pub fn apply_retention(&mut self, policy: &RetentionPolicy) -> Result<RetentionTotals, StoreError> {
+        let mut removed = RetentionTotals::default();
+        if let Some(age) = policy.max_age_secs {
+            let cutoff = now_ms() - (age as i64) * 1000;
+            let r = self.delete_spans_where("started_ms < ?1", cutoff, "age")?;
+            removed.spans_removed += r.spans_removed;
+            removed.events_removed += r.events_removed;
+        }
+        if let Some(max) = policy.max_db_bytes {
+            // delete the oldest 10% of spans at a time until under the bound
+            for _ in 0..20 {
+                if self.size_bytes()? <= max {
+                    break;
+                }
+                let count: i64 = self.conn.query_row("SELECT COUNT(*) FROM spans", [], |r| r.get(0))?;
+                if count == 0 {
+                    break;
+                }
+                let n = (count / 10).max(1);
+                let cutoff: i64 = self.conn.query_row(
+                    "SELECT started_ms FROM spans ORDER BY started_ms LIMIT 1 OFFSET ?1",
+                    [n - 1],
+                    |r| r.get(0),
+                )?;
+                let r = self.delete_spans_where("started_ms <= ?1", cutoff, "size")?;
+                removed.spans_removed += r.spans_removed;
+                removed.events_removed += r.events_removed;
+                self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); VACUUM;")?;
+            }
+        }
+        Ok(removed)
+    }
+
+    fn delete_spans_where(&mut self, cond: &str, value: i64, reason: &str) -> Result<RetentionTotals, StoreError> {
+        let tx = self.conn.transaction()?;
+        let events: i64 = tx.query_row(
+            &format!(
+                "SELECT COUNT(*) FROM events e JOIN spans s ON s.probe_id = e.probe_id AND s.id = e.span_id WHERE s.{cond}"
+            ),
+            [value],
+            |r| r.get(0),
+        )?;
+        let spans = tx.execute(&format!("DELETE FROM spans WHERE {cond}"), [value])? as i64;
+        if spans > 0 {
+            tx.execute(
+                "INSERT INTO retention_log (at_ms, reason, spans_removed, events_removed) VALUES (?1, ?2, ?3, ?4)",
+                params![now_ms(), reason, spans, events],
+            )?;
+        }
+        tx.commit()?;
+        Ok(RetentionTotals { spans_removed: spans as u64, events_removed: events as u64 })
+    }
+
+    /// Everything retention removed since the DB was created.
+    pub fn retention_totals(&self) -> Result<RetentionTotals, StoreError> {
+        let (s, e): (i64, i64) = self.conn.query_row(
+            "SELECT COALESCE(SUM(spans_removed), 0), COALESCE(SUM(events_removed), 0) FROM retention_log",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok(RetentionTotals { spans_removed: s as u64, events_removed: e as u64 })
+    }
+
+    /// Size of the DB file plus its WAL.
+    pub fn size_bytes(&self) -> Result<u64, StoreError> {
+        let main = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        let wal = std::fs::metadata(format!("{}-wal", self.path.display())).map(|m| m.len()).unwrap_or(0);
+        Ok(main + wal)
+    }
+
+    /// Writes matching spans as JSON lines (one span per line).
+    pub fn export_jsonl(&self, filter: &SpanFilter, out: &Path) -> Result<usize, StoreError> {
+        use std::io::Write as _;
+        let file = std::fs::File::create(out).map_err(|e| StoreError::Io(out.into(), e))?;
+        let mut w = std::io::BufWriter::new(file);
+        let rows = self.spans(filter)?;
+        for row in rows.iter().rev() {
+            let line = self.export_line(row.span)?;
+            serde_json::to_writer(&mut w, &line)?;
+            w.write_all(b"\n").map_err(|e| StoreError::Io(out.into(), e))?;
+        }
+        w.flush().map_err(|e| StoreError::Io(out.into(), e))?;
+        Ok(rows.len())
+    }
+
+    fn export_line(&self, id: u64) -> Result<ExportLine, StoreError> {
+        let (span, object, decisive, drops) = self.conn.query_row(
+            "SELECT s.session, s.label, s.started_ms, s.ended_ms, s.duration_ms, s.exit_code, s.exit_signal,
+                    a.failed, a.primitive, a.layer, a.confidence, a.explanation, a.object, a.decisive,
+                    d.kernel, d.retention
+             FROM spans s JOIN attributions a ON a.probe_id = s.probe_id AND a.span_id = s.id
+             JOIN drops d ON d.probe_id = s.probe_id AND d.span_id = s.id
+             WHERE s.probe_id = ?1 AND s.id = ?2",
+            params![self.probe_id, id as i64],
+            |r| {
+                Ok((
+                    ExportSpan {
+                        id,
+                        session: r.get(0)?,
+                        label: r.get(1)?,
+                        started_ms: r.get(2)?,
+                        ended_ms: r.get(3)?,
+                        duration_ms: r.get(4)?,
+                        exit_code: r.get(5)?,
+                        exit_signal: r.get(6)?,
+                        failed: r.get(7)?,
+                        primitive: r.get(8)?,
+                        layer: r.get(9)?,
+                        confidence: r.get(10)?,
+                        explanation: r.get(11)?,
+                    },
+                    r.get::<_, String>(12)?,
+                    r.get::<_, Option<String>>(13)?,
+                    (r.get::<_, i64>(14)? as u64, r.get::<_, i64>(15)? as u64),
+                ))
+            },
+        )?;
+        let mut stmt =
+            self.conn.prepare("SELECT detail FROM events WHERE probe_id = ?1 AND span_id = ?2 ORDER BY seq")?;
+        let events = stmt
+            .query_map(params![self.probe_id, id as i64], |r| r.get::<_, String>(0))?
+            .map(|d| Ok(RawValue::from_string(d?)?))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(ExportLine {
+            probe_id: self.probe_id.clone(),
+            span,
+            attribution: RawValue::from_string(object)?,
+            decisive: decisive.map(RawValue::from_string).transpose()?,
+            events,
+            drops,
+        })
+    }
+
+    /// Copies matching spans into a new SQLite file with the same schema.
+    /// The new file's connection does the writing, so this works from a
+    /// read-only store.
+    pub fn export_sqlite(&self, filter: &SpanFilter, out: &Path) -> Result<usize, StoreError> {
+        if out.exists() {
+            return Err(StoreError::Open(out.into(), "already exists; refusing to overwrite".into()));
+        }
+        let rows = self.spans(filter)?;
+        let mut dest = Store::open(out)?;
+        let conn = &mut dest.conn;
+        conn.execute("ATTACH DATABASE ?1 AS src", [self.path.to_string_lossy()])?;
+        let result = (|| -> Result<(), StoreError> {
+            let tx = conn.transaction()?;
+            tx.execute("DELETE FROM main.meta", [])?;
+            tx.execute("INSERT INTO main.meta SELECT * FROM src.meta", [])?;
+            for row in &rows {
+                let id = row.span as i64;
+                for table in ["spans", "attributions", "events", "drops"] {
+                    let key = if table == "spans" { "id" } else { "span_id" };
+                    tx.execute(
+                        &format!("INSERT INTO main.{table} SELECT * FROM src.{table} WHERE probe_id = ?1 AND {key} = ?2"),
+                        params![self.probe_id, id],
+                    )?;
+                }
+            }
+            tx.execute(
+                "INSERT OR IGNORE INTO main.sessions SELECT * FROM src.sessions WHERE probe_id = ?1
+                 AND id IN (SELECT session FROM main.spans)",
+                [&self.probe_id],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })();
+        conn.execute("DETACH DATABASE src", [])?;
+        result.map(|()| rows.len())
+    }
+
+    /// Imports a JSONL or SQLite export into this DB. Returns spans imported.
+    pub fn import(&mut self, input: &Path) -> Result<usize, StoreError> {
+        let mut head = [0u8; 16];
+        let is_sqlite = std::fs::File::open(input)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+            .map(|()| &head == b"SQLite format 3\0")
+            .unwrap_or(false);
+        if is_sqlite {
+            self.conn.execute("ATTACH DATABASE ?1 AS import", [input.to_string_lossy()])?;
+            let result = (|| -> Result<usize, StoreError> {
+                let n: i64 = self.conn.query_row("SELECT COUNT(*) FROM import.spans", [], |r| r.get(0))?;
+                self.conn.execute_batch(
+                    "BEGIN;
+                     INSERT OR IGNORE INTO main.sessions SELECT * FROM import.sessions;
+                     INSERT INTO main.spans SELECT * FROM import.spans;
+                     INSERT INTO main.attributions SELECT * FROM import.attributions;
+                     INSERT INTO main.events SELECT * FROM import.events;
+                     INSERT INTO main.drops SELECT * FROM import.drops;
+                     COMMIT;",
+                )?;
+                Ok(n as usize)
+            })();
+            if result.is_err() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+            self.conn.execute("DETACH DATABASE import", [])?;
+            return result;
+        }
+        let text = std::fs::read_to_string(input).map_err(|e| StoreError::Io(input.into(), e))?;
+        let tx = self.conn.transaction()?;
+        let mut n = 0;
+        for (lineno, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let l: ExportLine = serde_json::from_str(line).map_err(|e| {
+                StoreError::Io(input.into(), std::io::Error::other(format!("line {}: {e}", lineno + 1)))
+            })?;
+            let s = &l.span;
+            let id = s.id as i64;
+            if let Some(sess) = &s.session {
+                tx.execute(
+                    "INSERT INTO sessions (probe_id, id, first_seen_ms, last_seen_ms) VALUES (?1, ?2, ?3, ?3)
+                     ON CONFLICT (probe_id, id) DO UPDATE SET last_seen_ms = MAX(last_seen_ms, excluded.last_seen_ms)",
+                    params![l.probe_id, sess, s.started_ms],
+                )?;
+            }
+            tx.execute(
+                "INSERT INTO spans (probe_id, id, session, label, started_ms, ended_ms, duration_ms, exit_code, exit_signal)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![l.probe_id, id, s.session, s.label, s.started_ms, s.ended_ms, s.duration_ms, s.exit_code, s.exit_signal],
+            )?;
+            tx.execute(
+                "INSERT INTO attributions (probe_id, span_id, failed, primitive, layer, confidence, explanation, decisive, object)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    l.probe_id,
+                    id,
+                    s.failed,
+                    s.primitive,
+                    s.layer,
+                    s.confidence,
+                    s.explanation,
+                    l.decisive.as_ref().map(|d| d.get()),
+                    l.attribution.get()
+                ],
+            )?;
+            for (seq, raw) in l.events.iter().enumerate() {
+                let e: KernelEvent = serde_json::from_str(raw.get())?;
+                tx.execute(
+                    "INSERT INTO events (probe_id, span_id, seq, ts_ns, kind, pid, comm, syscall, errno, path, detail)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    params![
+                        l.probe_id,
+                        id,
+                        seq as i64,
+                        e.ts_ns as i64,
+                        e.kind.id(),
+                        e.pid,
+                        e.comm,
+                        e.syscall.as_deref(),
+                        e.errno.as_deref(),
+                        e.path,
+                        raw.get()
+                    ],
+                )?;
+            }
+            tx.execute(
+                "INSERT INTO drops (probe_id, span_id, kernel, retention) VALUES (?1, ?2, ?3, ?4)",
+                params![l.probe_id, id, l.drops.0 as i64, l.drops.1 as i64],
+            )?;
+            n += 1;
+        }
+        tx.commit()?;
+        Ok(n)
+    }
+
+    /// `PRAGMA integrity_check` result ("ok" when sound).
+    pub fn integrity_check(&self) -> Result<String, StoreError> {
+        Ok(self.conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?)
+    }
+
+    /// The raw connection, for tests and ad-hoc queries.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+/// hostname-random: distinct per DB, readable in merged results.
+fn new_probe_id() -> String {
+    let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "probe".into());
+    let mut bytes = [0u8; 4];
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    format!("{host}-{:08x}", u32::from_ne_bytes(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attribution::{ExitStatus, Outcome, attribute};
+    use crate::spans::SpanEvidence;
+
+    fn span(id: u64, session: &str, code: i32) -> StoredSpan {
+        let mut s = SpanEvidence::new(id, Some(session.into()), format!("label {id}"), 0);
+        s.root_pid = Some(5);
+        let mut ev: KernelEvent = serde_json::from_value(serde_json::json!({
+            "kind": "syscall_failed", "ts_ns": 10, "pid": 5, "tid": 5, "comm": "cat",
+            "syscall": "openat", "syscall_nr": 257, "ret": -2, "errno": "ENOENT", "path": "/data/x.csv"
+        }))
+        .unwrap();
+        ev.duration_ns = Some(100);
+        s.add(ev);
+        let mut all = attribute(&s, &Outcome { exit: ExitStatus { code: Some(code), signal: None }, all_events: true, ..Default::default() });
+        all.events = s.events.iter().cloned().collect();
+        StoredSpan { started_ms: 1000 + id as i64, ended_ms: 1001 + id as i64, attribution: all }
+    }
+
+    #[test]
+    fn insert_list_show_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = Store::open(&dir.path().join("e.db")).unwrap();
+        assert_eq!(st.next_span_id().unwrap(), 1);
+        st.insert(&[span(1, "s1", 1), span(2, "s1", 0), span(3, "s2", 1)]).unwrap();
+        assert_eq!(st.next_span_id().unwrap(), 4);
+        let failed = st.spans(&SpanFilter { failed_only: true, ..Default::default() }).unwrap();
+        assert_eq!(failed.iter().map(|r| r.span).collect::<Vec<_>>(), vec![3, 1]);
+        assert_eq!(failed[0].primitive, "fs.missing");
+        let s1 = st.spans(&SpanFilter { session: Some("s1".into()), ..Default::default() }).unwrap();
+        assert_eq!(s1.len(), 2);
+        let shown = st.show(1).unwrap().unwrap();
+        assert_eq!(shown.events.len(), 1);
+        assert_eq!(shown.events[0].path.as_deref(), Some("/data/x.csv"));
+        assert!(st.show(99).unwrap().is_none());
+        assert_eq!(st.integrity_check().unwrap(), "ok");
+    }
+
+    #[test]
+    fn corrupt_file_is_an_error_not_a_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.db");
+        std::fs::write(&p, b"this is not sqlite at all, not even close to a header......").unwrap();
+        let err = Store::open(&p).err().expect("must fail");
+        assert!(matches!(err, StoreError::Corrupt(..)), "{err}");
+        assert!(err.to_string().contains("left untouched"));
+        assert_eq!(std::fs::read(&p).unwrap(), b"this is not sqlite at all, not even close to a header......");
+    }
+
+    #[test]
+    fn retention_by_age_is_logged() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = Store::open(&dir.path().join("e.db")).unwrap();
+        st.insert(&[span(1, "s", 1), span(2, "s", 1)]).unwrap();
+        let removed = st.apply_retention(&RetentionPolicy { max_age_secs: Some(60), max_db_bytes: None }).unwrap();
+        assert_eq!(removed, RetentionTotals { spans_removed: 2, events_removed: 2 });
+        assert_eq!(st.retention_totals().unwrap(), removed);
+        assert!(st.spans(&SpanFilter::default()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn jsonl_and_sqlite_exports_reimport_identically() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = Store::open(&dir.path().join("e.db")).unwrap();
+        st.insert(&[span(1, "s1", 1), span(2, "s1", 0)]).unwrap();
+        let dump = |s: &Store| -> Vec<String> {
+            let mut out = Vec::new();
+            for t in ["sessions", "spans", "attributions", "events", "drops"] {
+                let mut stmt = s.connection().prepare(&format!("SELECT * FROM {t} ORDER BY 1, 2")).unwrap();
+                let n = stmt.column_count();
+                let rows = stmt
+                    .query_map([], |r| {
+                        let vals: Vec<String> =
+                            (0..n).map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap())).collect();
+                        Ok(format!("{t}: {}", vals.join("|")))
+                    })
+                    .unwrap();
+                out.extend(rows.map(Result::unwrap));
+            }
+            out
+        };
+        let jsonl = dir.path().join("x.jsonl");
+        assert_eq!(st.export_jsonl(&SpanFilter::default(), &jsonl).unwrap(), 2);
+        let mut fresh = Store::open(&dir.path().join("fresh.db")).unwrap();
+        assert_eq!(fresh.import(&jsonl).unwrap(), 2);
+        assert_eq!(dump(&st), dump(&fresh));
+        let sq = dir.path().join("x.sqlite");
+        assert_eq!(st.export_sqlite(&SpanFilter::default(), &sq).unwrap(), 2);
+        let mut fresh2 = Store::open(&dir.path().join("fresh2.db")).unwrap();
+        assert_eq!(fresh2.import(&sq).unwrap(), 2);
+        assert_eq!(dump(&st), dump(&fresh2));
+    }
+}

@@ -1,0 +1,457 @@
+//! Daemon tests: a real `probe run` on a temp socket and a real SQLite file,
+//! real clients, the real kernel. Root needed (never skipped under CI=true).
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use probe::attribution::ExitStatus;
+use probe::client::Client;
+use probe::protocol::ErrorCode;
+use probe::store::{SpanFilter, Store};
+use serde_json::{Value, json};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_probe");
+
+fn root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(!std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"), "daemon tests need root; CI=true forbids skipping");
+    eprintln!("SKIPPED: daemon test needs root");
+    false
+}
+
+/// A daemon on a fresh temp dir, stopped (SIGTERM) on drop.
+struct Daemon {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let dir = tempfile::Builder::new().prefix("probe-dt-").tempdir().unwrap();
+        let mut d = Daemon { child: None, dir };
+        d.spawn(&[]);
+        d
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("probe.sock")
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("evidence.db")
+    }
+
+    fn spawn(&mut self, extra: &[&str]) {
+        let child = Command::new(PROBE)
+            .args(["run", "--socket"])
+            .arg(self.socket())
+            .arg("--db")
+            .arg(self.db())
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Client::connect(&self.socket()).and_then(|mut c| c.hello()).is_err() {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                let mut err = String::new();
+                self.child.as_mut().unwrap().stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                panic!("daemon exited {status}: {err}");
+            }
+            assert!(Instant::now() < deadline, "daemon did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket()).unwrap()
+    }
+
+    /// SIGTERM and wait; returns the exit status and stderr.
+    fn stop(&mut self) -> (std::process::ExitStatus, String) {
+        let mut child = self.child.take().expect("running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        (status, err)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// Runs `cmd` in a new span of `session` through the client library, the
+/// way agent-bridge does.
+fn run_span(client: &mut Client, session: &str, cmd: &[&str]) -> probe::attribution::Attribution {
+    use std::os::unix::process::ExitStatusExt as _;
+    let span = client.begin_span(Some(session), &cmd.join(" ")).unwrap();
+    let mut c = Command::new(cmd[0]);
+    c.args(&cmd[1..]).stdout(Stdio::null()).stderr(Stdio::null());
+    let (child, _) = probe::spawn::spawn_attached(&mut c, |pid| client.attach(span, pid)).unwrap();
+    let status = child.unwrap().wait().unwrap();
+    let exit = ExitStatus { code: status.code(), signal: status.signal().map(probe::event::signal_name) };
+    client.end_span(span, Some(&exit), None).unwrap()
+}
+
+fn bpf_programs_named(name: &str) -> usize {
+    let out = Command::new("bpftool").args(["prog", "show", "-j"]).output().expect("bpftool (cargo xtask setup installs it)");
+    let progs: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]));
+    progs.as_array().map(|a| a.iter().filter(|p| p["name"] == name).count()).unwrap_or(0)
+}
+
+#[test]
+fn lifecycle_sigterm_detaches_and_restart_reuses_the_db() {
+    if !root() {
+        return;
+    }
+    let before = bpf_programs_named("sys_enter");
+    let mut d = Daemon::start();
+    assert_eq!(bpf_programs_named("sys_enter"), before + 1, "the daemon's sys_enter program is loaded");
+    let status = d.client().status().unwrap();
+    assert_eq!(status["protocol"], 1);
+    assert_eq!(status["programs"].as_array().unwrap().len(), 9);
+    let a = run_span(&mut d.client(), "s", &["sh", "-c", "exit 3"]);
+    assert_eq!(a.span, 1);
+    assert_eq!(a.exit.code, Some(3));
+    // a span left open is ended and stored at shutdown, not lost
+    let open = d.client().begin_span(Some("s"), "left open").unwrap();
+    let (code, err) = d.stop();
+    assert!(code.success(), "daemon exit {code}: {err}");
+    assert!(!d.socket().exists(), "socket removed on exit");
+    assert_eq!(bpf_programs_named("sys_enter"), before, "programs detached after SIGTERM");
+    {
+        let store = Store::open_readonly(&d.db()).unwrap();
+        assert_eq!(store.integrity_check().unwrap(), "ok");
+        let rows = store.spans(&SpanFilter::default()).unwrap();
+        assert_eq!(rows.iter().map(|r| r.span).collect::<Vec<_>>(), vec![open, 1]);
+    }
+    // restart: same DB, ids continue
+    d.spawn(&[]);
+    let a = run_span(&mut d.client(), "s", &["true"]);
+    assert_eq!(a.span, open + 1, "span ids continue after a restart");
+    let (code, _) = d.stop();
+    assert!(code.success());
+    assert_eq!(Store::open_readonly(&d.db()).unwrap().spans(&SpanFilter::default()).unwrap().len(), 3);
+}
+
+#[test]
+fn thousand_spans_from_eight_clients_are_stored_exactly_once() {
+    if !root() {
+        return;
+    }
+    let mut d = Daemon::start();
+    let socket = d.socket();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&socket).unwrap();
+                let mut ids = Vec::new();
+                for i in 0..125 {
+                    let session = format!("client-{t}");
+                    if i % 5 == 0 {
+                        // every fifth span runs a real, failing process
+                        let a = run_span(&mut c, &session, &["sh", "-c", "exit 2"]);
+                        assert_eq!(a.exit.code, Some(2));
+                        ids.push(a.span);
+                    } else {
+                        let span = c.begin_span(Some(&session), &format!("span {i}")).unwrap();
+                        let a = c.end_span(span, Some(&ExitStatus { code: Some(0), signal: None }), None).unwrap();
+                        assert_eq!(a.span, span);
+                        ids.push(span);
+                    }
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut ids: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 1000, "span ids are unique");
+    let (code, err) = d.stop();
+    assert!(code.success(), "{err}");
+    let store = Store::open_readonly(&d.db()).unwrap();
+    let conn = store.connection();
+    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+    assert_eq!(count("SELECT COUNT(*) FROM spans"), 1000);
+    assert_eq!(count("SELECT COUNT(DISTINCT id) FROM spans"), 1000);
+    assert_eq!(count("SELECT COUNT(*) FROM attributions"), 1000);
+    assert_eq!(count("SELECT COUNT(*) FROM attributions WHERE failed = 1"), 200);
+    assert_eq!(count("SELECT COUNT(DISTINCT session) FROM spans"), 8);
+}
+
+#[test]
+fn file_written_into_a_vanished_tmpfs_is_fs_persistence() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start();
+    let work = tempfile::Builder::new().prefix("probe-persist-").tempdir().unwrap();
+    let w = work.path().display().to_string();
+    let mut c = d.client();
+    // span 1 writes into a tmpfs that lives in its own mount namespace
+    let first = run_span(&mut c, "t-0042", &["unshare", "-m", "sh", "-c", &format!("mount -t tmpfs tmpfs {w} && echo 1,2 > {w}/out.csv")]);
+    assert!(!first.failed, "{}", first.explanation);
+    // span 2 of the same session asks for it
+    let second = run_span(&mut c, "t-0042", &["cat", &format!("{w}/out.csv")]);
+    assert_eq!(second.primitive.id(), "fs.persistence", "{}", second.explanation);
+    let decisive = second.decisive.as_ref().unwrap();
+    assert_eq!(decisive.path.as_deref(), Some(format!("{w}/out.csv").as_str()));
+    assert_eq!(decisive.errno.as_deref(), Some("ENOENT"));
+    let earlier = decisive.written_earlier.as_ref().expect("cites the write");
+    assert_eq!(earlier.span, first.span);
+    assert!(second.explanation.contains(&format!("span {}", first.span)), "{}", second.explanation);
+    // another session reading the same path is plain fs.missing
+    let other = run_span(&mut c, "t-0043", &["cat", &format!("{w}/out.csv")]);
+    assert_eq!(other.primitive.id(), "fs.missing");
+}
+
+#[test]
+fn uid_65534_is_refused() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start();
+    let sock = d.socket();
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", PROBE])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // the socket is 0600 root: the file mode stops nobody first
+    let mode = std::fs::metadata(&sock).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777, 0o600);
+    let tmp_parent = d.dir.path();
+    std::fs::set_permissions(tmp_parent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = as_nobody(&["status", "--socket", sock.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"), "{}", String::from_utf8_lossy(&out.stderr));
+    // with the mode opened up, SO_PEERCRED still refuses
+    std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let out = as_nobody(&["status", "--socket", sock.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("uid 65534 may not use the probe"), "{stderr}");
+    // and root still gets served
+    assert!(d.client().status().is_ok());
+}
+
+/// Sends raw bytes on a fresh connection and reads one response line.
+fn raw_exchange(sock: &Path, bytes: &[u8]) -> Option<Value> {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(bytes).ok()?;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while s.read(&mut byte).ok()? == 1 {
+        if byte[0] == b'\n' {
+            return serde_json::from_slice(&buf).ok();
+        }
+        buf.push(byte[0]);
+    }
+    None
+}
+
+#[test]
+fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start();
+    let sock = d.socket();
+    let code = |v: Option<Value>| v.and_then(|v| v["error"]["code"].as_str().map(str::to_string));
+    assert_eq!(code(raw_exchange(&sock, b"{this is not json\n")).as_deref(), Some("bad_request"));
+    assert_eq!(code(raw_exchange(&sock, b"\xff\xfe\x00garbage\n")).as_deref(), Some("bad_request"));
+    assert_eq!(code(raw_exchange(&sock, b"{\"op\":\"format_disk\"}\n")).as_deref(), Some("unknown_op"));
+    assert_eq!(code(raw_exchange(&sock, b"{\"op\":\"attach\",\"span_id\":\"x\"}\n")).as_deref(), Some("bad_request"));
+    assert_eq!(code(raw_exchange(&sock, b"{\"op\":\"end_span\",\"span_id\":999999}\n")).as_deref(), Some("not_found"));
+    // an oversized line: error, connection closed
+    let mut big = vec![b'x'; probe::protocol::MAX_LINE + 10];
+    big.push(b'\n');
+    assert_eq!(code(raw_exchange(&sock, &big)).as_deref(), Some("too_large"));
+    // a half-written line, then the client vanishes
+    {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        s.write_all(b"{\"op\":\"begin_sp").unwrap();
+    }
+    // a client that begins a span and disconnects abruptly
+    {
+        let mut c = d.client();
+        c.begin_span(Some("abandoned"), "x").unwrap();
+    }
+    // errors keep the connection usable
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(b"not json\n{\"id\":5,\"op\":\"hello\"}\n").unwrap();
+    let mut text = String::new();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 4096];
+    while text.matches('\n').count() < 2 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0);
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["ok"], false);
+    assert_eq!(lines[1]["id"], 5);
+    assert_eq!(lines[1]["protocol"], 1);
+    // still serving spans
+    let a = run_span(&mut d.client(), "after", &["true"]);
+    assert!(!a.failed);
+    let status = d.client().status().unwrap();
+    assert_eq!(status["open_spans"], 1, "the abandoned span stays open until shutdown: {status}");
+    let e = d.client().end_span(424242, None, None).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound));
+}
+
+#[test]
+fn export_reimports_into_a_fresh_db_with_identical_rows() {
+    if !root() {
+        return;
+    }
+    let mut d = Daemon::start();
+    let mut c = d.client();
+    run_span(&mut c, "e1", &["sh", "-c", "cat /nonexistent/input.csv"]);
+    run_span(&mut c, "e1", &["true"]);
+    run_span(&mut c, "e2", &["sh", "-c", "exit 4"]);
+    drop(c);
+    let (code, _) = d.stop();
+    assert!(code.success());
+    let dump = |db: &Path| -> Vec<String> {
+        let store = Store::open_readonly(db).unwrap();
+        let mut out = Vec::new();
+        for t in ["sessions", "spans", "attributions", "events", "drops"] {
+            let conn = store.connection();
+            let mut stmt = conn.prepare(&format!("SELECT * FROM {t} ORDER BY 1, 2, 3")).unwrap();
+            let n = stmt.column_count();
+            let rows = stmt
+                .query_map([], |r| Ok((0..n).map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap())).collect::<Vec<_>>().join("|")))
+                .unwrap();
+            out.extend(rows.map(|r| format!("{t}: {}", r.unwrap())));
+        }
+        out
+    };
+    let original = dump(&d.db());
+    assert!(original.iter().filter(|l| l.starts_with("spans:")).count() == 3);
+    for format in ["jsonl", "sqlite"] {
+        let out = d.dir.path().join(format!("export.{format}"));
+        let fresh = d.dir.path().join(format!("fresh-{format}.db"));
+        let exported = Command::new(PROBE)
+            .args(["export", "--db", d.db().to_str().unwrap(), "--format", format, "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(exported.status.success(), "{}", String::from_utf8_lossy(&exported.stderr));
+        let imported = Command::new(PROBE)
+            .args(["import", "--db", fresh.to_str().unwrap(), out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(imported.status.success(), "{}", String::from_utf8_lossy(&imported.stderr));
+        assert_eq!(dump(&fresh), original, "{format} export differs after re-import");
+    }
+    // the session filter exports only that session
+    let only = d.dir.path().join("e2.jsonl");
+    let out = Command::new(PROBE)
+        .args(["export", "--db", d.db().to_str().unwrap(), "--session", "e2", "--out", only.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(std::fs::read_to_string(&only).unwrap().lines().count(), 1);
+}
+
+#[test]
+fn inspection_commands_read_the_db_and_socket() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start();
+    let mut c = d.client();
+    let failed = run_span(&mut c, "insp", &["sh", "-c", "cat /nonexistent/data.csv"]);
+    run_span(&mut c, "insp", &["true"]);
+    // wait for the store thread
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.status().unwrap()["db"]["stored_spans"] != 2 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let db = d.db();
+    let out = Command::new(PROBE).args(["spans", "--db", db.to_str().unwrap(), "--failed", "--json"]).output().unwrap();
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1);
+    assert_eq!(rows[0]["primitive"], "fs.missing");
+    let out = Command::new(PROBE).args(["spans", "--db", db.to_str().unwrap()]).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("PRIMITIVE") && table.contains("fs.missing") && table.contains("insp"), "{table}");
+    let out = Command::new(PROBE)
+        .args(["show", &failed.span.to_string(), "--db", db.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["primitive"], "fs.missing");
+    assert!(shown["events"].as_array().unwrap().len() >= 2, "show has the full timeline");
+    let out = Command::new(PROBE).args(["show", "99999", "--db", db.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let out = Command::new(PROBE).args(["status", "--socket", d.socket().to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("programs       9 attached") && text.contains("spans          0 open, 2 ended"), "{text}");
+    // probe span: a command in a span of the running daemon
+    let out = Command::new(PROBE)
+        .args(["span", "--json", "--socket", d.socket().to_str().unwrap(), "--session", "insp", "--", "sh", "-c", "exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let a: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(a["primitive"], "none");
+    assert_eq!(a["session"], "insp");
+    // probe tail: live events of a span
+    let mut tail = Command::new(PROBE)
+        .args(["tail", "--json", "--kind", "exec", "--socket", d.socket().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    run_span(&mut c, "insp", &["/bin/true"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = tail.kill();
+    let mut seen = String::new();
+    tail.stdout.take().unwrap().read_to_string(&mut seen).unwrap();
+    assert!(seen.lines().any(|l| l.contains("\"kind\":\"exec\"") && l.contains("/bin/true")), "tail saw: {seen}");
+}
+
+#[test]
+fn corrupt_or_missing_db_directory_fails_at_start_with_a_clear_message() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bad.db");
+    std::fs::write(&db, vec![b'z'; 8192]).unwrap();
+    let out = Command::new(PROBE)
+        .args(["run", "--socket", dir.path().join("s.sock").to_str().unwrap(), "--db", db.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("corrupt or not a probe database") && err.contains("left untouched"), "{err}");
+    assert_eq!(std::fs::read(&db).unwrap(), vec![b'z'; 8192], "never reset");
+    let out = Command::new(PROBE)
+        .args(["run", "--socket", dir.path().join("s.sock").to_str().unwrap(), "--db", "/nonexistent/dir/x.db"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open the database"));
+    let _ = json!(null);
+}
