@@ -29,7 +29,7 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use probe_abi::{
-    ArgRole, EVENT_KINDS, Event, EventKind, Offsets, TaskState, flags, needs_enter_state, nr,
+    ArgRole, DropCounters, EVENT_KINDS, Event, EventKind, Offsets, TaskState, flags, needs_enter_state, nr,
     open_flags_write, slot, syscall_arg_role, task,
 };
 
@@ -44,10 +44,10 @@ static TRACKED: Array<u64> = Array::with_max_entries(32768, 0);
 static TASKS: HashMap<u32, TaskState> = HashMap::with_max_entries(65536, 0);
 
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);
+static EVENTS: RingBuf = RingBuf::with_byte_size(8 * 1024 * 1024, 0);
 
 #[map]
-static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(EVENT_KINDS, 0);
+static DROPS: PerCpuArray<DropCounters> = PerCpuArray::with_max_entries(1, 0);
 
 /// tgid → code passed to exit/exit_group. Per process, not per thread:
 /// the thread that exits last (and fires the group-dead exit) is often not
@@ -86,9 +86,12 @@ fn now() -> u64 {
 
 #[inline(always)]
 fn count_drop(kind: EventKind) {
-    if let Some(counter) = DROPS.get_ptr_mut(kind as u32) {
-        // SAFETY: per-CPU slot, only this CPU writes it while preemption is off.
-        unsafe { *counter += 1 };
+    let i = kind as usize;
+    if let Some(counters) = DROPS.get_ptr_mut(0) {
+        if i < EVENT_KINDS as usize {
+            // SAFETY: this CPU's slot; only this CPU writes it, preemption off.
+            unsafe { (*counters).by_kind[i] += 1 };
+        }
     }
 }
 

@@ -73,6 +73,18 @@ pub struct Attribution {
     pub counts: BTreeMap<String, u64>,
     pub drops: Drops,
     pub duration_ms: f64,
+    /// Memory stalls during the span: the span's own direct reclaim, and
+    /// the machine-wide PSI `some` time (where PSI exists).
+    #[serde(default)]
+    pub memory: MemoryStall,
+}
+
+/// Memory-pressure figures of a span.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MemoryStall {
+    pub reclaim_ms: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psi_some_ms: Option<f64>,
 }
 
 /// What the caller knows beyond the kernel's evidence.
@@ -120,6 +132,13 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
         counts: span.counts.iter().map(|(k, v)| (k.id().to_string(), *v)).collect(),
         drops: span.drops,
         duration_ms: outcome.duration_ns as f64 / 1e6,
+        memory: MemoryStall {
+            reclaim_ms: span.reclaim_ns as f64 / 1e6,
+            psi_some_ms: span
+                .psi_some_us_at_start
+                .zip(crate::spans::psi_memory_some_us())
+                .map(|(a, b)| b.saturating_sub(a) as f64 / 1e3),
+        },
     }
 }
 

@@ -50,6 +50,9 @@ pub struct DaemonConfig {
     pub retention: RetentionPolicy,
 }
 
+/// How often threads of ended spans are swept from the kernel maps.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
 type Reply<T> = oneshot::Sender<Result<T, ErrorBody>>;
 
 /// What connections ask of the core.
@@ -137,14 +140,15 @@ fn now_ms() -> i64 {
 impl Core {
     fn run(mut self, rx: mpsc::Receiver<Command>, wake: StdUnixStream) {
         wake.set_nonblocking(true).ok();
+        let ring_fd = match self.probe.events().as_fd().try_clone_to_owned() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::error!("cannot poll the ring buffer: {e}");
+                return;
+            }
+        };
+        let mut last_sweep = Instant::now();
         loop {
-            let ring_fd = match self.probe.events().as_fd().try_clone_to_owned() {
-                Ok(fd) => fd,
-                Err(e) => {
-                    tracing::error!("cannot poll the ring buffer: {e}");
-                    break;
-                }
-            };
             let mut fds = [PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN), PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
             let _ = poll(&mut fds, PollTimeout::from(READ_INTERVAL.as_millis() as u16));
             drop(fds);
@@ -160,6 +164,10 @@ impl Core {
                 self.handle(cmd);
             }
             self.update_rate();
+            if last_sweep.elapsed() >= SWEEP_INTERVAL {
+                self.sweep();
+                last_sweep = Instant::now();
+            }
             if stop {
                 break;
             }
@@ -170,6 +178,17 @@ impl Core {
             let _ = self.end(span, None, None);
         }
         tracing::info!("core stopped; detaching programs");
+    }
+
+    /// Stops tracing threads of spans that are no longer open: ones whose
+    /// fork event was lost, so `end` could not name them.
+    fn sweep(&mut self) {
+        for (span, _) in self.probe.tracked_spans() {
+            if !self.spans.contains_key(&span) {
+                let n = self.probe.untrack_span(span);
+                tracing::debug!("swept {n} stale thread(s) of ended span {span}");
+            }
+        }
     }
 
     fn drain(&mut self) {
@@ -259,6 +278,7 @@ impl Core {
             .track(pid, span)
             .map_err(|e| ErrorBody::new(ErrorCode::Unavailable, format!("cannot trace pid {pid}: {e}")))?;
         open.evidence.root_pid.get_or_insert(pid);
+        open.evidence.tids.insert(pid);
         Ok(())
     }
 
@@ -266,7 +286,11 @@ impl Core {
         if !self.spans.contains_key(&span) {
             return Err(ErrorBody::new(ErrorCode::NotFound, format!("span {span} is not open (never begun, or already ended)")));
         }
-        self.probe.untrack_span(span);
+        self.drain();
+        if let Some(open) = self.spans.get(&span) {
+            let tids: Vec<u32> = open.evidence.tids.iter().copied().collect();
+            self.probe.untrack(tids);
+        }
         self.drain();
         let Some(mut open) = self.spans.remove(&span) else {
             return Err(ErrorBody::new(ErrorCode::NotFound, format!("span {span} is not open")));

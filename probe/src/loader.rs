@@ -6,7 +6,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{RawTracePoint, TracePoint},
 };
-use probe_abi::{EVENT_KINDS, EventKind, TaskState, slot, task};
+use probe_abi::{EVENT_KINDS, TaskState, slot, task};
 
 use crate::tracefs;
 
@@ -60,7 +60,7 @@ pub struct Probe {
     tracked: Array<MapData, u64>,
     tasks: HashMap<MapData, u32, TaskState>,
     events: RingBuf<MapData>,
-    drops: PerCpuArray<MapData, u64>,
+    drops: PerCpuArray<MapData, probe_abi::DropCounters>,
     /// Tracepoints attached, as `category:name`.
     pub attached: Vec<String>,
     /// Optional tracepoints this kernel lacks.
@@ -194,13 +194,33 @@ impl Probe {
         &mut self.events
     }
 
-    /// Kernel drop counters summed over CPUs, indexed by [`EventKind`].
+    /// Kernel drop counters summed over CPUs, indexed by `probe_abi::EventKind`
+    /// (one map lookup).
     pub fn drops(&self) -> [u64; EVENT_KINDS as usize] {
         let mut out = [0u64; EVENT_KINDS as usize];
-        for kind in EventKind::ALL {
-            if let Ok(values) = self.drops.get(&(kind as u32), 0) {
-                out[kind as usize] = values.iter().sum();
+        if let Ok(per_cpu) = self.drops.get(&0, 0) {
+            for cpu in per_cpu.iter() {
+                for (total, n) in out.iter_mut().zip(cpu.by_kind.iter()) {
+                    *total += n;
+                }
             }
+        }
+        out
+    }
+
+    /// Stops tracing the given threads of a span (the ones its events named).
+    pub fn untrack(&mut self, tids: impl IntoIterator<Item = u32>) {
+        for tid in tids {
+            let _ = self.tracked.set(tid, 0, 0);
+            let _ = self.tasks.remove(&tid);
+        }
+    }
+
+    /// Spans that still have traced threads, with how many.
+    pub fn tracked_spans(&self) -> std::collections::HashMap<u64, usize> {
+        let mut out = std::collections::HashMap::new();
+        for (_, st) in self.tasks.iter().filter_map(Result::ok) {
+            *out.entry(st.span).or_default() += 1;
         }
         out
     }

@@ -72,6 +72,14 @@ pub fn render(a: &Attribution) -> String {
             let _ = writeln!(out, "    {}", event_line(e));
         }
     }
+    if a.memory.reclaim_ms > 0.0 || a.memory.psi_some_ms.is_some_and(|p| p > 0.0) {
+        let _ = writeln!(
+            out,
+            "  memory      {:.1} ms in direct reclaim{}",
+            a.memory.reclaim_ms,
+            a.memory.psi_some_ms.map(|p| format!(", machine PSI some {p:.1} ms")).unwrap_or_default()
+        );
+    }
     let counts: Vec<String> = a.counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     let _ = writeln!(
         out,

@@ -5,7 +5,7 @@
 //! alive: an unconfirmed seccomp denial is checked against the task's
 //! seccomp mode, an execve EACCES against the mount flags of its path.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -62,10 +62,16 @@ pub struct SpanEvidence {
     pub processes: HashMap<u32, ProcessInfo>,
     /// fd → path of files opened for writing, per pid (to name an ENOSPC write).
     pub write_fds: HashMap<(u32, i64), String>,
-    /// Total direct-reclaim stall.
+    /// Total direct-reclaim stall of the span's threads.
     pub reclaim_ns: u64,
+    /// System-wide memory PSI `some` total (µs) when the span began; the
+    /// delta at the end says how much the whole machine stalled meanwhile.
+    pub psi_some_us_at_start: Option<u64>,
     pub counts: HashMap<Kind, u64>,
     pub drops: Drops,
+    /// Every thread the span's events named (root, forks, clones): what to
+    /// stop tracing when it ends.
+    pub tids: HashSet<u32>,
 }
 
 impl SpanEvidence {
@@ -81,8 +87,10 @@ impl SpanEvidence {
             processes: HashMap::new(),
             write_fds: HashMap::new(),
             reclaim_ns: 0,
+            psi_some_us_at_start: psi_memory_some_us(),
             counts: HashMap::new(),
             drops: Drops::default(),
+            tids: HashSet::new(),
         }
     }
 
@@ -91,6 +99,9 @@ impl SpanEvidence {
         *self.counts.entry(ev.kind).or_default() += 1;
         match ev.kind {
             Kind::Fork => {
+                if let Some(child) = ev.child_pid {
+                    self.tids.insert(child);
+                }
                 if let (Some(child), Some(false)) = (ev.child_pid, ev.thread) {
                     let p = self.processes.entry(child).or_default();
                     p.parent = Some(ev.pid);
@@ -174,6 +185,17 @@ impl SpanEvidence {
             }
         }
     }
+}
+
+/// `some total=` of /proc/pressure/memory (µs), when PSI is available.
+pub fn psi_memory_some_us() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/pressure/memory").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("some "))?
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]

@@ -58,8 +58,18 @@ fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
             StoreError::Locked(path.into(), msg)
         }
         Some(rusqlite::ErrorCode::DiskFull) => StoreError::Full(path.into(), msg),
+        // SQLite reports ENOSPC on write as a plain I/O error: look at the disk
+        Some(rusqlite::ErrorCode::SystemIoFailure) if disk_nearly_full(path) => StoreError::Full(path.into(), msg),
         _ => StoreError::Open(path.into(), msg),
     }
+}
+
+/// Less than 1 MiB free where `path` lives.
+fn disk_nearly_full(path: &Path) -> bool {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    nix::sys::statvfs::statvfs(dir)
+        .map(|s| (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64) < (1 << 20))
+        .unwrap_or(false)
 }
 
 /// One finished span, as stored.
@@ -184,6 +194,9 @@ impl Store {
             rusqlite_migration::Error::RusqliteError { err, .. } => classify(path, err),
             other => StoreError::Migrate(path.into(), other.to_string()),
         })?;
+        // a writer must be able to write: take the write lock once now, so a
+        // DB held by another process fails here rather than at the first span
+        conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(|e| classify(path, e))?;
         let probe_id = match conn
             .query_row("SELECT value FROM meta WHERE key = 'probe_id'", [], |r| r.get::<_, String>(0))
             .optional()?
@@ -250,10 +263,7 @@ impl Store {
                 "INSERT INTO attributions (probe_id, span_id, failed, primitive, layer, confidence, explanation, decisive, object)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?;
-            let mut event = tx.prepare_cached(
-                "INSERT INTO events (probe_id, span_id, seq, ts_ns, kind, pid, comm, syscall, errno, path, detail)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-            )?;
+            let mut event = tx.prepare_cached(INSERT_EVENT)?;
             let mut drops = tx.prepare_cached(
                 "INSERT INTO drops (probe_id, span_id, kernel, retention) VALUES (?1, ?2, ?3, ?4)",
             )?;
@@ -292,19 +302,7 @@ impl Store {
                     object
                 ])?;
                 for (seq, e) in a.events.iter().enumerate() {
-                    event.execute(params![
-                        self.probe_id,
-                        id,
-                        seq as i64,
-                        e.ts_ns as i64,
-                        e.kind.id(),
-                        e.pid,
-                        e.comm,
-                        e.syscall.as_deref(),
-                        e.errno.as_deref(),
-                        e.path,
-                        serde_json::to_string(e)?
-                    ])?;
+                    insert_event(&mut event, &self.probe_id, id, seq, e, &serde_json::to_string(e)?)?;
                 }
                 drops.execute(params![self.probe_id, id, a.drops.kernel as i64, a.drops.retention as i64])?;
             }
@@ -620,26 +618,12 @@ impl Store {
                     l.attribution.get()
                 ],
             )?;
+            let mut event = tx.prepare_cached(INSERT_EVENT)?;
             for (seq, raw) in l.events.iter().enumerate() {
                 let e: KernelEvent = serde_json::from_str(raw.get())?;
-                tx.execute(
-                    "INSERT INTO events (probe_id, span_id, seq, ts_ns, kind, pid, comm, syscall, errno, path, detail)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                    params![
-                        l.probe_id,
-                        id,
-                        seq as i64,
-                        e.ts_ns as i64,
-                        e.kind.id(),
-                        e.pid,
-                        e.comm,
-                        e.syscall.as_deref(),
-                        e.errno.as_deref(),
-                        e.path,
-                        raw.get()
-                    ],
-                )?;
+                insert_event(&mut event, &l.probe_id, id, seq, &e, raw.get())?;
             }
+            drop(event);
             tx.execute(
                 "INSERT INTO drops (probe_id, span_id, kernel, retention) VALUES (?1, ?2, ?3, ?4)",
                 params![l.probe_id, id, l.drops.0 as i64, l.drops.1 as i64],
@@ -659,6 +643,33 @@ impl Store {
     pub fn connection(&self) -> &Connection {
         &self.conn
     }
+}
+
+const INSERT_EVENT: &str = "INSERT INTO events (probe_id, span_id, seq, ts_ns, kind, pid, comm, syscall, errno, path, detail)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
+
+/// One `events` row; `detail` is the event's JSON.
+fn insert_event(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    probe_id: &str,
+    span: i64,
+    seq: usize,
+    e: &KernelEvent,
+    detail: &str,
+) -> rusqlite::Result<usize> {
+    stmt.execute(params![
+        probe_id,
+        span,
+        seq as i64,
+        e.ts_ns as i64,
+        e.kind.id(),
+        e.pid,
+        e.comm,
+        e.syscall.as_deref(),
+        e.errno.as_deref(),
+        e.path,
+        detail
+    ])
 }
 
 /// hostname-random: distinct per DB, readable in merged results.

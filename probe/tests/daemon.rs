@@ -130,6 +130,11 @@ fn lifecycle_sigterm_detaches_and_restart_reuses_the_db() {
     let (code, err) = d.stop();
     assert!(code.success(), "daemon exit {code}: {err}");
     assert!(!d.socket().exists(), "socket removed on exit");
+    // the kernel frees a program after an RCU grace period once its last fd closes
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while bpf_programs_named("sys_enter") != before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(bpf_programs_named("sys_enter"), before, "programs detached after SIGTERM");
     {
         let store = Store::open_readonly(&d.db()).unwrap();
@@ -454,4 +459,40 @@ fn corrupt_or_missing_db_directory_fails_at_start_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open the database"));
     let _ = json!(null);
+}
+
+#[test]
+fn locked_or_full_db_fails_at_start_with_a_clear_message() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s.sock");
+    // locked: another process holds the write lock past busy_timeout
+    let db = dir.path().join("locked.db");
+    drop(Store::open(&db).unwrap());
+    let holder = rusqlite::Connection::open(&db).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE; CREATE TABLE hold (x);").unwrap();
+    let out = Command::new(PROBE)
+        .args(["run", "--socket", sock.to_str().unwrap(), "--db", db.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("locked by another process"), "{err}");
+    holder.execute_batch("ROLLBACK").unwrap();
+    drop(holder);
+    // full: a 64 KiB tmpfs cannot hold the schema
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    assert!(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs", small.to_str().unwrap()]).status().unwrap().success());
+    std::fs::write(small.join("filler"), vec![0u8; 40 * 1024]).unwrap();
+    let out = Command::new(PROBE)
+        .args(["run", "--socket", sock.to_str().unwrap(), "--db", small.join("e.db").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let _ = Command::new("umount").arg(&small).status();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("disk is full"), "{err}");
 }

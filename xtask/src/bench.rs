@@ -17,56 +17,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
-const STORM_C: &str = r#"
-#define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-static long long now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-/* storm getppid|open|badfd N OUT  or  storm run OUT CMD ARGS... ; writes elapsed ns to OUT */
-int main(int argc, char **argv) {
-    if (argc < 3) return 2;
-    long long start = now(), elapsed;
-    const char *out;
-    if (strcmp(argv[1], "run") == 0) {
-        out = argv[2];
-        start = now();
-        pid_t pid = fork();
-        if (pid == 0) { execvp(argv[3], argv + 3); _exit(127); }
-        int status;
-        waitpid(pid, &status, 0);
-        elapsed = now() - start;
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 3;
-    } else {
-        long n = atol(argv[2]);
-        out = argv[3];
-        if (strcmp(argv[1], "getppid") == 0) {
-            for (long i = 0; i < n; i++) syscall(SYS_getppid);
-        } else if (strcmp(argv[1], "badfd") == 0) {
-            for (long i = 0; i < n; i++) close(-1);
-        } else {
-            for (long i = 0; i < n; i++) open("/nonexistent/probe-bench/missing.csv", O_RDONLY);
-        }
-        elapsed = now() - start;
-    }
-    FILE *f = fopen(out, "w");
-    if (!f) return 4;
-    fprintf(f, "%lld\n", elapsed);
-    fclose(f);
-    return 0;
-}
-"#;
+/// The storm program, shared with the daemon benchmark (probe/benches).
+const STORM_C: &str = include_str!("storm.c");
 
 const PY_IMPORTS: &str = "import json, email.parser, http.client, asyncio, decimal, xml.etree.ElementTree, sqlite3, csv, unittest, argparse, logging, urllib.request";
 
@@ -246,7 +198,18 @@ pub fn run(bin: &Path, n: u64, runs: usize, write: bool) -> anyhow::Result<()> {
     let b = Bench { dir: dir.clone(), storm, probe: bin.join("probe"), out: dir.join("elapsed") };
     let result = report(&b, n, runs);
     let _ = std::fs::remove_dir_all(&dir);
-    let text = result?;
+    let mut text = result?;
+    eprintln!("bench: daemon (cargo bench -p probe --bench daemon)");
+    let daemon = Command::new("cargo")
+        .args(["bench", "-q", "-p", "probe", "--bench", "daemon"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cargo bench")?;
+    if !daemon.status.success() {
+        bail!("the daemon benchmark failed");
+    }
+    text.push('\n');
+    text.push_str(&String::from_utf8_lossy(&daemon.stdout));
     print!("{text}");
     if write {
         std::fs::write("docs/BENCHMARKS.md", &text)?;

@@ -49,6 +49,14 @@ pub enum EventKind {
 /// Number of event kinds, i.e. length of the `DROPS` array.
 pub const EVENT_KINDS: u32 = 12;
 
+/// The value of the single per-CPU `DROPS` slot: one counter per kind, so
+/// userspace reads all of them with one lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DropCounters {
+    pub by_kind: [u64; EVENT_KINDS as usize],
+}
+
 impl EventKind {
     pub const ALL: [EventKind; EVENT_KINDS as usize] = [
         EventKind::SyscallFailed,
@@ -308,9 +316,10 @@ pub const fn open_flags_write(flags: u64) -> bool {
 
 #[cfg(feature = "user")]
 mod user {
-    // SAFETY: all three are repr(C), Copy, contain only integers and arrays of
+    // SAFETY: all four are repr(C), Copy, contain only integers and arrays of
     // integers with explicit padding, so every bit pattern is valid.
     unsafe impl aya::Pod for super::TaskState {}
     unsafe impl aya::Pod for super::Offsets {}
     unsafe impl aya::Pod for super::Event {}
+    unsafe impl aya::Pod for super::DropCounters {}
 }
