@@ -114,6 +114,7 @@ enum Cmd {
     ///   probe span --session t-42 -- cat /mnt/data/out
     #[command(verbatim_doc_comment)]
     Span {
+        /// The daemon's control socket.
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
         /// Session the span belongs to (one MCP session / one test).
@@ -128,13 +129,16 @@ enum Cmd {
         /// Kill the command after this many seconds (attributed `timeout`).
         #[arg(long, value_name = "SECS")]
         timeout: Option<f64>,
+        /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
     },
     /// Daemon health: kernel, programs, events/s, drops, open spans, DB size.
     Status {
+        /// The daemon's control socket.
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
+        /// The status object as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -145,8 +149,10 @@ enum Cmd {
     ///   probe spans --session t-0042 --since 2h --json
     #[command(verbatim_doc_comment)]
     Spans {
+        /// The evidence database (read-only; the daemon may keep running).
         #[arg(long, default_value = DEFAULT_DB)]
         db: PathBuf,
+        /// Only this session's spans.
         #[arg(long)]
         session: Option<String>,
         /// Only spans whose workload failed.
@@ -155,21 +161,27 @@ enum Cmd {
         /// Only spans started within this long (30s, 10m, 2h, 7d) or since this Unix time in ms.
         #[arg(long, value_name = "T")]
         since: Option<String>,
+        /// At most this many spans.
         #[arg(long, default_value_t = 50)]
         limit: u64,
+        /// Rows as a JSON array.
         #[arg(long)]
         json: bool,
     },
     /// One stored span: attribution and event timeline.
     Show {
+        /// The span id (see `probe spans`).
         span: u64,
+        /// The evidence database.
         #[arg(long, default_value = DEFAULT_DB)]
         db: PathBuf,
+        /// The attribution object, with every stored event, as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Live decoded events from the daemon.
     Tail {
+        /// The daemon's control socket.
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
         /// Only this span.
@@ -188,21 +200,28 @@ enum Cmd {
     /// to merge into a campaign's results DB with ATTACH.
     #[command(verbatim_doc_comment)]
     Export {
+        /// The evidence database.
         #[arg(long, default_value = DEFAULT_DB)]
         db: PathBuf,
+        /// jsonl (one span per line) or sqlite (same schema, for ATTACH).
         #[arg(long, value_parser = ["jsonl", "sqlite"], default_value = "jsonl")]
         format: String,
+        /// Only this session's spans.
         #[arg(long)]
         session: Option<String>,
+        /// Only spans started within this long (30s, 10m, 2h, 7d) or since this Unix time in ms.
         #[arg(long, value_name = "T")]
         since: Option<String>,
+        /// The file to write (an existing sqlite file is not overwritten).
         #[arg(long)]
         out: PathBuf,
     },
     /// Import a jsonl or sqlite export into a database (created if missing).
     Import {
+        /// The database to import into.
         #[arg(long)]
         db: PathBuf,
+        /// A `probe export` file (jsonl or sqlite, detected by content).
         input: PathBuf,
     },
     /// Print the primitives reference (the taxonomy and its rules) as Markdown.
