@@ -606,6 +606,8 @@ async fn read_line_bounded(rd: &mut BufReader<tokio::net::unix::OwnedReadHalf>, 
 async fn connection(stream: UnixStream, core: Arc<CoreHandle>, config: Arc<DaemonConfig>) -> anyhow::Result<()> {
     let cred = stream.peer_cred()?;
     let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    let mut buf = Vec::new();
     let me = nix::unistd::geteuid().as_raw();
     let allowed = cred.uid() == 0 || cred.uid() == me || config.group.is_some_and(|g| g.as_raw() == cred.gid());
     if !allowed {
@@ -613,11 +615,16 @@ async fn connection(stream: UnixStream, core: Arc<CoreHandle>, config: Arc<Daemo
             ErrorCode::Forbidden,
             format!("uid {} may not use the probe (root{} only)", cred.uid(), if config.group.is_some() { " or its group" } else { "" }),
         );
-        wr.write_all(protocol::error_line(&Value::Null, &err).as_bytes()).await?;
+        // answer the first request (so the client reads the refusal rather
+        // than a broken pipe), then close
+        let first = tokio::time::timeout(Duration::from_secs(2), read_line_bounded(&mut rd, &mut buf)).await;
+        let id = match first {
+            Ok(Ok(Line::Complete)) => protocol::parse_request(&buf).0,
+            _ => Value::Null,
+        };
+        wr.write_all(protocol::error_line(&id, &err).as_bytes()).await?;
         return Ok(());
     }
-    let mut rd = BufReader::new(rd);
-    let mut buf = Vec::new();
     loop {
         buf.clear();
         match read_line_bounded(&mut rd, &mut buf).await? {
