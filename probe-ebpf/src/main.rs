@@ -20,17 +20,17 @@ use core::ptr::write_volatile;
 use aya_ebpf::{
     EbpfContext,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated as helper,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_buf,
-        bpf_probe_read_user_str_bytes,
+        bpf_probe_read_user_str_bytes, generated as helper,
     },
     macros::{map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{RawTracePointContext, TracePointContext},
 };
 use probe_abi::{
-    ArgRole, DropCounters, EVENT_KINDS, Event, EventKind, Offsets, TaskState, flags, needs_enter_state, nr,
-    open_flags_write, slot, syscall_arg_role, task,
+    ArgRole, DropCounters, EVENT_KINDS, Event, EventKind, Offsets, TaskState, flags,
+    needs_enter_state, nr, open_flags_write, slot, syscall_arg_role, task,
 };
 
 /// tid → packed span/flags/syscall-in-flight (`probe_abi::slot`; 0: untracked). An array, sized to pid_max by userspace,
@@ -138,7 +138,10 @@ fn reserve(
 /// The span of thread `tid`, or None when it is not traced.
 #[inline(always)]
 fn span_of(tid: u32) -> Option<u64> {
-    TRACKED.get(tid).map(|v| slot::span(*v) as u64).filter(|&span| span != 0)
+    TRACKED
+        .get(tid)
+        .map(|v| slot::span(*v) as u64)
+        .filter(|&span| span != 0)
 }
 
 /// Sets `tid`'s slot: `slot::pack(span, flags)`, or 0 to stop tracing it.
@@ -168,7 +171,8 @@ fn submit(entry: aya_ebpf::maps::ring_buf::RingBufEntry<Event>, urgent: bool) {
         0
     } else {
         let pending = EVENTS.query(BPF_RB_AVAIL_DATA);
-        if pending >= PANIC_BYTES || (pending >= WAKEUP_BYTES && pending < WAKEUP_BYTES + CROSSING) {
+        if pending >= PANIC_BYTES || (pending >= WAKEUP_BYTES && pending < WAKEUP_BYTES + CROSSING)
+        {
             BPF_RB_FORCE_WAKEUP
         } else {
             BPF_RB_NO_WAKEUP
@@ -192,7 +196,11 @@ const REG_ORIG_AX: usize = 120;
 /// Syscall argument `i` from the saved user registers.
 #[inline(always)]
 fn reg_arg(regs: *const u8, i: u8) -> u64 {
-    let off = if (i as usize) < REG_OFFSETS.len() { REG_OFFSETS[i as usize] } else { return 0 };
+    let off = if (i as usize) < REG_OFFSETS.len() {
+        REG_OFFSETS[i as usize]
+    } else {
+        return 0;
+    };
     // SAFETY: `regs` is the tracepoint's pt_regs pointer; read with the
     // fault-tolerant helper.
     unsafe { bpf_probe_read_kernel(regs.add(off) as *const u64) }.unwrap_or(0)
@@ -203,7 +211,11 @@ fn reg_arg(regs: *const u8, i: u8) -> u64 {
 fn tracked_slot(tid: u32) -> Option<*mut u64> {
     let ptr = TRACKED.get_ptr_mut(tid)?;
     // SAFETY: an array slot of this map, valid for the program's run.
-    if slot::span(unsafe { *ptr }) == 0 { None } else { Some(ptr) }
+    if slot::span(unsafe { *ptr }) == 0 {
+        None
+    } else {
+        Some(ptr)
+    }
 }
 
 /// Raw tracepoint on `raw_syscalls:sys_enter(struct pt_regs *regs, long id)`:
@@ -216,7 +228,11 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
         return 0;
     };
     let id: i64 = ctx.arg(1);
-    let marker = if id >= 0 && (id as u64) < slot::NR_UNKNOWN - 1 { id as u64 + 1 } else { slot::NR_UNKNOWN };
+    let marker = if id >= 0 && (id as u64) < slot::NR_UNKNOWN - 1 {
+        id as u64 + 1
+    } else {
+        slot::NR_UNKNOWN
+    };
     // SAFETY: this thread's own slot; only this thread writes it while it
     // runs (fork writes a child's slot before the child runs).
     unsafe { *ptr = (*ptr & !slot::NR_MASK) | marker };
@@ -238,7 +254,8 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
         } else if id == nr::CLONE3 {
             // clone3(struct clone_args *): flags is the first u64
             // SAFETY: user pointer read with the fault-tolerant helper.
-            st.clone_flags = unsafe { bpf_probe_read_user(reg_arg(regs, 0) as *const u64) }.unwrap_or(0);
+            st.clone_flags =
+                unsafe { bpf_probe_read_user(reg_arg(regs, 0) as *const u64) }.unwrap_or(0);
         }
     }
     0
@@ -270,7 +287,8 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
         // An exit with no enter: seccomp stopped the syscall before it ran.
         // The registers still hold its number and arguments.
         // SAFETY: pt_regs pointer of this tracepoint, fault-tolerant read.
-        let id = unsafe { bpf_probe_read_kernel(regs.add(REG_ORIG_AX) as *const i64) }.unwrap_or(-1);
+        let id =
+            unsafe { bpf_probe_read_kernel(regs.add(REG_ORIG_AX) as *const i64) }.unwrap_or(-1);
         if let Some(mut entry) = reserve(EventKind::SeccompDenied, span, now()) {
             let ev = entry.as_mut_ptr();
             // SAFETY: reserved Event, header already written.
@@ -286,7 +304,11 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
         }
         return 0;
     }
-    let entered = if marker == slot::NR_UNKNOWN { -1 } else { marker as i64 - 1 };
+    let entered = if marker == slot::NR_UNKNOWN {
+        -1
+    } else {
+        marker as i64 - 1
+    };
 
     if ret >= 0 {
         on_success(ptr, regs, span, entered, ret);
@@ -354,7 +376,11 @@ fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64)
             if entered != nr::MOUNT && !open_flags_write(open_flags) {
                 return;
             }
-            let kind = if entered == nr::MOUNT { EventKind::Mount } else { EventKind::FileWrite };
+            let kind = if entered == nr::MOUNT {
+                EventKind::Mount
+            } else {
+                EventKind::FileWrite
+            };
             let Some(mut entry) = reserve(kind, span, now()) else {
                 return;
             };
@@ -428,9 +454,15 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         None => 0,
     };
     let inherited = slot::flags(v) & task::SECCOMP_ON;
-    if TASKS.insert(child as u32, TaskState::new(span as u64), 0).is_ok() {
+    if TASKS
+        .insert(child as u32, TaskState::new(span as u64), 0)
+        .is_ok()
+    {
         // the child's first event is its return from clone: no enter seen
-        set_tracked(child as u32, slot::pack(span, task::SKIP_ORPHAN_EXIT | inherited));
+        set_tracked(
+            child as u32,
+            slot::pack(span, task::SKIP_ORPHAN_EXIT | inherited),
+        );
     } else {
         // TASKS is full: the child escapes. Say so rather than lose it silently.
         count_drop(EventKind::TaskUntracked);

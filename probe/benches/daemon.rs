@@ -24,12 +24,21 @@ impl Daemon {
         let socket = dir.join("bench.sock");
         let db = dir.join("bench.db");
         let child = Command::new(PROBE)
-            .args(["run", "--socket", socket.to_str().unwrap(), "--db", db.to_str().unwrap()])
+            .args([
+                "run",
+                "--socket",
+                socket.to_str().unwrap(),
+                "--db",
+                db.to_str().unwrap(),
+            ])
             .stderr(Stdio::null())
             .spawn()
             .expect("probe run");
         let deadline = Instant::now() + Duration::from_secs(20);
-        while Client::connect(&socket).and_then(|mut c| c.hello()).is_err() {
+        while Client::connect(&socket)
+            .and_then(|mut c| c.hello())
+            .is_err()
+        {
             assert!(Instant::now() < deadline, "daemon did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -39,12 +48,19 @@ impl Daemon {
     fn rss_kib(&self) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .ok()
-            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            })
             .unwrap_or(0)
     }
 
     fn stop(mut self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let _ = self.child.wait();
     }
 }
@@ -56,10 +72,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Runs `cmd` attached to `span`; returns its exit.
 fn run_in(client: &mut Client, span: u64, cmd: &[&str]) -> ExitStatus {
     let mut c = Command::new(cmd[0]);
-    c.args(&cmd[1..]).stdout(Stdio::null()).stderr(Stdio::null());
-    let (child, _) = probe::spawn::spawn_attached(&mut c, |pid| client.attach(span, pid)).expect("spawn");
+    c.args(&cmd[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let (child, _) =
+        probe::spawn::spawn_attached(&mut c, |pid| client.attach(span, pid)).expect("spawn");
     let status = child.expect("exec").wait().expect("wait");
-    ExitStatus { code: status.code(), signal: None }
+    ExitStatus {
+        code: status.code(),
+        signal: None,
+    }
 }
 
 fn main() {
@@ -70,12 +92,20 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let storm = dir.path().join("storm");
     std::fs::write(dir.path().join("storm.c"), STORM_C).unwrap();
-    let built = Command::new("gcc").args(["-O2", "-o"]).arg(&storm).arg(dir.path().join("storm.c")).status().unwrap();
+    let built = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&storm)
+        .arg(dir.path().join("storm.c"))
+        .status()
+        .unwrap();
     assert!(built.success());
     let storm = storm.to_str().unwrap().to_string();
     let out_file = dir.path().join("out").to_str().unwrap().to_string();
     let daemon = Daemon::start(dir.path());
-    let ok = ExitStatus { code: Some(0), signal: None };
+    let ok = ExitStatus {
+        code: Some(0),
+        signal: None,
+    };
 
     // 1. begin+end round trips, one client
     let mut c = Client::connect(&daemon.socket).unwrap();
@@ -98,7 +128,10 @@ fn main() {
             let socket = daemon.socket.clone();
             std::thread::spawn(move || {
                 let mut c = Client::connect(&socket).unwrap();
-                let ok = ExitStatus { code: Some(0), signal: None };
+                let ok = ExitStatus {
+                    code: Some(0),
+                    signal: None,
+                };
                 for _ in 0..625 {
                     let span = c.begin_span(Some("rt8"), "x").unwrap();
                     c.end_span(span, Some(&ok), None).unwrap();
@@ -136,7 +169,13 @@ fn main() {
                 std::thread::sleep(Duration::from_secs(1));
                 let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
                     .ok()
-                    .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()))
+                    .and_then(|s| {
+                        s.lines()
+                            .find_map(|l| l.strip_prefix("VmRSS:"))
+                            .and_then(|v| {
+                                v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
+                            })
+                    })
                     .unwrap_or(0);
                 samples.push(rss);
             }
@@ -148,7 +187,11 @@ fn main() {
     let storm_secs = t.elapsed().as_secs_f64();
     let a = c.end_span(span, Some(&exit), None).unwrap();
     let rss = sampler.join().unwrap();
-    let issued: u64 = std::fs::read_to_string(&out_file).unwrap().trim().parse().unwrap();
+    let issued: u64 = std::fs::read_to_string(&out_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     let delivered = a.counts.get("syscall_failed").copied().unwrap_or(0);
     let kernel_drops = a.drops.kernel;
     // the storm's close(-1)s plus its start-up's few failures
@@ -161,14 +204,35 @@ fn main() {
     let ingest_db = dir.path().join("ingest.db");
     let mut store = Store::open(&ingest_db).unwrap();
     let sample_db = Store::open_readonly(&dir.path().join("bench.db")).unwrap();
-    let template = sample_db.show(sample_db.spans(&probe::store::SpanFilter { session: Some("e100".into()), limit: Some(1), ..Default::default() }).unwrap()[0].span).unwrap().unwrap();
-    let ev = template.events.iter().find(|e| e.kind == probe::event::Kind::SyscallFailed).unwrap().clone();
+    let template = sample_db
+        .show(
+            sample_db
+                .spans(&probe::store::SpanFilter {
+                    session: Some("e100".into()),
+                    limit: Some(1),
+                    ..Default::default()
+                })
+                .unwrap()[0]
+                .span,
+        )
+        .unwrap()
+        .unwrap();
+    let ev = template
+        .events
+        .iter()
+        .find(|e| e.kind == probe::event::Kind::SyscallFailed)
+        .unwrap()
+        .clone();
     let spans: Vec<StoredSpan> = (1..=50u64)
         .map(|id| {
             let mut a = template.clone();
             a.span = id;
             a.events = vec![ev.clone(); 20_000];
-            StoredSpan { started_ms: id as i64, ended_ms: id as i64 + 1, attribution: a }
+            StoredSpan {
+                started_ms: id as i64,
+                ended_ms: id as i64 + 1,
+                attribution: a,
+            }
         })
         .collect();
     let t = Instant::now();
@@ -184,14 +248,48 @@ fn main() {
     let rate = issued as f64 / storm_secs;
     let target = |ok: bool| if ok { "met" } else { "**missed**" };
     println!("## Daemon (`probe run`)\n");
-    println!("Measured by `cargo bench -p probe --bench daemon` against a real daemon on a temp socket and DB.\n");
+    println!(
+        "Measured by `cargo bench -p probe --bench daemon` against a real daemon on a temp socket and DB.\n"
+    );
     println!("| measure | result | target | |\n|---|---|---|---|");
-    println!("| begin+end span round trips, 1 client | {one_client:.0} spans/s (p50 {:.3} ms, p99 {:.3} ms per pair) | ≥ 2,000/s | {} |", percentile(&lat, 0.5), percentile(&lat, 0.99), target(one_client >= 2000.0));
-    println!("| begin+end span round trips, 8 clients | {eight_clients:.0} spans/s | ≥ 2,000/s | {} |", target(eight_clients >= 2000.0));
-    println!("| end_span latency, span with {avg_events:.0} failing syscalls (300 spans) | p50 {:.3} ms, p99 {:.3} ms | p99 ≤ 5 ms | {} |", percentile(&end_lat, 0.5), percentile(&end_lat, 0.99), target(percentile(&end_lat, 0.99) <= 5.0));
-    println!("| events ingested into SQLite (50 spans × 20,000 events, WAL, synchronous=NORMAL) | {ingest:.0} events/s | ≥ 200k/s | {} |", target(ingest >= 200_000.0));
-    println!("| failing-syscall storm, 30 s, one span | {:.2} M/s issued: {issued} issued, {delivered} delivered, {kernel_drops} kernel drops, **{unaccounted} unaccounted** | every event delivered or counted, ≥ 1M/s | {} |", rate / 1e6, target(unaccounted == 0 && rate >= 1e6));
-    println!("| daemon RSS during the storm | start {:.1} MiB, middle {:.1}, end {:.1}, max {:.1} MiB | ≤ 64 MiB and flat | {} |", mib(rss_start), mib(rss_mid), mib(rss_last), mib(rss_max), target(rss_max <= 64 * 1024 && rss_last <= rss_mid + 4096));
-    println!("\nDaemon status after the run: {} events total, {} late, kernel drops {}, retention-evicted events {}.\n",
-        status["events_total"], status["late_events"], status["drops"]["kernel_total"], status["drops"]["retention_events_total"]);
+    println!(
+        "| begin+end span round trips, 1 client | {one_client:.0} spans/s (p50 {:.3} ms, p99 {:.3} ms per pair) | ≥ 2,000/s | {} |",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        target(one_client >= 2000.0)
+    );
+    println!(
+        "| begin+end span round trips, 8 clients | {eight_clients:.0} spans/s | ≥ 2,000/s | {} |",
+        target(eight_clients >= 2000.0)
+    );
+    println!(
+        "| end_span latency, span with {avg_events:.0} failing syscalls (300 spans) | p50 {:.3} ms, p99 {:.3} ms | p99 ≤ 5 ms | {} |",
+        percentile(&end_lat, 0.5),
+        percentile(&end_lat, 0.99),
+        target(percentile(&end_lat, 0.99) <= 5.0)
+    );
+    println!(
+        "| events ingested into SQLite (50 spans × 20,000 events, WAL, synchronous=NORMAL) | {ingest:.0} events/s | ≥ 200k/s | {} |",
+        target(ingest >= 200_000.0)
+    );
+    println!(
+        "| failing-syscall storm, 30 s, one span | {:.2} M/s issued: {issued} issued, {delivered} delivered, {kernel_drops} kernel drops, **{unaccounted} unaccounted** | every event delivered or counted, ≥ 1M/s | {} |",
+        rate / 1e6,
+        target(unaccounted == 0 && rate >= 1e6)
+    );
+    println!(
+        "| daemon RSS during the storm | start {:.1} MiB, middle {:.1}, end {:.1}, max {:.1} MiB | ≤ 64 MiB and flat | {} |",
+        mib(rss_start),
+        mib(rss_mid),
+        mib(rss_last),
+        mib(rss_max),
+        target(rss_max <= 64 * 1024 && rss_last <= rss_mid + 4096)
+    );
+    println!(
+        "\nDaemon status after the run: {} events total, {} late, kernel drops {}, retention-evicted events {}.\n",
+        status["events_total"],
+        status["late_events"],
+        status["drops"]["kernel_total"],
+        status["drops"]["retention_events_total"]
+    );
 }

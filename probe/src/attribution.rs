@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Kind, KernelEvent, SYS_SECCOMP, errno_desc};
+use crate::event::{KernelEvent, Kind, SYS_SECCOMP, errno_desc};
 use crate::primitive::{Layer, Primitive, classify};
 use crate::spans::{Drops, SpanEvidence};
 
@@ -35,7 +35,10 @@ impl ExitStatus {
         match (&self.code, &self.signal) {
             (Some(c), _) => *c,
             (None, Some(sig)) => {
-                128 + sig.parse::<nix::sys::signal::Signal>().map(|s| s as i32).unwrap_or(0)
+                128 + sig
+                    .parse::<nix::sys::signal::Signal>()
+                    .map(|s| s as i32)
+                    .unwrap_or(0)
             }
             (None, None) => 1,
         }
@@ -109,7 +112,11 @@ struct Verdict {
 /// Attributes a finished span.
 pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     let failed = !outcome.exit.success() || outcome.timed_out.is_some();
-    let verdict = if failed { failure_verdict(span, outcome) } else { success_verdict(span) };
+    let verdict = if failed {
+        failure_verdict(span, outcome)
+    } else {
+        success_verdict(span)
+    };
     let layer = failed.then(|| verdict.primitive.layer());
     let events = if outcome.all_events {
         span.events.iter().cloned().collect()
@@ -126,10 +133,16 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
         layer,
         confidence: (verdict.confidence * 100.0).round() / 100.0,
         explanation: verdict.explanation,
-        hint: failed.then(|| hint(verdict.primitive).to_string()).filter(|h| !h.is_empty()),
+        hint: failed
+            .then(|| hint(verdict.primitive).to_string())
+            .filter(|h| !h.is_empty()),
         decisive: verdict.decisive,
         events,
-        counts: span.counts.iter().map(|(k, v)| (k.id().to_string(), *v)).collect(),
+        counts: span
+            .counts
+            .iter()
+            .map(|(k, v)| (k.id().to_string(), *v))
+            .collect(),
         drops: span.drops,
         duration_ms: outcome.duration_ns as f64 / 1e6,
         memory: MemoryStall {
@@ -149,16 +162,27 @@ fn success_verdict(span: &SpanEvidence) -> Verdict {
         .filter(|e| e.kind == Kind::SeccompDenied && e.seccomp_filter == Some(true))
         .count();
     let explanation = if denied > 0 {
-        format!("exited 0; {denied} syscall(s) were denied by seccomp along the way and the workload coped")
+        format!(
+            "exited 0; {denied} syscall(s) were denied by seccomp along the way and the workload coped"
+        )
     } else {
         "exited 0; nothing failed".to_string()
     };
-    Verdict { primitive: Primitive::None, confidence: 0.95, explanation, decisive: None }
+    Verdict {
+        primitive: Primitive::None,
+        confidence: 0.95,
+        explanation,
+        decisive: None,
+    }
 }
 
 fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
     let who = |pid: u32| {
-        let comm = span.processes.get(&pid).map(|p| p.comm.as_str()).filter(|c| !c.is_empty());
+        let comm = span
+            .processes
+            .get(&pid)
+            .map(|p| p.comm.as_str())
+            .filter(|c| !c.is_empty());
         format!("{} (pid {pid})", comm.unwrap_or("process"))
     };
 
@@ -175,25 +199,36 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
     }
 
     if let Some(oom) = span.events.iter().find(|e| e.kind == Kind::OomVictim) {
-        let rss = oom.anon_rss_kb.map(|kb| format!(" at {} MiB anon RSS", kb / 1024)).unwrap_or_default();
+        let rss = oom
+            .anon_rss_kb
+            .map(|kb| format!(" at {} MiB anon RSS", kb / 1024))
+            .unwrap_or_default();
         return Verdict {
             primitive: Primitive::MemOom,
             confidence: 0.97,
-            explanation: format!("{} (pid {}) was killed by the OOM killer{rss}", oom.comm, oom.pid),
+            explanation: format!(
+                "{} (pid {}) was killed by the OOM killer{rss}",
+                oom.comm, oom.pid
+            ),
             decisive: Some(oom.clone()),
         };
     }
 
     // seccomp SIGSYS: RET_TRAP, RET_KILL_*
     let sigsys = span.events.iter().find(|e| {
-        e.kind == Kind::Signal && e.signal.as_deref() == Some("SIGSYS") && e.si_code == Some(SYS_SECCOMP)
+        e.kind == Kind::Signal
+            && e.signal.as_deref() == Some("SIGSYS")
+            && e.si_code == Some(SYS_SECCOMP)
     });
     let killed_by_sigsys = span
         .processes
         .iter()
         .find(|(_, p)| p.exited && p.exit_code.is_none() && p.signal.as_deref() == Some("SIGSYS"))
         .map(|(pid, _)| *pid);
-    if sigsys.is_some() || killed_by_sigsys.is_some() || outcome.exit.signal.as_deref() == Some("SIGSYS") {
+    if sigsys.is_some()
+        || killed_by_sigsys.is_some()
+        || outcome.exit.signal.as_deref() == Some("SIGSYS")
+    {
         let pid = sigsys.map(|e| e.pid).or(killed_by_sigsys).or(span.root_pid);
         let denial = span
             .events
@@ -209,43 +244,72 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
                 ),
                 Some(d.clone()),
             ),
-            None => (format!("the seccomp filter raised SIGSYS in {whom}"), sigsys.cloned()),
+            None => (
+                format!("the seccomp filter raised SIGSYS in {whom}"),
+                sigsys.cloned(),
+            ),
         };
-        return Verdict { primitive: Primitive::Seccomp, confidence: 0.97, explanation, decisive };
+        return Verdict {
+            primitive: Primitive::Seccomp,
+            confidence: 0.97,
+            explanation,
+            decisive,
+        };
     }
 
     // another fatal signal, on the root first
     let root_signal = outcome.exit.signal.clone();
-    let signalled = span
-        .root_pid
-        .filter(|_| root_signal.is_some())
-        .or_else(|| span.processes.iter().find(|(_, p)| p.failed() && p.exit_code.is_none()).map(|(pid, _)| *pid));
+    let signalled = span.root_pid.filter(|_| root_signal.is_some()).or_else(|| {
+        span.processes
+            .iter()
+            .find(|(_, p)| p.failed() && p.exit_code.is_none())
+            .map(|(pid, _)| *pid)
+    });
     if let Some(pid) = signalled {
         let info = span.processes.get(&pid);
-        let sig = info.and_then(|p| p.signal.clone()).or(root_signal).unwrap_or_else(|| "a signal".into());
+        let sig = info
+            .and_then(|p| p.signal.clone())
+            .or(root_signal)
+            .unwrap_or_else(|| "a signal".into());
         let decisive = span
             .events
             .iter()
-            .find(|e| e.kind == Kind::Signal && e.pid == pid && e.signal.as_deref() == Some(sig.as_str()))
+            .find(|e| {
+                e.kind == Kind::Signal && e.pid == pid && e.signal.as_deref() == Some(sig.as_str())
+            })
             .cloned();
         if sig == "SIGXFSZ" {
             return Verdict {
                 primitive: Primitive::FsSpace,
                 confidence: 0.9,
-                explanation: format!("{} exceeded the file-size limit (RLIMIT_FSIZE) and got SIGXFSZ", who(pid)),
+                explanation: format!(
+                    "{} exceeded the file-size limit (RLIMIT_FSIZE) and got SIGXFSZ",
+                    who(pid)
+                ),
                 decisive,
             };
         }
-        let crash = ["SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP"].contains(&sig.as_str());
+        let crash = [
+            "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP",
+        ]
+        .contains(&sig.as_str());
         let sender = info.and_then(|p| p.signal_sender.clone());
         let explanation = match (crash, sender) {
             (true, _) => format!("{} crashed with {sig}", who(pid)),
             (false, Some((spid, scomm))) if spid != pid => {
-                format!("{} was killed by {sig} sent by {scomm} (pid {spid})", who(pid))
+                format!(
+                    "{} was killed by {sig} sent by {scomm} (pid {spid})",
+                    who(pid)
+                )
             }
             _ => format!("{} was killed by {sig}", who(pid)),
         };
-        return Verdict { primitive: Primitive::Signal, confidence: 0.9, explanation, decisive };
+        return Verdict {
+            primitive: Primitive::Signal,
+            confidence: 0.9,
+            explanation,
+            decisive,
+        };
     }
 
     // a seccomp denial or a hard limit outranks a shell's "not found"
@@ -268,7 +332,12 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
                 outcome.exit.describe(),
                 span.reclaim_ns as f64 * 100.0 / duration as f64
             ),
-            decisive: span.events.iter().rev().find(|e| e.kind == Kind::ReclaimStall).cloned(),
+            decisive: span
+                .events
+                .iter()
+                .rev()
+                .find(|e| e.kind == Kind::ReclaimStall)
+                .cloned(),
         };
     }
 
@@ -304,7 +373,13 @@ pub fn is_search_noise(path: &str) -> bool {
         "Modules",
         "selinux",
     ];
-    const PREFIXES: [&str; 5] = ["/proc/", "/sys/", "/dev/", "/etc/ld.so", "/usr/share/zoneinfo"];
+    const PREFIXES: [&str; 5] = [
+        "/proc/",
+        "/sys/",
+        "/dev/",
+        "/etc/ld.so",
+        "/usr/share/zoneinfo",
+    ];
     const NAMES: [&str; 4] = ["pybuilddir.txt", "pyvenv.cfg", "Setup.local", "os.py"];
     let name = path.rsplit('/').next().unwrap_or(path);
     path.starts_with('<')
@@ -323,11 +398,21 @@ pub fn is_search_noise(path: &str) -> bool {
 /// Index of the last successful exec per pid: a failure before it belongs
 /// to a program image that was replaced.
 fn last_exec(events: &[KernelEvent]) -> HashMap<u32, usize> {
-    events.iter().enumerate().filter(|(_, e)| e.kind == Kind::Exec).map(|(i, e)| (e.pid, i)).collect()
+    events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == Kind::Exec)
+        .map(|(i, e)| (e.pid, i))
+        .collect()
 }
 
 /// Scores `events[i]`; `execs` from [`last_exec`].
-fn score(span: &SpanEvidence, events: &[KernelEvent], i: usize, execs: &HashMap<u32, usize>) -> Option<(Primitive, f64)> {
+fn score(
+    span: &SpanEvidence,
+    events: &[KernelEvent],
+    i: usize,
+    execs: &HashMap<u32, usize>,
+) -> Option<(Primitive, f64)> {
     let ev = &events[i];
     let errno = ev.errno_nr()?;
     let nr = ev.syscall_nr?;
@@ -345,10 +430,11 @@ fn score(span: &SpanEvidence, events: &[KernelEvent], i: usize, execs: &HashMap<
     }
     let rule = classify(nr, errno, ev.flags.unwrap_or(0))?;
     let mut primitive = rule.primitive;
-    if let Some(path) = &ev.path {
-        if rule.primitive == Primitive::FsMissing && is_search_noise(path) {
-            return None;
-        }
+    if let Some(path) = &ev.path
+        && rule.primitive == Primitive::FsMissing
+        && is_search_noise(path)
+    {
+        return None;
     }
     match primitive {
         Primitive::FsPermission if matches!(nr, 59 | 322) => {
@@ -381,8 +467,13 @@ fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
         .filter(|e| {
             e.kind == Kind::SyscallFailed
                 && e.errno.as_deref() == Some("ENOENT")
-                && matches!(e.syscall_nr, Some(4 | 6 | 21 | 59 | 262 | 269 | 322 | 332 | 439))
-                && e.path.as_deref().is_some_and(|p| p.starts_with('/') && !is_search_noise(p))
+                && matches!(
+                    e.syscall_nr,
+                    Some(4 | 6 | 21 | 59 | 262 | 269 | 322 | 332 | 439)
+                )
+                && e.path
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with('/') && !is_search_noise(p))
                 && exited_127(e.pid)
         })
         .collect();
@@ -424,7 +515,9 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
         if !matches!(ev.kind, Kind::SyscallFailed | Kind::SeccompDenied) || !failing(ev.pid) {
             continue;
         }
-        let Some((primitive, weight)) = score(span, &events, i, &execs) else { continue };
+        let Some((primitive, weight)) = score(span, &events, i, &execs) else {
+            continue;
+        };
         // strictly greater: among equals, the latest (seen first) wins
         if best.is_none_or(|(_, _, w)| weight > w) {
             best = Some((i, primitive, weight));
@@ -443,17 +536,26 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
             } else {
                 " (the task's seccomp mode could not be confirmed)"
             };
-            format!("{} was denied by the seccomp filter ({errno}; the syscall never ran) in {proc_desc}{unconfirmed}", ev.call())
+            format!(
+                "{} was denied by the seccomp filter ({errno}; the syscall never ran) in {proc_desc}{unconfirmed}",
+                ev.call()
+            )
         }
         Primitive::ExecMissing => {
-            let name = ev.path.as_deref().and_then(|p| p.rsplit('/').next()).unwrap_or("program");
+            let name = ev
+                .path
+                .as_deref()
+                .and_then(|p| p.rsplit('/').next())
+                .unwrap_or("program");
             let mut tried: Vec<&str> = events
                 .iter()
                 .filter(|e| {
                     e.pid == ev.pid
                         && e.syscall_nr == ev.syscall_nr
                         && e.errno.as_deref() == Some("ENOENT")
-                        && e.path.as_deref().is_some_and(|p| p.rsplit('/').next() == Some(name))
+                        && e.path
+                            .as_deref()
+                            .is_some_and(|p| p.rsplit('/').next() == Some(name))
                 })
                 .filter_map(|e| e.path.as_deref())
                 .collect();
@@ -475,30 +577,54 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_millis() as i64)
                     .unwrap_or(0);
-                format!("{:.1} s earlier", (now - w.at_ms).max(0) as f64 / 1000.0)
+                let ms = (now - w.at_ms).max(0);
+                if ms < 1000 {
+                    format!("{ms} ms earlier")
+                } else {
+                    format!("{:.1} s earlier", ms as f64 / 1000.0)
+                }
             });
-            let ns = match (w.and_then(|w| w.mount_ns.as_deref()), ev.mount_ns.as_deref()) {
-                (Some(a), Some(b)) if a != b => format!(" — written in mount namespace {a}, missing in {b}"),
-                (Some(a), Some(_)) => format!(" — same mount namespace {a}: removed, or a tmpfs/overlay that was reset"),
+            let ns = match (
+                w.and_then(|w| w.mount_ns.as_deref()),
+                ev.mount_ns.as_deref(),
+            ) {
+                (Some(a), Some(b)) if a != b => {
+                    format!(" — written in mount namespace {a}, missing in {b}")
+                }
+                (Some(a), Some(_)) => format!(
+                    " — same mount namespace {a}: removed, or a tmpfs/overlay that was reset"
+                ),
                 _ => String::new(),
             };
             format!(
-                "{} failed with {errno} in {proc_desc}, but span {} of this session wrote it ({} of {} (pid {}), {}){ns}: the write did not persist",
+                "{} failed with {errno} in {proc_desc}, but span {} of this session wrote it ({}, pid {}, with {}, {}){ns}: the write did not persist",
                 ev.call(),
                 w.map(|w| w.span).unwrap_or(0),
-                w.map(|w| w.syscall.as_str()).unwrap_or("open"),
                 w.map(|w| w.comm.as_str()).unwrap_or("?"),
                 w.map(|w| w.pid).unwrap_or(0),
+                w.map(|w| w.syscall.as_str()).unwrap_or("open"),
                 ago.unwrap_or_default()
             )
         }
         Primitive::FsNoexec => {
             confidence = 0.95;
-            format!("{} failed with EACCES in {proc_desc}: the file is on a mount with noexec", ev.call())
+            format!(
+                "{} failed with EACCES in {proc_desc}: the file is on a mount with noexec",
+                ev.call()
+            )
         }
-        _ => format!("{} failed with {errno} ({desc}) in {proc_desc}: {}", ev.call(), primitive.meaning()),
+        _ => format!(
+            "{} failed with {errno} ({desc}) in {proc_desc}: {}",
+            ev.call(),
+            primitive.meaning()
+        ),
     };
-    Some(Verdict { primitive, confidence, explanation, decisive: Some(ev.clone()) })
+    Some(Verdict {
+        primitive,
+        confidence,
+        explanation,
+        decisive: Some(ev.clone()),
+    })
 }
 
 /// The events worth showing without `--events`: the decisive one, other
@@ -508,7 +634,9 @@ fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<K
     const MAX: usize = 30;
     let events: Vec<KernelEvent> = span.events.iter().cloned().collect();
     let execs = last_exec(&events);
-    let failing = |pid: u32| Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed());
+    let failing = |pid: u32| {
+        Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed())
+    };
     let mut out: Vec<KernelEvent> = Vec::new();
     for (i, e) in events.iter().enumerate() {
         let keep = match e.kind {
@@ -520,7 +648,11 @@ fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<K
             _ => false,
         };
         let repeat = out.last().is_some_and(|l: &KernelEvent| {
-            l.kind == e.kind && l.pid == e.pid && l.syscall == e.syscall && l.path == e.path && l.errno == e.errno
+            l.kind == e.kind
+                && l.pid == e.pid
+                && l.syscall == e.syscall
+                && l.path == e.path
+                && l.errno == e.errno
         });
         if keep && !repeat {
             out.push(e.clone());
@@ -529,10 +661,10 @@ fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<K
     if out.len() > MAX {
         out.drain(..out.len() - MAX);
     }
-    if let Some(d) = decisive {
-        if !out.contains(d) {
-            out.push(d.clone());
-        }
+    if let Some(d) = decisive
+        && !out.contains(d)
+    {
+        out.push(d.clone());
     }
     out
 }
@@ -540,20 +672,36 @@ fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<K
 /// What to do about a primitive.
 pub fn hint(p: Primitive) -> &'static str {
     match p {
-        Primitive::Seccomp => "allow the syscall in the sandbox's seccomp profile, or avoid it in the workload",
-        Primitive::FsPermission => "write where the workload's user owns the directory, or fix the owner/mode",
-        Primitive::FsReadonly => "write to a writable mount (a tmpfs or volume), or mount this one read-write",
-        Primitive::FsNoexec => "run the program from a mount without noexec, or run it through its interpreter",
+        Primitive::Seccomp => {
+            "allow the syscall in the sandbox's seccomp profile, or avoid it in the workload"
+        }
+        Primitive::FsPermission => {
+            "write where the workload's user owns the directory, or fix the owner/mode"
+        }
+        Primitive::FsReadonly => {
+            "write to a writable mount (a tmpfs or volume), or mount this one read-write"
+        }
+        Primitive::FsNoexec => {
+            "run the program from a mount without noexec, or run it through its interpreter"
+        }
         Primitive::FsSpace => "free space, or give the sandbox a larger disk/tmpfs/quota",
-        Primitive::FsPersistence => "write to a path that persists across calls (same mount namespace and host)",
+        Primitive::FsPersistence => {
+            "write to a path that persists across calls (same mount namespace and host)"
+        }
         Primitive::FsMissing => "create the file first, or fix the path the workload expects",
         Primitive::ExecMissing => "install the program in the sandbox image, or put it on PATH",
-        Primitive::ProcLimit => "raise the pids cgroup limit / RLIMIT_NPROC / RLIMIT_NOFILE, or use fewer processes",
-        Primitive::MemOom => "raise the memory limit of the sandbox, or make the workload use less memory",
+        Primitive::ProcLimit => {
+            "raise the pids cgroup limit / RLIMIT_NPROC / RLIMIT_NOFILE, or use fewer processes"
+        }
+        Primitive::MemOom => {
+            "raise the memory limit of the sandbox, or make the workload use less memory"
+        }
         Primitive::MemLimit => "raise RLIMIT_AS or the overcommit setting, or allocate less",
         Primitive::MemPressure => "give the sandbox more memory headroom",
         Primitive::NetEgress => "allow this destination in the sandbox's egress rules, or route it",
-        Primitive::Caps => "grant the capability to the sandbox, or do without the privileged operation",
+        Primitive::Caps => {
+            "grant the capability to the sandbox, or do without the privileged operation"
+        }
         Primitive::Signal => "find who sent the signal, or debug the crash",
         Primitive::Timeout => "raise the time limit, or make the workload faster",
         Primitive::None => "",
@@ -566,8 +714,10 @@ mod tests {
     use crate::spans::SpanEvidence;
 
     fn ev(kind: Kind, pid: u32, ts: u64) -> KernelEvent {
-        serde_json::from_value(serde_json::json!({"kind": kind, "ts_ns": ts, "pid": pid, "tid": pid, "comm": "w"}))
-            .unwrap()
+        serde_json::from_value(
+            serde_json::json!({"kind": kind, "ts_ns": ts, "pid": pid, "tid": pid, "comm": "w"}),
+        )
+        .unwrap()
     }
 
     fn failed(pid: u32, ts: u64, syscall: &'static str, errno: i32, path: &str) -> KernelEvent {
@@ -597,17 +747,53 @@ mod tests {
     }
 
     fn outcome(code: i32) -> Outcome {
-        Outcome { exit: ExitStatus { code: Some(code), signal: None }, ..Default::default() }
+        Outcome {
+            exit: ExitStatus {
+                code: Some(code),
+                signal: None,
+            },
+            ..Default::default()
+        }
     }
 
     /// What python3 start-up looks like: module and library searches.
     fn python_noise(pid: u32) -> Vec<KernelEvent> {
         vec![
-            failed(pid, 1, "newfstatat", libc::ENOENT, "/usr/lib/x86_64-linux-gnu/tls/haswell"),
-            failed(pid, 2, "openat", libc::ENOENT, "/usr/local/bin/python3._pth"),
-            failed(pid, 3, "newfstatat", libc::ENOENT, "/usr/local/lib/python311.zip"),
-            failed(pid, 4, "openat", libc::ENOENT, "/usr/local/lib/python3.11/encodings/__pycache__/x.pyc"),
-            failed(pid, 5, "newfstatat", libc::ENOENT, "/root/.local/lib/python3.11/site-packages"),
+            failed(
+                pid,
+                1,
+                "newfstatat",
+                libc::ENOENT,
+                "/usr/lib/x86_64-linux-gnu/tls/haswell",
+            ),
+            failed(
+                pid,
+                2,
+                "openat",
+                libc::ENOENT,
+                "/usr/local/bin/python3._pth",
+            ),
+            failed(
+                pid,
+                3,
+                "newfstatat",
+                libc::ENOENT,
+                "/usr/local/lib/python311.zip",
+            ),
+            failed(
+                pid,
+                4,
+                "openat",
+                libc::ENOENT,
+                "/usr/local/lib/python3.11/encodings/__pycache__/x.pyc",
+            ),
+            failed(
+                pid,
+                5,
+                "newfstatat",
+                libc::ENOENT,
+                "/root/.local/lib/python3.11/site-packages",
+            ),
             failed(pid, 6, "ioctl", libc::ENOTTY, "/dev/null"),
         ]
     }
@@ -651,7 +837,11 @@ mod tests {
         denied.errno = Some("EPERM".into());
         denied.path = Some("/tmp/out".into());
         denied.seccomp_filter = Some(true);
-        let events = vec![denied, failed(10, 6, "openat", libc::ENOENT, "/tmp/out/x"), exit(10, 9, 1)];
+        let events = vec![
+            denied,
+            failed(10, 6, "openat", libc::ENOENT, "/tmp/out/x"),
+            exit(10, 9, 1),
+        ];
         let a = attribute(&span(events), &outcome(1));
         assert_eq!(a.primitive, Primitive::Seccomp);
         assert_eq!(
@@ -691,7 +881,11 @@ mod tests {
         let mut mount = ev(Kind::Mount, 10, 1);
         mount.path = Some("/scratch".into());
         mount.flags = Some(libc::MS_NOEXEC);
-        let events = vec![mount, failed(10, 2, "execve", libc::EACCES, "/scratch/tool"), exit(10, 3, 126)];
+        let events = vec![
+            mount,
+            failed(10, 2, "execve", libc::EACCES, "/scratch/tool"),
+            exit(10, 3, 126),
+        ];
         let a = attribute(&span(events), &outcome(126));
         assert_eq!(a.primitive, Primitive::FsNoexec);
     }
@@ -702,17 +896,29 @@ mod tests {
         oom.comm = "python3".into();
         oom.anon_rss_kb = Some(512 * 1024);
         let events = vec![failed(10, 1, "openat", libc::ENOENT, "/data/x"), oom];
-        let o = Outcome { exit: ExitStatus { code: None, signal: Some("SIGKILL".into()) }, ..Default::default() };
+        let o = Outcome {
+            exit: ExitStatus {
+                code: None,
+                signal: Some("SIGKILL".into()),
+            },
+            ..Default::default()
+        };
         let a = attribute(&span(events), &o);
         assert_eq!(a.primitive, Primitive::MemOom);
-        assert_eq!(a.explanation, "python3 (pid 10) was killed by the OOM killer at 512 MiB anon RSS");
+        assert_eq!(
+            a.explanation,
+            "python3 (pid 10) was killed by the OOM killer at 512 MiB anon RSS"
+        );
         assert_eq!(a.exit.shell_code(), 137);
     }
 
     #[test]
     fn timeout_is_reported_as_timeout() {
         let o = Outcome {
-            exit: ExitStatus { code: None, signal: Some("SIGKILL".into()) },
+            exit: ExitStatus {
+                code: None,
+                signal: Some("SIGKILL".into()),
+            },
             timed_out: Some(std::time::Duration::from_secs(2)),
             ..Default::default()
         };
@@ -723,10 +929,18 @@ mod tests {
 
     #[test]
     fn search_noise_is_recognised() {
-        for p in ["/usr/lib/python3.11/json/__pycache__/x.pyc", "/lib/x86_64-linux-gnu/tls/libc.so.6", "<string>"] {
+        for p in [
+            "/usr/lib/python3.11/json/__pycache__/x.pyc",
+            "/lib/x86_64-linux-gnu/tls/libc.so.6",
+            "<string>",
+        ] {
             assert!(is_search_noise(p), "{p}");
         }
-        for p in ["/data/in.csv", "/tmp/out/result.json", "/workspace/model.bin"] {
+        for p in [
+            "/data/in.csv",
+            "/tmp/out/result.json",
+            "/workspace/model.bin",
+        ] {
             assert!(!is_search_noise(p), "{p}");
         }
     }

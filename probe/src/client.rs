@@ -15,7 +15,9 @@ use crate::store::SpanRow;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// Nothing listens at the socket, or we may not open it.
-    #[error("cannot connect to the probe daemon at {0}: {1} (is `probe run` running? use --socket to pick another)")]
+    #[error(
+        "cannot connect to the probe daemon at {0}: {1} (is `probe run` running? use --socket to pick another)"
+    )]
     Connect(PathBuf, std::io::Error),
     /// The connection broke mid-call.
     #[error("lost the connection to the probe daemon: {0}")]
@@ -46,9 +48,14 @@ pub struct Client {
 
 impl Client {
     pub fn connect(socket: &Path) -> Result<Client, ClientError> {
-        let stream = UnixStream::connect(socket).map_err(|e| ClientError::Connect(socket.into(), e))?;
+        let stream =
+            UnixStream::connect(socket).map_err(|e| ClientError::Connect(socket.into(), e))?;
         let writer = stream.try_clone()?;
-        Ok(Client { reader: BufReader::new(stream), writer, next_id: 1 })
+        Ok(Client {
+            reader: BufReader::new(stream),
+            writer,
+            next_id: 1,
+        })
     }
 
     /// Sends one request object (an `id` is added) and reads its response.
@@ -63,7 +70,9 @@ impl Client {
         self.writer.write_all(line.as_bytes())?;
         let response = self.read_line()?;
         if response.get("id") != Some(&Value::from(id)) {
-            return Err(ClientError::Protocol(format!("response for another request: {response}")));
+            return Err(ClientError::Protocol(format!(
+                "response for another request: {response}"
+            )));
         }
         if response.get("ok") == Some(&Value::Bool(true)) {
             Ok(response)
@@ -72,7 +81,9 @@ impl Client {
                 .get("error")
                 .cloned()
                 .and_then(|e| serde_json::from_value::<ErrorBody>(e).ok())
-                .ok_or_else(|| ClientError::Protocol(format!("error without a body: {response}")))?;
+                .ok_or_else(|| {
+                    ClientError::Protocol(format!("error without a body: {response}"))
+                })?;
             Err(ClientError::Daemon(err))
         }
     }
@@ -81,7 +92,10 @@ impl Client {
     pub fn read_line(&mut self) -> Result<Value, ClientError> {
         let mut buf = String::new();
         if self.reader.read_line(&mut buf)? == 0 {
-            return Err(ClientError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "daemon closed the connection")));
+            return Err(ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "daemon closed the connection",
+            )));
         }
         serde_json::from_str(&buf).map_err(|e| ClientError::Protocol(format!("{e}: {buf}")))
     }
@@ -92,11 +106,14 @@ impl Client {
 
     pub fn begin_span(&mut self, session: Option<&str>, label: &str) -> Result<u64, ClientError> {
         let r = self.call(json!({"op": "begin_span", "session": session, "label": label}))?;
-        r["span_id"].as_u64().ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
+        r["span_id"]
+            .as_u64()
+            .ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
     }
 
     pub fn attach(&mut self, span_id: u64, pid: u32) -> Result<(), ClientError> {
-        self.call(json!({"op": "attach", "span_id": span_id, "pid": pid})).map(drop)
+        self.call(json!({"op": "attach", "span_id": span_id, "pid": pid}))
+            .map(drop)
     }
 
     pub fn end_span(
@@ -106,7 +123,8 @@ impl Client {
         timed_out_ms: Option<u64>,
     ) -> Result<Attribution, ClientError> {
         let r = self.call(json!({"op": "end_span", "span_id": span_id, "exit": exit, "timed_out_ms": timed_out_ms}))?;
-        serde_json::from_value(r["attribution"].clone()).map_err(|e| ClientError::Protocol(format!("attribution: {e}")))
+        serde_json::from_value(r["attribution"].clone())
+            .map_err(|e| ClientError::Protocol(format!("attribution: {e}")))
     }
 
     pub fn status(&mut self) -> Result<Value, ClientError> {
@@ -117,11 +135,17 @@ impl Client {
         let mut req = filter;
         req["op"] = "query".into();
         let r = self.call(req)?;
-        serde_json::from_value(r["spans"].clone()).map_err(|e| ClientError::Protocol(format!("spans: {e}")))
+        serde_json::from_value(r["spans"].clone())
+            .map_err(|e| ClientError::Protocol(format!("spans: {e}")))
     }
 
     /// Starts a subscription; read events with [`Client::read_line`].
-    pub fn subscribe(&mut self, span_id: Option<u64>, kind: Option<&str>) -> Result<(), ClientError> {
-        self.call(json!({"op": "subscribe", "span_id": span_id, "kind": kind})).map(drop)
+    pub fn subscribe(
+        &mut self,
+        span_id: Option<u64>,
+        kind: Option<&str>,
+    ) -> Result<(), ClientError> {
+        self.call(json!({"op": "subscribe", "span_id": span_id, "kind": kind}))
+            .map(drop)
     }
 }

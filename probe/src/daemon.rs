@@ -57,11 +57,30 @@ type Reply<T> = oneshot::Sender<Result<T, ErrorBody>>;
 
 /// What connections ask of the core.
 enum Command {
-    Begin { session: Option<String>, label: String, reply: Reply<u64> },
-    Attach { span: u64, pid: u32, reply: Reply<()> },
-    End { span: u64, exit: Option<ExitStatus>, timed_out: Option<Duration>, reply: Reply<Attribution> },
-    Status { reply: oneshot::Sender<Value> },
-    Subscribe { span: Option<u64>, kind: Option<Kind>, tx: tokio::sync::mpsc::Sender<String> },
+    Begin {
+        session: Option<String>,
+        label: String,
+        reply: Reply<u64>,
+    },
+    Attach {
+        span: u64,
+        pid: u32,
+        reply: Reply<()>,
+    },
+    End {
+        span: u64,
+        exit: Option<ExitStatus>,
+        timed_out: Option<Duration>,
+        reply: Reply<Attribution>,
+    },
+    Status {
+        reply: oneshot::Sender<Value>,
+    },
+    Subscribe {
+        span: Option<u64>,
+        kind: Option<Kind>,
+        tx: tokio::sync::mpsc::Sender<String>,
+    },
     Shutdown,
 }
 
@@ -73,9 +92,16 @@ struct CoreHandle {
 
 impl CoreHandle {
     fn send(&self, cmd: Command) -> Result<(), ErrorBody> {
-        let sent = self.tx.lock().map(|tx| tx.send(cmd).is_ok()).unwrap_or(false);
+        let sent = self
+            .tx
+            .lock()
+            .map(|tx| tx.send(cmd).is_ok())
+            .unwrap_or(false);
         if !sent {
-            return Err(ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down"));
+            return Err(ErrorBody::new(
+                ErrorCode::Internal,
+                "the probe daemon is shutting down",
+            ));
         }
         // a full pipe means a wake-up is already pending
         let _ = (&self.wake).write(&[1]);
@@ -85,7 +111,8 @@ impl CoreHandle {
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, ErrorBody> {
         let (tx, rx) = oneshot::channel();
         self.send(make(tx))?;
-        rx.await.map_err(|_| ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down"))?
+        rx.await
+            .map_err(|_| ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down"))?
     }
 }
 
@@ -134,7 +161,10 @@ struct Core {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 impl Core {
@@ -149,9 +179,14 @@ impl Core {
         };
         let mut last_sweep = Instant::now();
         loop {
-            let mut fds = [PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN), PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
-            let _ = poll(&mut fds, PollTimeout::from(READ_INTERVAL.as_millis() as u16));
-            drop(fds);
+            let mut fds = [
+                PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN),
+                PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+            ];
+            let _ = poll(
+                &mut fds,
+                PollTimeout::from(READ_INTERVAL.as_millis() as u16),
+            );
             let mut sink = [0u8; 256];
             while matches!((&wake).read(&mut sink), Ok(n) if n > 0) {}
             self.drain();
@@ -192,7 +227,16 @@ impl Core {
     }
 
     fn drain(&mut self) {
-        let Core { probe, spans, sessions, subscribers, events_total, late_events, decode_errors, .. } = self;
+        let Core {
+            probe,
+            spans,
+            sessions,
+            subscribers,
+            events_total,
+            late_events,
+            decode_errors,
+            ..
+        } = self;
         let ring = probe.events();
         while let Some(item) = ring.next() {
             *events_total += 1;
@@ -230,20 +274,34 @@ impl Core {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Begin { session, label, reply } => {
+            Command::Begin {
+                session,
+                label,
+                reply,
+            } => {
                 let _ = reply.send(self.begin(session, label));
             }
             Command::Attach { span, pid, reply } => {
                 let _ = reply.send(self.attach(span, pid));
             }
-            Command::End { span, exit, timed_out, reply } => {
+            Command::End {
+                span,
+                exit,
+                timed_out,
+                reply,
+            } => {
                 self.drain();
                 let _ = reply.send(self.end(span, exit, timed_out));
             }
             Command::Status { reply } => {
                 let _ = reply.send(self.status());
             }
-            Command::Subscribe { span, kind, tx } => self.subscribers.push(Subscriber { span, kind, tx, lagged: 0 }),
+            Command::Subscribe { span, kind, tx } => self.subscribers.push(Subscriber {
+                span,
+                kind,
+                tx,
+                lagged: 0,
+            }),
             Command::Shutdown => {}
         }
     }
@@ -252,39 +310,70 @@ impl Core {
         if self.spans.len() >= self.config.max_open_spans {
             return Err(ErrorBody::new(
                 ErrorCode::Unavailable,
-                format!("{} spans are open, the limit (end some, or raise --max-open-spans)", self.spans.len()),
+                format!(
+                    "{} spans are open, the limit (end some, or raise --max-open-spans)",
+                    self.spans.len()
+                ),
             ));
         }
         let id = self.next_span;
         if id > u32::MAX as u64 {
-            return Err(ErrorBody::new(ErrorCode::Unavailable, "span ids exhausted (2^32): start a new database"));
+            return Err(ErrorBody::new(
+                ErrorCode::Unavailable,
+                "span ids exhausted (2^32): start a new database",
+            ));
         }
         self.next_span += 1;
         let mut evidence = SpanEvidence::new(id, session, label, monotonic_ns());
         evidence.cap = self.config.event_cap;
         let drops_before = self.probe.drops().iter().sum();
-        self.spans.insert(id, OpenSpan { evidence, started_ms: now_ms(), started: Instant::now(), drops_before });
+        self.spans.insert(
+            id,
+            OpenSpan {
+                evidence,
+                started_ms: now_ms(),
+                started: Instant::now(),
+                drops_before,
+            },
+        );
         Ok(id)
     }
 
     fn attach(&mut self, span: u64, pid: u32) -> Result<(), ErrorBody> {
         let Some(open) = self.spans.get_mut(&span) else {
-            return Err(ErrorBody::new(ErrorCode::NotFound, format!("span {span} is not open")));
+            return Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("span {span} is not open"),
+            ));
         };
         if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(ErrorBody::new(ErrorCode::NotFound, format!("no process {pid}")));
+            return Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("no process {pid}"),
+            ));
         }
-        self.probe
-            .track(pid, span)
-            .map_err(|e| ErrorBody::new(ErrorCode::Unavailable, format!("cannot trace pid {pid}: {e}")))?;
+        self.probe.track(pid, span).map_err(|e| {
+            ErrorBody::new(
+                ErrorCode::Unavailable,
+                format!("cannot trace pid {pid}: {e}"),
+            )
+        })?;
         open.evidence.root_pid.get_or_insert(pid);
         open.evidence.tids.insert(pid);
         Ok(())
     }
 
-    fn end(&mut self, span: u64, exit: Option<ExitStatus>, timed_out: Option<Duration>) -> Result<Attribution, ErrorBody> {
+    fn end(
+        &mut self,
+        span: u64,
+        exit: Option<ExitStatus>,
+        timed_out: Option<Duration>,
+    ) -> Result<Attribution, ErrorBody> {
         if !self.spans.contains_key(&span) {
-            return Err(ErrorBody::new(ErrorCode::NotFound, format!("span {span} is not open (never begun, or already ended)")));
+            return Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("span {span} is not open (never begun, or already ended)"),
+            ));
         }
         self.drain();
         if let Some(open) = self.spans.get(&span) {
@@ -293,7 +382,10 @@ impl Core {
         }
         self.drain();
         let Some(mut open) = self.spans.remove(&span) else {
-            return Err(ErrorBody::new(ErrorCode::NotFound, format!("span {span} is not open")));
+            return Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("span {span} is not open"),
+            ));
         };
         let drops_after: u64 = self.probe.drops().iter().sum();
         open.evidence.drops.kernel = drops_after.saturating_sub(open.drops_before);
@@ -310,7 +402,15 @@ impl Core {
         let mut stored = attribution.clone();
         stored.events = open.evidence.events.iter().cloned().collect();
         self.store_stats.queued.fetch_add(1, Ordering::Relaxed);
-        if self.store_tx.send(StoredSpan { started_ms: open.started_ms, ended_ms: now_ms(), attribution: stored }).is_err() {
+        if self
+            .store_tx
+            .send(StoredSpan {
+                started_ms: open.started_ms,
+                ended_ms: now_ms(),
+                attribution: stored,
+            })
+            .is_err()
+        {
             self.store_stats.errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!("store thread is gone; span {span} was not saved");
         }
@@ -334,10 +434,18 @@ impl Core {
             .collect();
         let rss_kib = std::fs::read_to_string("/proc/self/status")
             .ok()
-            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")).map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .map(|v| v.trim().trim_end_matches(" kB").trim().to_string())
+            })
             .and_then(|v| v.parse::<u64>().ok());
-        let db_size = std::fs::metadata(&self.config.db).map(|m| m.len()).unwrap_or(0)
-            + std::fs::metadata(format!("{}-wal", self.config.db.display())).map(|m| m.len()).unwrap_or(0);
+        let db_size = std::fs::metadata(&self.config.db)
+            .map(|m| m.len())
+            .unwrap_or(0)
+            + std::fs::metadata(format!("{}-wal", self.config.db.display()))
+                .map(|m| m.len())
+                .unwrap_or(0);
         let s = &self.store_stats;
         json!({
             "protocol": protocol::PROTOCOL_VERSION,
@@ -386,8 +494,14 @@ impl Core {
 fn observed_exit(span: &SpanEvidence) -> ExitStatus {
     let root = span.root_pid.and_then(|pid| span.processes.get(&pid));
     match root {
-        Some(p) if p.exited && p.exit_code.is_some() => ExitStatus { code: p.exit_code, signal: None },
-        Some(p) if p.exited => ExitStatus { code: None, signal: p.signal.clone() },
+        Some(p) if p.exited && p.exit_code.is_some() => ExitStatus {
+            code: p.exit_code,
+            signal: None,
+        },
+        Some(p) if p.exited => ExitStatus {
+            code: None,
+            signal: p.signal.clone(),
+        },
         _ => ExitStatus::default(),
     }
 }
@@ -420,12 +534,21 @@ fn publish(subscribers: &mut Vec<Subscriber>, span: u64, ev: &crate::event::Kern
     });
 }
 
-fn store_loop(mut store: Store, rx: mpsc::Receiver<StoredSpan>, policy: RetentionPolicy, stats: Arc<StoreStats>) {
+fn store_loop(
+    mut store: Store,
+    rx: mpsc::Receiver<StoredSpan>,
+    policy: RetentionPolicy,
+    stats: Arc<StoreStats>,
+) {
     let mut last_retention = Instant::now();
     let apply = |store: &mut Store| match store.apply_retention(&policy) {
         Ok(r) => {
-            stats.retention_spans.fetch_add(r.spans_removed, Ordering::Relaxed);
-            stats.retention_events.fetch_add(r.events_removed, Ordering::Relaxed);
+            stats
+                .retention_spans
+                .fetch_add(r.spans_removed, Ordering::Relaxed);
+            stats
+                .retention_events
+                .fetch_add(r.events_removed, Ordering::Relaxed);
         }
         Err(e) => tracing::error!("retention failed: {e}"),
     };
@@ -441,10 +564,14 @@ fn store_loop(mut store: Store, rx: mpsc::Receiver<StoredSpan>, policy: Retentio
                     }
                 }
                 match store.insert(&batch) {
-                    Ok(()) => stats.written.fetch_add(batch.len() as u64, Ordering::Relaxed),
+                    Ok(()) => stats
+                        .written
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed),
                     Err(e) => {
                         tracing::error!("cannot store {} span(s): {e}", batch.len());
-                        stats.errors.fetch_add(batch.len() as u64, Ordering::Relaxed)
+                        stats
+                            .errors
+                            .fetch_add(batch.len() as u64, Ordering::Relaxed)
                     }
                 };
             }
@@ -456,29 +583,40 @@ fn store_loop(mut store: Store, rx: mpsc::Receiver<StoredSpan>, policy: Retentio
             last_retention = Instant::now();
         }
     }
-    if let Err(e) = store.connection().execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
+    if let Err(e) = store
+        .connection()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+    {
         tracing::warn!("final checkpoint: {e}");
     }
 }
 
 /// Binds the control socket: refuses when another daemon answers there,
 /// replaces a stale socket file, sets mode 0600 (0660 with a group).
-fn bind(path: &Path, group: Option<nix::unistd::Gid>) -> anyhow::Result<std::os::unix::net::UnixListener> {
+fn bind(
+    path: &Path,
+    group: Option<nix::unistd::Gid>,
+) -> anyhow::Result<std::os::unix::net::UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     if path.exists() {
         if StdUnixStream::connect(path).is_ok() {
-            bail!("another probe daemon is listening on {} (use --socket for a second one)", path.display());
+            bail!(
+                "another probe daemon is listening on {} (use --socket for a second one)",
+                path.display()
+            );
         }
-        std::fs::remove_file(path).with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
     }
-    let listener =
-        std::os::unix::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .with_context(|| format!("cannot listen on {}", path.display()))?;
     let mode = if group.is_some() { 0o660 } else { 0o600 };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     if let Some(g) = group {
-        nix::unistd::chown(path, None, Some(g)).with_context(|| format!("cannot chown {} to gid {g}", path.display()))?;
+        nix::unistd::chown(path, None, Some(g))
+            .with_context(|| format!("cannot chown {} to gid {g}", path.display()))?;
     }
     Ok(listener)
 }
@@ -497,7 +635,9 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let store_thread = {
         let stats = stats.clone();
         let policy = config.retention;
-        std::thread::Builder::new().name("store".into()).spawn(move || store_loop(store, store_rx, policy, stats))?
+        std::thread::Builder::new()
+            .name("store".into())
+            .spawn(move || store_loop(store, store_rx, policy, stats))?
     };
     let (cmd_tx, cmd_rx) = mpsc::channel();
     let (wake_r, wake_w) = StdUnixStream::pair()?;
@@ -519,10 +659,18 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         retention_drops_total: 0,
         rate: (Instant::now(), 0, 0.0),
     };
-    let core_thread = std::thread::Builder::new().name("core".into()).spawn(move || core.run(cmd_rx, wake_r))?;
-    let handle = Arc::new(CoreHandle { tx: std::sync::Mutex::new(cmd_tx), wake: wake_w });
+    let core_thread = std::thread::Builder::new()
+        .name("core".into())
+        .spawn(move || core.run(cmd_rx, wake_r))?;
+    let handle = Arc::new(CoreHandle {
+        tx: std::sync::Mutex::new(cmd_tx),
+        wake: wake_w,
+    });
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let served = runtime.block_on(serve(listener, handle.clone(), config.clone()));
     let _ = handle.send(Command::Shutdown);
     runtime.shutdown_timeout(Duration::from_secs(2));
@@ -578,7 +726,10 @@ enum Line {
 }
 
 /// Reads up to a newline into `buf`, at most `MAX_LINE` bytes.
-async fn read_line_bounded(rd: &mut BufReader<tokio::net::unix::OwnedReadHalf>, buf: &mut Vec<u8>) -> std::io::Result<Line> {
+async fn read_line_bounded(
+    rd: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Line> {
     loop {
         let available = rd.fill_buf().await?;
         if available.is_empty() {
@@ -589,7 +740,11 @@ async fn read_line_bounded(rd: &mut BufReader<tokio::net::unix::OwnedReadHalf>, 
             Some(i) => {
                 buf.extend_from_slice(&available[..i]);
                 rd.consume(i + 1);
-                return Ok(if buf.len() > MAX_LINE { Line::TooLong } else { Line::Complete });
+                return Ok(if buf.len() > MAX_LINE {
+                    Line::TooLong
+                } else {
+                    Line::Complete
+                });
             }
             None => {
                 let n = available.len();
@@ -603,26 +758,43 @@ async fn read_line_bounded(rd: &mut BufReader<tokio::net::unix::OwnedReadHalf>, 
     }
 }
 
-async fn connection(stream: UnixStream, core: Arc<CoreHandle>, config: Arc<DaemonConfig>) -> anyhow::Result<()> {
+async fn connection(
+    stream: UnixStream,
+    core: Arc<CoreHandle>,
+    config: Arc<DaemonConfig>,
+) -> anyhow::Result<()> {
     let cred = stream.peer_cred()?;
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
     let mut buf = Vec::new();
     let me = nix::unistd::geteuid().as_raw();
-    let allowed = cred.uid() == 0 || cred.uid() == me || config.group.is_some_and(|g| g.as_raw() == cred.gid());
+    let allowed = cred.uid() == 0
+        || cred.uid() == me
+        || config.group.is_some_and(|g| g.as_raw() == cred.gid());
     if !allowed {
         let err = ErrorBody::new(
             ErrorCode::Forbidden,
-            format!("uid {} may not use the probe (root{} only)", cred.uid(), if config.group.is_some() { " or its group" } else { "" }),
+            format!(
+                "uid {} may not use the probe (root{} only)",
+                cred.uid(),
+                if config.group.is_some() {
+                    " or its group"
+                } else {
+                    ""
+                }
+            ),
         );
         // answer the first request (so the client reads the refusal rather
         // than a broken pipe), then close
-        let first = tokio::time::timeout(Duration::from_secs(2), read_line_bounded(&mut rd, &mut buf)).await;
+        let first =
+            tokio::time::timeout(Duration::from_secs(2), read_line_bounded(&mut rd, &mut buf))
+                .await;
         let id = match first {
             Ok(Ok(Line::Complete)) => protocol::parse_request(&buf).0,
             _ => Value::Null,
         };
-        wr.write_all(protocol::error_line(&id, &err).as_bytes()).await?;
+        wr.write_all(protocol::error_line(&id, &err).as_bytes())
+            .await?;
         return Ok(());
     }
     loop {
@@ -630,8 +802,12 @@ async fn connection(stream: UnixStream, core: Arc<CoreHandle>, config: Arc<Daemo
         match read_line_bounded(&mut rd, &mut buf).await? {
             Line::Eof => return Ok(()),
             Line::TooLong => {
-                let err = ErrorBody::new(ErrorCode::TooLarge, format!("request line longer than {MAX_LINE} bytes; closing"));
-                wr.write_all(protocol::error_line(&Value::Null, &err).as_bytes()).await?;
+                let err = ErrorBody::new(
+                    ErrorCode::TooLarge,
+                    format!("request line longer than {MAX_LINE} bytes; closing"),
+                );
+                wr.write_all(protocol::error_line(&Value::Null, &err).as_bytes())
+                    .await?;
                 return Ok(());
             }
             Line::Complete => {}
@@ -645,19 +821,29 @@ async fn connection(stream: UnixStream, core: Arc<CoreHandle>, config: Arc<Daemo
             Ok(Request::Subscribe { span_id, kind }) => {
                 let kind = match kind.as_deref().map(|k| Kind::from_id(k).ok_or(k)) {
                     Some(Err(k)) => {
-                        let e = ErrorBody::new(ErrorCode::BadRequest, format!("unknown event kind \"{k}\""));
-                        wr.write_all(protocol::error_line(&id, &e).as_bytes()).await?;
+                        let e = ErrorBody::new(
+                            ErrorCode::BadRequest,
+                            format!("unknown event kind \"{k}\""),
+                        );
+                        wr.write_all(protocol::error_line(&id, &e).as_bytes())
+                            .await?;
                         continue;
                     }
                     Some(Ok(k)) => Some(k),
                     None => None,
                 };
                 let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-                if let Err(e) = core.send(Command::Subscribe { span: span_id, kind, tx }) {
-                    wr.write_all(protocol::error_line(&id, &e).as_bytes()).await?;
+                if let Err(e) = core.send(Command::Subscribe {
+                    span: span_id,
+                    kind,
+                    tx,
+                }) {
+                    wr.write_all(protocol::error_line(&id, &e).as_bytes())
+                        .await?;
                     return Ok(());
                 }
-                wr.write_all(protocol::ok_line(&id, json!({"subscribed": true})).as_bytes()).await?;
+                wr.write_all(protocol::ok_line(&id, json!({"subscribed": true})).as_bytes())
+                    .await?;
                 // stream until the client hangs up
                 let mut probe_buf = Vec::new();
                 loop {
@@ -681,15 +867,30 @@ async fn connection(stream: UnixStream, core: Arc<CoreHandle>, config: Arc<Daemo
 
 async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonConfig) -> String {
     let result: Result<Value, ErrorBody> = match req {
-        Request::Hello => Ok(json!({"protocol": protocol::PROTOCOL_VERSION, "version": env!("CARGO_PKG_VERSION")})),
+        Request::Hello => Ok(
+            json!({"protocol": protocol::PROTOCOL_VERSION, "version": env!("CARGO_PKG_VERSION")}),
+        ),
         Request::BeginSpan { session, label } => core
-            .ask(|reply| Command::Begin { session, label, reply })
+            .ask(|reply| Command::Begin {
+                session,
+                label,
+                reply,
+            })
             .await
             .map(|span| json!({"span_id": span})),
-        Request::Attach { span_id, pid } => {
-            core.ask(|reply| Command::Attach { span: span_id, pid, reply }).await.map(|()| json!({}))
-        }
-        Request::EndSpan { span_id, exit, timed_out_ms } => core
+        Request::Attach { span_id, pid } => core
+            .ask(|reply| Command::Attach {
+                span: span_id,
+                pid,
+                reply,
+            })
+            .await
+            .map(|()| json!({})),
+        Request::EndSpan {
+            span_id,
+            exit,
+            timed_out_ms,
+        } => core
             .ask(|reply| Command::End {
                 span: span_id,
                 exit,
@@ -701,20 +902,30 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
         Request::Status => {
             let (tx, rx) = oneshot::channel();
             match core.send(Command::Status { reply: tx }) {
-                Ok(()) => rx
-                    .await
-                    .map(|s| json!({"status": s}))
-                    .map_err(|_| ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down")),
+                Ok(()) => rx.await.map(|s| json!({"status": s})).map_err(|_| {
+                    ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down")
+                }),
                 Err(e) => Err(e),
             }
         }
-        Request::Query { session, failed, since_ms, span_id, limit } => {
+        Request::Query {
+            session,
+            failed,
+            since_ms,
+            span_id,
+            limit,
+        } => {
             let db = config.db.clone();
-            tokio::task::spawn_blocking(move || query(&db, session, failed, since_ms, span_id, limit))
-                .await
-                .unwrap_or_else(|e| Err(ErrorBody::new(ErrorCode::Internal, e.to_string())))
+            tokio::task::spawn_blocking(move || {
+                query(&db, session, failed, since_ms, span_id, limit)
+            })
+            .await
+            .unwrap_or_else(|e| Err(ErrorBody::new(ErrorCode::Internal, e.to_string())))
         }
-        Request::Subscribe { .. } => Err(ErrorBody::new(ErrorCode::Internal, "subscribe is handled by the connection")),
+        Request::Subscribe { .. } => Err(ErrorBody::new(
+            ErrorCode::Internal,
+            "subscribe is handled by the connection",
+        )),
     };
     match result {
         Ok(v) => protocol::ok_line(id, v),
@@ -735,9 +946,19 @@ fn query(
     if let Some(id) = span_id {
         return match store.show(id).map_err(internal)? {
             Some(a) => Ok(json!({"span": a})),
-            None => Err(ErrorBody::new(ErrorCode::NotFound, format!("span {id} is not stored (still open, or never existed)"))),
+            None => Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("span {id} is not stored (still open, or never existed)"),
+            )),
         };
     }
-    let rows = store.spans(&SpanFilter { session, failed_only: failed, since_ms, limit }).map_err(internal)?;
+    let rows = store
+        .spans(&SpanFilter {
+            session,
+            failed_only: failed,
+            since_ms,
+            limit,
+        })
+        .map_err(internal)?;
     Ok(json!({"spans": rows}))
 }

@@ -44,9 +44,21 @@ impl Kind {
 
     pub fn from_id(id: &str) -> Option<Kind> {
         use Kind::*;
-        [SyscallFailed, SeccompDenied, Signal, OomVictim, Fork, Exec, Exit, FileWrite, ReclaimStall, Mount, FdDup]
-            .into_iter()
-            .find(|k| k.id() == id)
+        [
+            SyscallFailed,
+            SeccompDenied,
+            Signal,
+            OomVictim,
+            Fork,
+            Exec,
+            Exit,
+            FileWrite,
+            ReclaimStall,
+            Mount,
+            FdDup,
+        ]
+        .into_iter()
+        .find(|k| k.id() == id)
     }
 }
 
@@ -152,9 +164,10 @@ impl KernelEvent {
     /// The errno number of a failed syscall or seccomp denial, if any.
     pub fn errno_nr(&self) -> Option<i32> {
         match self.kind {
-            Kind::SyscallFailed | Kind::SeccompDenied => {
-                self.ret.filter(|r| *r < 0 && *r >= -4095).map(|r| -r as i32)
-            }
+            Kind::SyscallFailed | Kind::SeccompDenied => self
+                .ret
+                .filter(|r| *r < 0 && *r >= -4095)
+                .map(|r| -r as i32),
             _ => None,
         }
     }
@@ -200,7 +213,10 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
     let data_len = (raw.data_len as usize).min(DATA_LEN);
     let data = &raw.data[..data_len];
     let mut ev = match kind {
-        EventKind::SyscallFailed | EventKind::SeccompDenied | EventKind::FileWrite | EventKind::Mount => {
+        EventKind::SyscallFailed
+        | EventKind::SeccompDenied
+        | EventKind::FileWrite
+        | EventKind::Mount => {
             let k = match kind {
                 EventKind::SyscallFailed => Kind::SyscallFailed,
                 EventKind::SeccompDenied => Kind::SeccompDenied,
@@ -210,7 +226,11 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
             let mut ev = KernelEvent::bare(k, ts, raw.pid, raw.tid, comm);
             // A seccomp kill rolls the registers back: the exit's "ret" is
             // the syscall number and the id may be -1.
-            let nr = if kind == EventKind::SeccompDenied && raw.syscall < 0 { raw.ret } else { raw.syscall };
+            let nr = if kind == EventKind::SeccompDenied && raw.syscall < 0 {
+                raw.ret
+            } else {
+                raw.syscall
+            };
             ev.syscall = Some(crate::syscalls::name(nr));
             ev.syscall_nr = Some(nr);
             ev.ret = Some(raw.ret);
@@ -435,7 +455,10 @@ mod tests {
 
     #[test]
     fn short_record_and_unknown_kind_are_errors() {
-        assert_eq!(read_raw(&[0u8; 8]).err(), Some(DecodeError::Size(8, size_of::<Event>())));
+        assert_eq!(
+            read_raw(&[0u8; 8]).err(),
+            Some(DecodeError::Size(8, size_of::<Event>()))
+        );
         let mut r = raw(EventKind::Exit);
         r.kind = 999;
         assert_eq!(decode(&r, 0).err(), Some(DecodeError::Kind(999)));

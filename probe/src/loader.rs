@@ -25,8 +25,18 @@ const PROGRAMS: [(&str, &str, &str, bool); 9] = [
     ("sched_process_exit", "sched", "sched_process_exit", true),
     ("signal_generate", "signal", "signal_generate", true),
     ("mark_victim", "oom", "mark_victim", true),
-    ("direct_reclaim_begin", "vmscan", "mm_vmscan_direct_reclaim_begin", false),
-    ("direct_reclaim_end", "vmscan", "mm_vmscan_direct_reclaim_end", false),
+    (
+        "direct_reclaim_begin",
+        "vmscan",
+        "mm_vmscan_direct_reclaim_begin",
+        false,
+    ),
+    (
+        "direct_reclaim_end",
+        "vmscan",
+        "mm_vmscan_direct_reclaim_end",
+        false,
+    ),
 ];
 
 /// Why the probe could not start. Each message says what is missing and
@@ -97,7 +107,9 @@ impl Probe {
             let tp = format!("{cat}/{name}");
             if !root.join("events").join(&tp).is_dir() {
                 if required {
-                    return Err(tracefs::TracefsError::Missing(tp, "not in tracefs events".into()).into());
+                    return Err(
+                        tracefs::TracefsError::Missing(tp, "not in tracefs events".into()).into(),
+                    );
                 }
                 missing.push(format!("{cat}:{name}"));
             }
@@ -109,19 +121,23 @@ impl Probe {
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
             .unwrap_or(4_194_304);
-        let mut ebpf = EbpfLoader::new().map_max_entries("TRACKED", pid_max).load(EBPF_OBJECT).map_err(|e| match e {
-            aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
-                if io_error.raw_os_error() == Some(libc::EPERM) =>
-            {
-                LoadError::NotPermitted(euid)
-            }
-            other => LoadError::Load(error_chain(&other)),
-        })?;
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("TRACKED", pid_max)
+            .load(EBPF_OBJECT)
+            .map_err(|e| match e {
+                aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
+                    if io_error.raw_os_error() == Some(libc::EPERM) =>
+                {
+                    LoadError::NotPermitted(euid)
+                }
+                other => LoadError::Load(error_chain(&other)),
+            })?;
         {
             let map = ebpf.map_mut("OFFSETS").ok_or(LoadError::Map("OFFSETS"))?;
             let mut arr: Array<&mut MapData, probe_abi::Offsets> =
                 Array::try_from(map).map_err(|e| LoadError::Load(e.to_string()))?;
-            arr.set(0, offsets, 0).map_err(|e| LoadError::Load(e.to_string()))?;
+            arr.set(0, offsets, 0)
+                .map_err(|e| LoadError::Load(e.to_string()))?;
         }
         let mut attached = Vec::new();
         for (prog, cat, name, _) in PROGRAMS {
@@ -132,7 +148,8 @@ impl Probe {
             let program = ebpf
                 .program_mut(prog)
                 .ok_or_else(|| LoadError::Load(format!("program {prog} missing from object")))?;
-            let attach_err = |e: aya::programs::ProgramError| LoadError::Attach(what.clone(), error_chain(&e));
+            let attach_err =
+                |e: aya::programs::ProgramError| LoadError::Attach(what.clone(), error_chain(&e));
             if cat == "raw_syscalls" {
                 let program: &mut RawTracePoint = program.try_into().map_err(attach_err)?;
                 program.load().map_err(attach_err)?;
@@ -152,7 +169,15 @@ impl Probe {
             .map_err(|e| LoadError::Load(e.to_string()))?;
         let drops = PerCpuArray::try_from(ebpf.take_map("DROPS").ok_or(LoadError::Map("DROPS"))?)
             .map_err(|e| LoadError::Load(e.to_string()))?;
-        Ok(Probe { _ebpf: ebpf, tracked, tasks, events, drops, attached, missing })
+        Ok(Probe {
+            _ebpf: ebpf,
+            tracked,
+            tasks,
+            events,
+            drops,
+            attached,
+            missing,
+        })
     }
 
     /// Starts tracing `pid` (and, in the kernel, everything it forks) as
@@ -163,7 +188,10 @@ impl Probe {
         if seccomp_mode(pid).unwrap_or(0) != 0 {
             flags |= task::SECCOMP_ON;
         }
-        let span32 = u32::try_from(span).ok().filter(|&s| s != 0).ok_or(aya::maps::MapError::KeyNotFound)?;
+        let span32 = u32::try_from(span)
+            .ok()
+            .filter(|&s| s != 0)
+            .ok_or(aya::maps::MapError::KeyNotFound)?;
         self.tasks.insert(pid, TaskState::new(span), 0)?;
         self.tracked.set(pid, slot::pack(span32, flags), 0)
     }
@@ -229,7 +257,10 @@ impl Probe {
 /// `Seccomp:` of /proc/PID/status: 0 none, 1 strict, 2 filter.
 pub fn seccomp_mode(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Seccomp:")).and_then(|v| v.trim().parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -247,7 +247,9 @@ fn main() -> ExitCode {
 
 fn seconds(t: Option<f64>) -> anyhow::Result<Option<Duration>> {
     match t {
-        Some(t) if !(t.is_finite() && t > 0.0) => bail!("--timeout must be a positive number of seconds"),
+        Some(t) if !(t.is_finite() && t > 0.0) => {
+            bail!("--timeout must be a positive number of seconds")
+        }
         t => Ok(t.map(Duration::from_secs_f64)),
     }
 }
@@ -258,7 +260,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", reference_markdown());
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Trace { json, events, timeout, event_cap, command } => {
+        Cmd::Trace {
+            json,
+            events,
+            timeout,
+            event_cap,
+            command,
+        } => {
             let mut probe = Probe::load()?;
             let opts = TraceOptions {
                 command,
@@ -275,7 +283,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(exit_code(&traced.attribution.exit))
         }
-        Cmd::Run { socket, db, config, group, event_cap, max_open_spans } => {
+        Cmd::Run {
+            socket,
+            db,
+            config,
+            group,
+            event_cap,
+            max_open_spans,
+        } => {
             let file = match &config {
                 Some(path) => probe::config::load(path)?,
                 None => Default::default(),
@@ -289,16 +304,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => None,
             };
             probe::daemon::run(DaemonConfig {
-                socket: socket.or(file.socket).unwrap_or_else(|| DEFAULT_SOCKET.into()),
+                socket: socket
+                    .or(file.socket)
+                    .unwrap_or_else(|| DEFAULT_SOCKET.into()),
                 db: db.or(file.db).unwrap_or_else(|| DEFAULT_DB.into()),
                 group,
-                event_cap: event_cap.or(file.events_per_span).unwrap_or(probe::spans::DEFAULT_EVENT_CAP).max(1),
-                max_open_spans: max_open_spans.or(file.max_open_spans).unwrap_or(4096).max(1),
+                event_cap: event_cap
+                    .or(file.events_per_span)
+                    .unwrap_or(probe::spans::DEFAULT_EVENT_CAP)
+                    .max(1),
+                max_open_spans: max_open_spans
+                    .or(file.max_open_spans)
+                    .unwrap_or(4096)
+                    .max(1),
                 retention: file.retention,
             })?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Span { socket, session, label, json, timeout, command } => span(&socket, session, label, json, seconds(timeout)?, command),
+        Cmd::Span {
+            socket,
+            session,
+            label,
+            json,
+            timeout,
+            command,
+        } => span(&socket, session, label, json, seconds(timeout)?, command),
         Cmd::Status { socket, json } => {
             let status = Client::connect(&socket)?.status()?;
             if json {
@@ -308,10 +338,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Spans { db, session, failed, since, limit, json } => {
+        Cmd::Spans {
+            db,
+            session,
+            failed,
+            since,
+            limit,
+            json,
+        } => {
             let store = Store::open_readonly(&db)?;
             let since_ms = since.as_deref().map(parse_since).transpose()?;
-            let rows = store.spans(&SpanFilter { session, failed_only: failed, since_ms, limit: Some(limit) })?;
+            let rows = store.spans(&SpanFilter {
+                session,
+                failed_only: failed,
+                since_ms,
+                limit: Some(limit),
+            })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
@@ -322,12 +364,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Show { span, db, json } => {
             let store = Store::open_readonly(&db)?;
             let Some(a) = store.show(span)? else {
-                bail!("span {span} is not in {} (still open, removed by retention, or never existed)", db.display());
+                bail!(
+                    "span {span} is not in {} (still open, removed by retention, or never existed)",
+                    db.display()
+                );
             };
             print_attribution(&a, json)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Tail { socket, span, kind, json } => {
+        Cmd::Tail {
+            socket,
+            span,
+            kind,
+            json,
+        } => {
             let mut client = Client::connect(&socket)?;
             client.subscribe(span, kind.as_deref())?;
             loop {
@@ -336,14 +386,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     println!("{line}");
                 } else if let Some(n) = line.get("lagged") {
                     println!("… {n} events not shown (tail could not keep up)");
-                } else if let Ok(ev) = serde_json::from_value::<probe::event::KernelEvent>(line["event"].clone()) {
-                    println!("span {:<6} {}", line["span"], probe::report::event_line(&ev));
+                } else if let Ok(ev) =
+                    serde_json::from_value::<probe::event::KernelEvent>(line["event"].clone())
+                {
+                    println!(
+                        "span {:<6} {}",
+                        line["span"],
+                        probe::report::event_line(&ev)
+                    );
                 }
             }
         }
-        Cmd::Export { db, format, session, since, out } => {
+        Cmd::Export {
+            db,
+            format,
+            session,
+            since,
+            out,
+        } => {
             let store = Store::open_readonly(&db)?;
-            let filter = SpanFilter { session, failed_only: false, since_ms: since.as_deref().map(parse_since).transpose()?, limit: None };
+            let filter = SpanFilter {
+                session,
+                failed_only: false,
+                since_ms: since.as_deref().map(parse_since).transpose()?,
+                limit: None,
+            };
             let n = match format.as_str() {
                 "sqlite" => store.export_sqlite(&filter, &out)?,
                 _ => store.export_jsonl(&filter, &out)?,
@@ -383,7 +450,11 @@ fn span(
     command: Vec<OsString>,
 ) -> anyhow::Result<ExitCode> {
     let mut client = Client::connect(socket)?;
-    let line = command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
+    let line = command
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
     let span = client.begin_span(session.as_deref(), label.as_deref().unwrap_or(&line))?;
     let (program, args) = command.split_first().context("no command")?;
     let mut cmd = Command::new(program);
@@ -396,8 +467,18 @@ fn span(
         Ok((Ok(child), _)) => wait_forwarding(child, timeout)?,
         Ok((Err(e), _)) => {
             eprintln!("probe: {}: {e}", program.to_string_lossy());
-            let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-            (ExitStatus { code: Some(code), signal: None }, None)
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            (
+                ExitStatus {
+                    code: Some(code),
+                    signal: None,
+                },
+                None,
+            )
         }
         Err(e) => {
             let _ = client.end_span(span, Some(&ExitStatus::default()), None);
@@ -422,10 +503,14 @@ impl AsFdOwned for std::io::Stderr {
 
 /// Waits for `child`, forwarding SIGINT/SIGTERM/SIGHUP and killing it at
 /// the deadline. Returns its exit and whether the deadline killed it.
-fn wait_forwarding(mut child: std::process::Child, timeout: Option<Duration>) -> anyhow::Result<(ExitStatus, Option<Duration>)> {
+fn wait_forwarding(
+    mut child: std::process::Child,
+    timeout: Option<Duration>,
+) -> anyhow::Result<(ExitStatus, Option<Duration>)> {
     use std::os::unix::process::ExitStatusExt as _;
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])?;
     let handle = signals.handle();
     let forwarder = std::thread::spawn(move || {
         for sig in signals.forever() {
@@ -448,17 +533,27 @@ fn wait_forwarding(mut child: std::process::Child, timeout: Option<Duration>) ->
     };
     handle.close();
     let _ = forwarder.join();
-    Ok((ExitStatus { code: status.code(), signal: status.signal().map(probe::event::signal_name) }, timed_out))
+    Ok((
+        ExitStatus {
+            code: status.code(),
+            signal: status.signal().map(probe::event::signal_name),
+        },
+        timed_out,
+    ))
 }
 
 /// `30s`, `10m`, `2h`, `7d` ago, or Unix ms.
 fn parse_since(t: &str) -> anyhow::Result<i64> {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
     if let Ok(ms) = t.parse::<i64>() {
         return Ok(ms);
     }
     let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let n: i64 = num.parse().with_context(|| format!("--since {t}: expected e.g. 30s, 10m, 2h, 7d, or Unix ms"))?;
+    let n: i64 = num
+        .parse()
+        .with_context(|| format!("--since {t}: expected e.g. 30s, 10m, 2h, 7d, or Unix ms"))?;
     let secs = match unit {
         "s" => n,
         "m" => n * 60,
@@ -483,7 +578,12 @@ fn utc(ms: i64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 fn render_spans(rows: &[SpanRow]) -> String {
@@ -522,7 +622,10 @@ fn render_spans(rows: &[SpanRow]) -> String {
 }
 
 fn render_status(s: &Value) -> String {
-    let programs: Vec<&str> = s["programs"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    let programs: Vec<&str> = s["programs"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
     let mib = |v: &Value| v.as_f64().unwrap_or(0.0) / 1024.0 / 1024.0;
     format!(
         "probe daemon   pid {}, up {}s, protocol {}, version {}\n\
@@ -543,7 +646,13 @@ fn render_status(s: &Value) -> String {
         programs.len(),
         programs.join(", "),
         match s["missing_optional"].as_array() {
-            Some(m) if !m.is_empty() => format!(" (missing optional: {})", m.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", ")),
+            Some(m) if !m.is_empty() => format!(
+                " (missing optional: {})",
+                m.iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             _ => String::new(),
         },
         s["events_total"],
@@ -579,7 +688,10 @@ mod tests {
 
     #[test]
     fn since_parses_units_and_ms() {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
         let two_h = parse_since("2h").unwrap();
         assert!((now - two_h - 7_200_000).abs() < 5_000);
         assert_eq!(parse_since("1700000000000").unwrap(), 1_700_000_000_000);

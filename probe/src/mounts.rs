@@ -10,14 +10,19 @@ pub fn is_noexec(path: &str, pid: u32, fallback_pid: Option<u32>) -> Option<bool
             Some(p) => format!("/proc/{p}"),
             None => "/proc/self".to_string(),
         };
-        let Ok(info) = std::fs::read_to_string(format!("{proc_dir}/mountinfo")) else { continue };
+        let Ok(info) = std::fs::read_to_string(format!("{proc_dir}/mountinfo")) else {
+            continue;
+        };
         let absolute = if path.starts_with('/') {
             path.to_string()
         } else {
-            let Ok(cwd) = std::fs::read_link(format!("{proc_dir}/cwd")) else { continue };
+            let Ok(cwd) = std::fs::read_link(format!("{proc_dir}/cwd")) else {
+                continue;
+            };
             format!("{}/{}", cwd.display(), path)
         };
-        return mount_options_for(&info, &absolute).map(|opts| opts.split(',').any(|o| o == "noexec"));
+        return mount_options_for(&info, &absolute)
+            .map(|opts| opts.split(',').any(|o| o == "noexec"));
     }
     None
 }
@@ -35,8 +40,14 @@ pub fn mount_options_for(mountinfo: &str, path: &str) -> Option<String> {
         let mount_point = unescape(fields[4]);
         let inside = path == mount_point
             || mount_point == "/"
-            || path.strip_prefix(&mount_point).is_some_and(|rest| rest.starts_with('/'));
-        if inside && best.as_ref().is_none_or(|(len, _)| mount_point.len() >= *len) {
+            || path
+                .strip_prefix(&mount_point)
+                .is_some_and(|rest| rest.starts_with('/'));
+        if inside
+            && best
+                .as_ref()
+                .is_none_or(|(len, _)| mount_point.len() >= *len)
+        {
             best = Some((mount_point.len(), fields[5].to_string()));
         }
     }
@@ -75,9 +86,21 @@ mod tests {
 
     #[test]
     fn longest_mount_point_wins() {
-        assert_eq!(mount_options_for(INFO, "/tmp/tool").as_deref(), Some("rw,nosuid,nodev,noexec"));
-        assert_eq!(mount_options_for(INFO, "/tmp/exec/tool").as_deref(), Some("rw,nosuid"));
-        assert_eq!(mount_options_for(INFO, "/tmpfoo/x").as_deref(), Some("rw,relatime"));
-        assert_eq!(mount_options_for(INFO, "/mnt/my dir/x").as_deref(), Some("ro,noexec"));
+        assert_eq!(
+            mount_options_for(INFO, "/tmp/tool").as_deref(),
+            Some("rw,nosuid,nodev,noexec")
+        );
+        assert_eq!(
+            mount_options_for(INFO, "/tmp/exec/tool").as_deref(),
+            Some("rw,nosuid")
+        );
+        assert_eq!(
+            mount_options_for(INFO, "/tmpfoo/x").as_deref(),
+            Some("rw,relatime")
+        );
+        assert_eq!(
+            mount_options_for(INFO, "/mnt/my dir/x").as_deref(),
+            Some("ro,noexec")
+        );
     }
 }

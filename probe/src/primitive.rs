@@ -97,15 +97,21 @@ impl Primitive {
     /// What the primitive means, for the reference page.
     pub fn meaning(self) -> &'static str {
         match self {
-            Primitive::Seccomp => "a seccomp filter refused a syscall (errno returned, SIGSYS, or killed)",
+            Primitive::Seccomp => {
+                "a seccomp filter refused a syscall (errno returned, SIGSYS, or killed)"
+            }
             Primitive::FsPermission => "file mode, owner or ACL refused access",
             Primitive::FsReadonly => "the filesystem is mounted read-only",
             Primitive::FsNoexec => "the file sits on a mount with `noexec`",
             Primitive::FsSpace => "the filesystem, quota or file-size limit is full",
             Primitive::FsPersistence => "a path written earlier in the same session is gone",
             Primitive::FsMissing => "a file or directory the workload needed does not exist",
-            Primitive::ExecMissing => "the program is not installed (every PATH candidate is missing)",
-            Primitive::ProcLimit => "a process or file-descriptor limit (pids cgroup, RLIMIT_NPROC, RLIMIT_NOFILE)",
+            Primitive::ExecMissing => {
+                "the program is not installed (every PATH candidate is missing)"
+            }
+            Primitive::ProcLimit => {
+                "a process or file-descriptor limit (pids cgroup, RLIMIT_NPROC, RLIMIT_NOFILE)"
+            }
             Primitive::MemOom => "the OOM killer killed the workload",
             Primitive::MemLimit => "an allocation was refused (RLIMIT_AS, overcommit)",
             Primitive::MemPressure => "long direct-reclaim stalls slowed the workload",
@@ -120,12 +126,18 @@ impl Primitive {
     /// The kernel evidence that leads to the primitive, for the reference page.
     pub fn evidence(self) -> &'static str {
         match self {
-            Primitive::Seccomp => "sys_exit without sys_enter (errno or SIGSYS); SIGSYS with si_code SYS_SECCOMP; exit by SIGSYS",
-            Primitive::FsNoexec => "execve EACCES on a path whose mount has `noexec` (span mount events, then mountinfo)",
+            Primitive::Seccomp => {
+                "sys_exit without sys_enter (errno or SIGSYS); SIGSYS with si_code SYS_SECCOMP; exit by SIGSYS"
+            }
+            Primitive::FsNoexec => {
+                "execve EACCES on a path whose mount has `noexec` (span mount events, then mountinfo)"
+            }
             Primitive::FsPersistence => "ENOENT on a path this session wrote successfully before",
             Primitive::ExecMissing => "execve ENOENT and no later successful exec of that program",
             Primitive::MemOom => "oom:mark_victim for a traced pid",
-            Primitive::MemPressure => "direct-reclaim stalls (vmscan tracepoints) dominating the span",
+            Primitive::MemPressure => {
+                "direct-reclaim stalls (vmscan tracepoints) dominating the span"
+            }
             Primitive::Signal => "signal:signal_generate of a fatal signal, then exit by it",
             Primitive::Timeout => "the caller says it killed the workload on a deadline",
             Primitive::None => "none of the above before the failing exit",
@@ -182,43 +194,120 @@ pub struct Rule {
 }
 
 use libc::{
-    EACCES, EAGAIN, ECONNREFUSED, EDQUOT, EFBIG, EHOSTUNREACH, EMFILE, ENETUNREACH, ENFILE,
-    ENOENT, ENOMEM, ENOSPC, ENOTDIR, EPERM, EROFS, ETIMEDOUT,
+    EACCES, EAGAIN, ECONNREFUSED, EDQUOT, EFBIG, EHOSTUNREACH, EMFILE, ENETUNREACH, ENFILE, ENOENT,
+    ENOMEM, ENOSPC, ENOTDIR, EPERM, EROFS, ETIMEDOUT,
 };
 
 /// The errno/syscall → primitive table. First match wins; anything that
 /// matches no row (ENOTTY, EAGAIN on read, EINTR…) is never blamed.
 pub const RULES: &[Rule] = &[
-    Rule { class: SyscallClass::Exec, errnos: &[ENOENT], primitive: Primitive::ExecMissing, weight: 0.9 },
+    Rule {
+        class: SyscallClass::Exec,
+        errnos: &[ENOENT],
+        primitive: Primitive::ExecMissing,
+        weight: 0.9,
+    },
     // refined to fs.noexec when the path's mount has noexec
-    Rule { class: SyscallClass::Exec, errnos: &[EACCES], primitive: Primitive::FsPermission, weight: 0.85 },
-    Rule { class: SyscallClass::Any, errnos: &[EROFS], primitive: Primitive::FsReadonly, weight: 0.95 },
-    Rule { class: SyscallClass::Any, errnos: &[ENOSPC, EDQUOT, EFBIG], primitive: Primitive::FsSpace, weight: 0.95 },
-    Rule { class: SyscallClass::Fork, errnos: &[EAGAIN], primitive: Primitive::ProcLimit, weight: 0.95 },
-    Rule { class: SyscallClass::Fork, errnos: &[ENOMEM], primitive: Primitive::MemLimit, weight: 0.9 },
-    Rule { class: SyscallClass::Any, errnos: &[EMFILE, ENFILE], primitive: Primitive::ProcLimit, weight: 0.9 },
-    Rule { class: SyscallClass::Memory, errnos: &[ENOMEM], primitive: Primitive::MemLimit, weight: 0.9 },
+    Rule {
+        class: SyscallClass::Exec,
+        errnos: &[EACCES],
+        primitive: Primitive::FsPermission,
+        weight: 0.85,
+    },
+    Rule {
+        class: SyscallClass::Any,
+        errnos: &[EROFS],
+        primitive: Primitive::FsReadonly,
+        weight: 0.95,
+    },
+    Rule {
+        class: SyscallClass::Any,
+        errnos: &[ENOSPC, EDQUOT, EFBIG],
+        primitive: Primitive::FsSpace,
+        weight: 0.95,
+    },
+    Rule {
+        class: SyscallClass::Fork,
+        errnos: &[EAGAIN],
+        primitive: Primitive::ProcLimit,
+        weight: 0.95,
+    },
+    Rule {
+        class: SyscallClass::Fork,
+        errnos: &[ENOMEM],
+        primitive: Primitive::MemLimit,
+        weight: 0.9,
+    },
+    Rule {
+        class: SyscallClass::Any,
+        errnos: &[EMFILE, ENFILE],
+        primitive: Primitive::ProcLimit,
+        weight: 0.9,
+    },
+    Rule {
+        class: SyscallClass::Memory,
+        errnos: &[ENOMEM],
+        primitive: Primitive::MemLimit,
+        weight: 0.9,
+    },
     Rule {
         class: SyscallClass::Connect,
-        errnos: &[ENETUNREACH, EHOSTUNREACH, ECONNREFUSED, ETIMEDOUT, EPERM, EACCES],
+        errnos: &[
+            ENETUNREACH,
+            EHOSTUNREACH,
+            ECONNREFUSED,
+            ETIMEDOUT,
+            EPERM,
+            EACCES,
+        ],
         primitive: Primitive::NetEgress,
         weight: 0.9,
     },
-    Rule { class: SyscallClass::Privileged, errnos: &[EPERM], primitive: Primitive::Caps, weight: 0.9 },
-    Rule { class: SyscallClass::PathWrite, errnos: &[EACCES, EPERM], primitive: Primitive::FsPermission, weight: 0.9 },
-    Rule { class: SyscallClass::PathRead, errnos: &[EACCES, EPERM], primitive: Primitive::FsPermission, weight: 0.8 },
-    Rule { class: SyscallClass::PathWrite, errnos: &[ENOENT, ENOTDIR], primitive: Primitive::FsMissing, weight: 0.8 },
-    Rule { class: SyscallClass::PathRead, errnos: &[ENOENT, ENOTDIR], primitive: Primitive::FsMissing, weight: 0.6 },
+    Rule {
+        class: SyscallClass::Privileged,
+        errnos: &[EPERM],
+        primitive: Primitive::Caps,
+        weight: 0.9,
+    },
+    Rule {
+        class: SyscallClass::PathWrite,
+        errnos: &[EACCES, EPERM],
+        primitive: Primitive::FsPermission,
+        weight: 0.9,
+    },
+    Rule {
+        class: SyscallClass::PathRead,
+        errnos: &[EACCES, EPERM],
+        primitive: Primitive::FsPermission,
+        weight: 0.8,
+    },
+    Rule {
+        class: SyscallClass::PathWrite,
+        errnos: &[ENOENT, ENOTDIR],
+        primitive: Primitive::FsMissing,
+        weight: 0.8,
+    },
+    Rule {
+        class: SyscallClass::PathRead,
+        errnos: &[ENOENT, ENOTDIR],
+        primitive: Primitive::FsMissing,
+        weight: 0.6,
+    },
     // stat/access probes: a search, not a need; only blamed when nothing better exists
-    Rule { class: SyscallClass::PathProbe, errnos: &[ENOENT, ENOTDIR], primitive: Primitive::FsMissing, weight: 0.35 },
+    Rule {
+        class: SyscallClass::PathProbe,
+        errnos: &[ENOENT, ENOTDIR],
+        primitive: Primitive::FsMissing,
+        weight: 0.35,
+    },
 ];
 
 /// The rule a failed syscall matches, if any.
 pub fn classify(syscall: i64, errno: i32, open_flags: u64) -> Option<&'static Rule> {
     let classes = crate::syscalls::classes(syscall, open_flags);
-    RULES
-        .iter()
-        .find(|r| r.errnos.contains(&errno) && (r.class == SyscallClass::Any || classes.contains(&r.class)))
+    RULES.iter().find(|r| {
+        r.errnos.contains(&errno) && (r.class == SyscallClass::Any || classes.contains(&r.class))
+    })
 }
 
 /// The reference page `docs/PRIMITIVES.md`, generated from the enum and the
@@ -234,7 +323,11 @@ pub fn reference_markdown() -> String {
             .iter()
             .filter(|r| r.primitive == p)
             .map(|r| {
-                let errnos: Vec<String> = r.errnos.iter().map(|&e| crate::event::errno_name(e).into_owned()).collect();
+                let errnos: Vec<String> = r
+                    .errnos
+                    .iter()
+                    .map(|&e| crate::event::errno_name(e).into_owned())
+                    .collect();
                 format!("{} on {}", errnos.join("/"), r.class.describe())
             })
             .collect();
@@ -245,7 +338,13 @@ pub fn reference_markdown() -> String {
         } else {
             format!("{}; {}", p.evidence(), rules.join("; "))
         };
-        out.push_str(&format!("| `{}` | {} | {} | {} |\n", p.id(), p.layer().id(), p.meaning(), evidence));
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            p.id(),
+            p.layer().id(),
+            p.meaning(),
+            evidence
+        ));
     }
     out.push_str(
         "\nA failure that matches no rule (ENOTTY ioctls, EAGAIN on reads, ENOENT while a program \

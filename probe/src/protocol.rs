@@ -100,7 +100,10 @@ pub struct ErrorBody {
 
 impl ErrorBody {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ErrorBody { code, message: message.into() }
+        ErrorBody {
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -108,22 +111,64 @@ impl ErrorBody {
 pub fn parse_request(line: &[u8]) -> (Value, Result<Request, ErrorBody>) {
     let text = match std::str::from_utf8(line) {
         Ok(t) => t,
-        Err(e) => return (Value::Null, Err(ErrorBody::new(ErrorCode::BadRequest, format!("request is not UTF-8: {e}")))),
+        Err(e) => {
+            return (
+                Value::Null,
+                Err(ErrorBody::new(
+                    ErrorCode::BadRequest,
+                    format!("request is not UTF-8: {e}"),
+                )),
+            );
+        }
     };
     if text.contains('\0') {
-        return (Value::Null, Err(ErrorBody::new(ErrorCode::BadRequest, "request contains a NUL byte")));
+        return (
+            Value::Null,
+            Err(ErrorBody::new(
+                ErrorCode::BadRequest,
+                "request contains a NUL byte",
+            )),
+        );
     }
     let value: Value = match serde_json::from_str(text) {
         Ok(v) => v,
-        Err(e) => return (Value::Null, Err(ErrorBody::new(ErrorCode::BadRequest, format!("request is not JSON: {e}")))),
+        Err(e) => {
+            return (
+                Value::Null,
+                Err(ErrorBody::new(
+                    ErrorCode::BadRequest,
+                    format!("request is not JSON: {e}"),
+                )),
+            );
+        }
     };
     let id = value.get("id").cloned().unwrap_or(Value::Null);
     let Some(op) = value.get("op").and_then(Value::as_str).map(str::to_owned) else {
-        return (id, Err(ErrorBody::new(ErrorCode::BadRequest, format!("request has no \"op\" (one of: {OPS})"))));
+        return (
+            id,
+            Err(ErrorBody::new(
+                ErrorCode::BadRequest,
+                format!("request has no \"op\" (one of: {OPS})"),
+            )),
+        );
     };
-    let known = ["hello", "begin_span", "attach", "end_span", "status", "query", "subscribe"];
+    let known = [
+        "hello",
+        "begin_span",
+        "attach",
+        "end_span",
+        "status",
+        "query",
+        "subscribe",
+    ];
     if !known.contains(&op.as_str()) {
-        return (id, Err(ErrorBody::new(ErrorCode::UnknownOp, format!("unknown op \"{op}\" (one of: {OPS})"))));
+        return (
+            id,
+            Err(ErrorBody::new(
+                ErrorCode::UnknownOp,
+                format!("unknown op \"{op}\" (one of: {OPS})"),
+            )),
+        );
     }
     let req = serde_json::from_value::<Request>(value)
         .map_err(|e| ErrorBody::new(ErrorCode::BadRequest, format!("bad \"{op}\" request: {e}")));
@@ -156,11 +201,28 @@ mod tests {
 
     #[test]
     fn parses_requests_and_echoes_ids() {
-        let (id, r) = parse_request(br#"{"id": 7, "op": "begin_span", "session": "t-1", "label": "exec: ls"}"#);
+        let (id, r) = parse_request(
+            br#"{"id": 7, "op": "begin_span", "session": "t-1", "label": "exec: ls"}"#,
+        );
         assert_eq!(id, 7);
-        assert_eq!(r.unwrap(), Request::BeginSpan { session: Some("t-1".into()), label: "exec: ls".into() });
-        let (_, r) = parse_request(br#"{"op": "end_span", "span_id": 3, "exit": {"code": 1, "signal": null}}"#);
-        assert!(matches!(r.unwrap(), Request::EndSpan { span_id: 3, exit: Some(_), timed_out_ms: None }));
+        assert_eq!(
+            r.unwrap(),
+            Request::BeginSpan {
+                session: Some("t-1".into()),
+                label: "exec: ls".into()
+            }
+        );
+        let (_, r) = parse_request(
+            br#"{"op": "end_span", "span_id": 3, "exit": {"code": 1, "signal": null}}"#,
+        );
+        assert!(matches!(
+            r.unwrap(),
+            Request::EndSpan {
+                span_id: 3,
+                exit: Some(_),
+                timed_out_ms: None
+            }
+        ));
     }
 
     #[test]
@@ -168,9 +230,15 @@ mod tests {
         let code = |line: &[u8]| parse_request(line).1.unwrap_err().code;
         assert_eq!(code(b"{not json"), ErrorCode::BadRequest);
         assert_eq!(code(b"\xff\xfe"), ErrorCode::BadRequest);
-        assert_eq!(code(b"{\"op\":\"status\",\"x\":\"a\0b\"}"), ErrorCode::BadRequest);
+        assert_eq!(
+            code(b"{\"op\":\"status\",\"x\":\"a\0b\"}"),
+            ErrorCode::BadRequest
+        );
         assert_eq!(code(br#"{"op": "format_disk"}"#), ErrorCode::UnknownOp);
-        assert_eq!(code(br#"{"op": "attach", "span_id": "x"}"#), ErrorCode::BadRequest);
+        assert_eq!(
+            code(br#"{"op": "attach", "span_id": "x"}"#),
+            ErrorCode::BadRequest
+        );
         assert_eq!(code(br#"{"span_id": 1}"#), ErrorCode::BadRequest);
     }
 
@@ -181,7 +249,11 @@ mod tests {
         let v: Value = serde_json::from_str(&l).unwrap();
         assert_eq!(v["ok"], true);
         assert_eq!(v["span_id"], 5);
-        let e: Value = serde_json::from_str(&error_line(&Value::Null, &ErrorBody::new(ErrorCode::NotFound, "x"))).unwrap();
+        let e: Value = serde_json::from_str(&error_line(
+            &Value::Null,
+            &ErrorBody::new(ErrorCode::NotFound, "x"),
+        ))
+        .unwrap();
         assert_eq!(e["error"]["code"], "not_found");
     }
 }

@@ -3,11 +3,17 @@
 use std::fmt::Write as _;
 
 use crate::attribution::Attribution;
-use crate::event::{Kind, KernelEvent};
+use crate::event::{KernelEvent, Kind};
 
 /// One event as a timeline line: `+1.204ms  mkdir[812]  syscall_failed mkdir("/x") EROFS`.
 pub fn event_line(e: &KernelEvent) -> String {
-    let mut s = format!("+{:>9.3}ms  {}[{}]  {}", e.ts_ns as f64 / 1e6, e.comm, e.pid, e.kind.id());
+    let mut s = format!(
+        "+{:>9.3}ms  {}[{}]  {}",
+        e.ts_ns as f64 / 1e6,
+        e.comm,
+        e.pid,
+        e.kind.id()
+    );
     match e.kind {
         Kind::SyscallFailed | Kind::SeccompDenied | Kind::FileWrite | Kind::Mount => {
             let _ = write!(s, " {}", e.call());
@@ -23,7 +29,8 @@ pub fn event_line(e: &KernelEvent) -> String {
             if let (Some(p), Some(c)) = (e.sender_pid, &e.sender_comm) {
                 let _ = write!(s, " from {c}[{p}]");
             }
-            if e.si_code == Some(crate::event::SYS_SECCOMP) && e.signal.as_deref() == Some("SIGSYS") {
+            if e.si_code == Some(crate::event::SYS_SECCOMP) && e.signal.as_deref() == Some("SIGSYS")
+            {
                 s.push_str(" (seccomp)");
             }
         }
@@ -56,9 +63,21 @@ pub fn event_line(e: &KernelEvent) -> String {
 pub fn render(a: &Attribution) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "probe: {}", a.label);
-    let _ = writeln!(out, "  exit        {} after {:.1} ms", a.exit.describe(), a.duration_ms);
-    let layer = a.layer.map(|l| format!("{} layer, ", l.id())).unwrap_or_default();
-    let _ = writeln!(out, "  primitive   {}  ({layer}confidence {:.2})", a.primitive, a.confidence);
+    let _ = writeln!(
+        out,
+        "  exit        {} after {:.1} ms",
+        a.exit.describe(),
+        a.duration_ms
+    );
+    let layer = a
+        .layer
+        .map(|l| format!("{} layer, ", l.id()))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  primitive   {}  ({layer}confidence {:.2})",
+        a.primitive, a.confidence
+    );
     let _ = writeln!(out, "  why         {}", a.explanation);
     if let Some(h) = &a.hint {
         let _ = writeln!(out, "  what to do  {h}");
@@ -77,14 +96,21 @@ pub fn render(a: &Attribution) -> String {
             out,
             "  memory      {:.1} ms in direct reclaim{}",
             a.memory.reclaim_ms,
-            a.memory.psi_some_ms.map(|p| format!(", machine PSI some {p:.1} ms")).unwrap_or_default()
+            a.memory
+                .psi_some_ms
+                .map(|p| format!(", machine PSI some {p:.1} ms"))
+                .unwrap_or_default()
         );
     }
     let counts: Vec<String> = a.counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     let _ = writeln!(
         out,
         "  seen        {} · drops: kernel {}, retention {}",
-        if counts.is_empty() { "no events".to_string() } else { counts.join(", ") },
+        if counts.is_empty() {
+            "no events".to_string()
+        } else {
+            counts.join(", ")
+        },
         a.drops.kernel,
         a.drops.retention
     );

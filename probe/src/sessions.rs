@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Kind, KernelEvent};
+use crate::event::{KernelEvent, Kind};
 
 /// Paths remembered per session; the oldest are forgotten first.
 pub const MAX_PATHS_PER_SESSION: usize = 10_000;
@@ -47,12 +47,17 @@ pub struct Sessions {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// `mnt:[4026531841]` of `pid`.
 pub fn mount_ns(pid: u32) -> Option<String> {
-    std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok().map(|p| p.display().to_string())
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+        .ok()
+        .map(|p| p.display().to_string())
 }
 
 /// `path` made absolute against `pid`'s cwd (None when relative and the
@@ -62,7 +67,11 @@ fn absolute(path: &str, pid: u32) -> Option<String> {
         return Some(path.to_string());
     }
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
-    Some(format!("{}/{}", cwd.display().to_string().trim_end_matches('/'), path.trim_start_matches("./")))
+    Some(format!(
+        "{}/{}",
+        cwd.display().to_string().trim_end_matches('/'),
+        path.trim_start_matches("./")
+    ))
 }
 
 impl Sessions {
@@ -71,13 +80,20 @@ impl Sessions {
     pub fn observe(&mut self, session: &str, span: u64, ev: &mut KernelEvent) {
         match ev.kind {
             Kind::FileWrite => {
-                let Some(path) = ev.path.as_deref().and_then(|p| absolute(p, ev.pid)) else { return };
+                let Some(path) = ev.path.as_deref().and_then(|p| absolute(p, ev.pid)) else {
+                    return;
+                };
                 self.tick += 1;
                 let tick = self.tick;
-                if self.sessions.len() >= MAX_SESSIONS && !self.sessions.contains_key(session) {
-                    if let Some(oldest) = self.sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) {
-                        self.sessions.remove(&oldest);
-                    }
+                if self.sessions.len() >= MAX_SESSIONS
+                    && !self.sessions.contains_key(session)
+                    && let Some(oldest) = self
+                        .sessions
+                        .iter()
+                        .min_by_key(|(_, s)| s.last_used)
+                        .map(|(k, _)| k.clone())
+                {
+                    self.sessions.remove(&oldest);
                 }
                 let s = self.sessions.entry(session.to_string()).or_default();
                 s.last_used = tick;
@@ -91,16 +107,20 @@ impl Sessions {
                 };
                 if s.writes.insert(path.clone(), record).is_none() {
                     s.order.push_back(path);
-                    if s.order.len() > MAX_PATHS_PER_SESSION {
-                        if let Some(old) = s.order.pop_front() {
-                            s.writes.remove(&old);
-                        }
+                    if s.order.len() > MAX_PATHS_PER_SESSION
+                        && let Some(old) = s.order.pop_front()
+                    {
+                        s.writes.remove(&old);
                     }
                 }
             }
             Kind::SyscallFailed if matches!(ev.errno.as_deref(), Some("ENOENT" | "ENOTDIR")) => {
-                let Some(s) = self.sessions.get(session) else { return };
-                let Some(path) = ev.path.as_deref().and_then(|p| absolute(p, ev.pid)) else { return };
+                let Some(s) = self.sessions.get(session) else {
+                    return;
+                };
+                let Some(path) = ev.path.as_deref().and_then(|p| absolute(p, ev.pid)) else {
+                    return;
+                };
                 // the path itself, or a directory above it, written by an earlier span
                 let mut probe_path = path.as_str();
                 loop {
@@ -133,8 +153,10 @@ mod tests {
     use super::*;
 
     fn ev(kind: Kind, path: &str, errno: Option<&'static str>) -> KernelEvent {
-        let mut e: KernelEvent =
-            serde_json::from_value(serde_json::json!({"kind": kind, "ts_ns": 0, "pid": 1, "tid": 1, "comm": "w"})).unwrap();
+        let mut e: KernelEvent = serde_json::from_value(
+            serde_json::json!({"kind": kind, "ts_ns": 0, "pid": 1, "tid": 1, "comm": "w"}),
+        )
+        .unwrap();
         e.path = Some(path.into());
         e.errno = errno.map(Into::into);
         e.syscall = Some("openat".into());
@@ -144,7 +166,11 @@ mod tests {
     #[test]
     fn later_enoent_of_an_earlier_write_is_tagged() {
         let mut s = Sessions::default();
-        s.observe("t-1", 1, &mut ev(Kind::FileWrite, "/mnt/data/out.csv", None));
+        s.observe(
+            "t-1",
+            1,
+            &mut ev(Kind::FileWrite, "/mnt/data/out.csv", None),
+        );
         // same span: not a persistence problem
         let mut same = ev(Kind::SyscallFailed, "/mnt/data/out.csv", Some("ENOENT"));
         s.observe("t-1", 1, &mut same);

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Kind, KernelEvent};
+use crate::event::{KernelEvent, Kind};
 
 /// Events kept per span by default; older ones are evicted and counted.
 pub const DEFAULT_EVENT_CAP: usize = 20_000;
@@ -34,7 +34,8 @@ pub struct ProcessInfo {
 impl ProcessInfo {
     /// Exited with a non-zero code or by a signal.
     pub fn failed(&self) -> bool {
-        self.exit_code.is_some_and(|c| c != 0) || (self.exited && self.exit_code.is_none() && self.signal.is_some())
+        self.exit_code.is_some_and(|c| c != 0)
+            || (self.exited && self.exit_code.is_none() && self.signal.is_some())
     }
 }
 
@@ -151,7 +152,9 @@ impl SpanEvidence {
             }
             Kind::ReclaimStall => self.reclaim_ns += ev.duration_ns.unwrap_or(0),
             Kind::SeccompDenied => {
-                if ev.seccomp_filter.is_none() && crate::loader::seccomp_mode(ev.pid).is_some_and(|m| m != 0) {
+                if ev.seccomp_filter.is_none()
+                    && crate::loader::seccomp_mode(ev.pid).is_some_and(|m| m != 0)
+                {
                     ev.seccomp_filter = Some(true);
                 }
             }
@@ -170,19 +173,20 @@ impl SpanEvidence {
     fn enrich_failure(&mut self, ev: &mut KernelEvent) {
         let nr = ev.syscall_nr.unwrap_or(-1);
         // write-family: name the file behind the fd
-        if crate::event::is_fd_syscall(nr) && ev.path.is_none() {
-            if let Some(fd) = ev.fd {
-                if let Some(path) = self.write_fds.get(&(ev.pid, fd)) {
-                    ev.path = Some(path.clone());
-                }
-            }
+        if crate::event::is_fd_syscall(nr)
+            && ev.path.is_none()
+            && let Some(fd) = ev.fd
+            && let Some(path) = self.write_fds.get(&(ev.pid, fd))
+        {
+            ev.path = Some(path.clone());
         }
         // execve EACCES: is the file on a noexec mount?
-        if matches!(nr, 59 | 322) && ev.errno.as_deref() == Some("EACCES") {
-            if let Some(path) = &ev.path {
-                let root = self.root_pid;
-                ev.mount_noexec = crate::mounts::is_noexec(path, ev.pid, root);
-            }
+        if matches!(nr, 59 | 322)
+            && ev.errno.as_deref() == Some("EACCES")
+            && let Some(path) = &ev.path
+        {
+            let root = self.root_pid;
+            ev.mount_noexec = crate::mounts::is_noexec(path, ev.pid, root);
         }
     }
 }
@@ -203,7 +207,10 @@ mod tests {
     use super::*;
 
     fn ev(kind: Kind, pid: u32) -> KernelEvent {
-        serde_json::from_value(serde_json::json!({"kind": kind, "ts_ns": 0, "pid": pid, "tid": pid, "comm": "x"})).unwrap()
+        serde_json::from_value(
+            serde_json::json!({"kind": kind, "ts_ns": 0, "pid": pid, "tid": pid, "comm": "x"}),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -248,6 +255,9 @@ mod tests {
         write.ret = Some(-28);
         write.errno = Some("ENOSPC".into());
         s.add(write);
-        assert_eq!(s.events.back().unwrap().path.as_deref(), Some("/mnt/small/blob"));
+        assert_eq!(
+            s.events.back().unwrap().path.as_deref(),
+            Some("/mnt/small/blob")
+        );
     }
 }

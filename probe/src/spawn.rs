@@ -32,7 +32,9 @@ pub fn spawn_attached<E>(
             }
             let mut go = 0u8;
             if libc::read(go_r_raw, (&mut go as *mut u8).cast(), 1) != 1 || go != 1 {
-                return Err(io::Error::other("the probe could not attach this process; not running it"));
+                return Err(io::Error::other(
+                    "the probe could not attach this process; not running it",
+                ));
             }
             Ok(())
         });
@@ -54,7 +56,11 @@ pub fn spawn_attached<E>(
             Ok(()) => u32::from_ne_bytes(buf),
             Err(_) => {
                 let spawned = spawner.join().expect("spawner thread panicked");
-                return Err(SpawnError::Spawn(spawned.err().unwrap_or_else(|| io::Error::other("child vanished"))));
+                return Err(SpawnError::Spawn(
+                    spawned
+                        .err()
+                        .unwrap_or_else(|| io::Error::other("child vanished")),
+                ));
             }
         };
         let attached = attach(pid);

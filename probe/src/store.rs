@@ -23,10 +23,14 @@ static MIGRATIONS_DIR: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../migra
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The file is not a SQLite database, or it is damaged.
-    #[error("{0}: the database is corrupt or not a probe database ({1}); it was left untouched — move it aside to start a new one")]
+    #[error(
+        "{0}: the database is corrupt or not a probe database ({1}); it was left untouched — move it aside to start a new one"
+    )]
     Corrupt(PathBuf, String),
     /// Another process holds the lock longer than busy_timeout.
-    #[error("{0}: the database is locked by another process ({1}); is another probe daemon using it?")]
+    #[error(
+        "{0}: the database is locked by another process ({1}); is another probe daemon using it?"
+    )]
     Locked(PathBuf, String),
     /// The disk or quota is full.
     #[error("{0}: the disk is full ({1}); free space or point --db elsewhere")]
@@ -59,16 +63,21 @@ fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
         }
         Some(rusqlite::ErrorCode::DiskFull) => StoreError::Full(path.into(), msg),
         // SQLite reports ENOSPC on write as a plain I/O error: look at the disk
-        Some(rusqlite::ErrorCode::SystemIoFailure) if disk_nearly_full(path) => StoreError::Full(path.into(), msg),
+        Some(rusqlite::ErrorCode::SystemIoFailure) if disk_nearly_full(path) => {
+            StoreError::Full(path.into(), msg)
+        }
         _ => StoreError::Open(path.into(), msg),
     }
 }
 
 /// Less than 1 MiB free where `path` lives.
 fn disk_nearly_full(path: &Path) -> bool {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     nix::sys::statvfs::statvfs(dir)
-        .map(|s| (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64) < (1 << 20))
+        .map(|s| s.blocks_available().saturating_mul(s.fragment_size()) < (1 << 20))
         .unwrap_or(false)
 }
 
@@ -163,7 +172,10 @@ pub struct Store {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
@@ -179,12 +191,18 @@ impl Store {
         let mut conn = Connection::open(path).map_err(|e| classify(path, e))?;
         configure(&conn).map_err(|e| classify(path, e))?;
         // WAL first: it also proves the file is a database at all
-        let mode: String =
-            conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(|e| classify(path, e))?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(|e| classify(path, e))?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Open(path.into(), format!("cannot switch to WAL (journal_mode is {mode})")));
+            return Err(StoreError::Open(
+                path.into(),
+                format!("cannot switch to WAL (journal_mode is {mode})"),
+            ));
         }
-        let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(|e| classify(path, e))?;
+        let check: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| classify(path, e))?;
         if check != "ok" {
             return Err(StoreError::Corrupt(path.into(), check));
         }
@@ -196,40 +214,59 @@ impl Store {
         })?;
         // a writer must be able to write: take the write lock once now, so a
         // DB held by another process fails here rather than at the first span
-        conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").map_err(|e| classify(path, e))?;
+        conn.execute_batch("BEGIN IMMEDIATE; COMMIT;")
+            .map_err(|e| classify(path, e))?;
         let probe_id = match conn
-            .query_row("SELECT value FROM meta WHERE key = 'probe_id'", [], |r| r.get::<_, String>(0))
+            .query_row("SELECT value FROM meta WHERE key = 'probe_id'", [], |r| {
+                r.get::<_, String>(0)
+            })
             .optional()?
         {
             Some(id) => id,
             None => {
                 let id = new_probe_id();
-                conn.execute("INSERT INTO meta (key, value) VALUES ('probe_id', ?1), ('created_ms', ?2)", params![
-                    id,
-                    now_ms().to_string()
-                ])
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('probe_id', ?1), ('created_ms', ?2)",
+                    params![id, now_ms().to_string()],
+                )
                 .map_err(|e| classify(path, e))?;
                 id
             }
         };
-        Ok(Store { conn, path: path.into(), probe_id })
+        Ok(Store {
+            conn,
+            path: path.into(),
+            probe_id,
+        })
     }
 
     /// Opens an existing database read-only (inspection commands).
     pub fn open_readonly(path: &Path) -> Result<Store, StoreError> {
         if !path.exists() {
-            return Err(StoreError::Open(path.into(), "no such file (is the daemon using another --db?)".into()));
+            return Err(StoreError::Open(
+                path.into(),
+                "no such file (is the daemon using another --db?)".into(),
+            ));
         }
-        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-            .map_err(|e| classify(path, e))?;
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| classify(path, e))?;
         configure(&conn).map_err(|e| classify(path, e))?;
         let probe_id = conn
-            .query_row("SELECT value FROM meta WHERE key = 'probe_id'", [], |r| r.get::<_, String>(0))
+            .query_row("SELECT value FROM meta WHERE key = 'probe_id'", [], |r| {
+                r.get::<_, String>(0)
+            })
             .map_err(|e| match e {
                 rusqlite::Error::SqliteFailure(..) => classify(path, e),
                 other => StoreError::Corrupt(path.into(), format!("no probe_id: {other}")),
             })?;
-        Ok(Store { conn, path: path.into(), probe_id })
+        Ok(Store {
+            conn,
+            path: path.into(),
+            probe_id,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -242,8 +279,11 @@ impl Store {
 
     /// The next unused span id of this probe (ids are never reused).
     pub fn next_span_id(&self) -> Result<u64, StoreError> {
-        let max: Option<i64> =
-            self.conn.query_row("SELECT MAX(id) FROM spans WHERE probe_id = ?1", [&self.probe_id], |r| r.get(0))?;
+        let max: Option<i64> = self.conn.query_row(
+            "SELECT MAX(id) FROM spans WHERE probe_id = ?1",
+            [&self.probe_id],
+            |r| r.get(0),
+        )?;
         Ok(max.unwrap_or(0) as u64 + 1)
     }
 
@@ -302,9 +342,21 @@ impl Store {
                     object
                 ])?;
                 for (seq, e) in a.events.iter().enumerate() {
-                    insert_event(&mut event, &self.probe_id, id, seq, e, &serde_json::to_string(e)?)?;
+                    insert_event(
+                        &mut event,
+                        &self.probe_id,
+                        id,
+                        seq,
+                        e,
+                        &serde_json::to_string(e)?,
+                    )?;
                 }
-                drops.execute(params![self.probe_id, id, a.drops.kernel as i64, a.drops.retention as i64])?;
+                drops.execute(params![
+                    self.probe_id,
+                    id,
+                    a.drops.kernel as i64,
+                    a.drops.retention as i64
+                ])?;
             }
         }
         tx.commit()?;
@@ -371,11 +423,16 @@ impl Store {
                 |r| r.get(0),
             )
             .optional()?;
-        let Some(object) = object else { return Ok(None) };
+        let Some(object) = object else {
+            return Ok(None);
+        };
         let mut a: Attribution = serde_json::from_str(&object)?;
-        let mut stmt =
-            self.conn.prepare("SELECT detail FROM events WHERE probe_id = ?1 AND span_id = ?2 ORDER BY seq")?;
-        let details = stmt.query_map(params![self.probe_id, span as i64], |r| r.get::<_, String>(0))?;
+        let mut stmt = self.conn.prepare(
+            "SELECT detail FROM events WHERE probe_id = ?1 AND span_id = ?2 ORDER BY seq",
+        )?;
+        let details = stmt.query_map(params![self.probe_id, span as i64], |r| {
+            r.get::<_, String>(0)
+        })?;
         a.events = Vec::new();
         for d in details {
             a.events.push(serde_json::from_str::<KernelEvent>(&d?)?);
@@ -384,7 +441,10 @@ impl Store {
     }
 
     /// Applies `policy`, logging what it removed. Returns what it removed now.
-    pub fn apply_retention(&mut self, policy: &RetentionPolicy) -> Result<RetentionTotals, StoreError> {
+    pub fn apply_retention(
+        &mut self,
+        policy: &RetentionPolicy,
+    ) -> Result<RetentionTotals, StoreError> {
         let mut removed = RetentionTotals::default();
         if let Some(age) = policy.max_age_secs {
             let cutoff = now_ms() - (age as i64) * 1000;
@@ -398,7 +458,9 @@ impl Store {
                 if self.size_bytes()? <= max {
                     break;
                 }
-                let count: i64 = self.conn.query_row("SELECT COUNT(*) FROM spans", [], |r| r.get(0))?;
+                let count: i64 = self
+                    .conn
+                    .query_row("SELECT COUNT(*) FROM spans", [], |r| r.get(0))?;
                 if count == 0 {
                     break;
                 }
@@ -411,13 +473,19 @@ impl Store {
                 let r = self.delete_spans_where("started_ms <= ?1", cutoff, "size")?;
                 removed.spans_removed += r.spans_removed;
                 removed.events_removed += r.events_removed;
-                self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); VACUUM;")?;
+                self.conn
+                    .execute_batch("PRAGMA wal_checkpoint(TRUNCATE); VACUUM;")?;
             }
         }
         Ok(removed)
     }
 
-    fn delete_spans_where(&mut self, cond: &str, value: i64, reason: &str) -> Result<RetentionTotals, StoreError> {
+    fn delete_spans_where(
+        &mut self,
+        cond: &str,
+        value: i64,
+        reason: &str,
+    ) -> Result<RetentionTotals, StoreError> {
         let tx = self.conn.transaction()?;
         let events: i64 = tx.query_row(
             &format!(
@@ -434,7 +502,10 @@ impl Store {
             )?;
         }
         tx.commit()?;
-        Ok(RetentionTotals { spans_removed: spans as u64, events_removed: events as u64 })
+        Ok(RetentionTotals {
+            spans_removed: spans as u64,
+            events_removed: events as u64,
+        })
     }
 
     /// Everything retention removed since the DB was created.
@@ -444,13 +515,18 @@ impl Store {
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        Ok(RetentionTotals { spans_removed: s as u64, events_removed: e as u64 })
+        Ok(RetentionTotals {
+            spans_removed: s as u64,
+            events_removed: e as u64,
+        })
     }
 
     /// Size of the DB file plus its WAL.
     pub fn size_bytes(&self) -> Result<u64, StoreError> {
         let main = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
-        let wal = std::fs::metadata(format!("{}-wal", self.path.display())).map(|m| m.len()).unwrap_or(0);
+        let wal = std::fs::metadata(format!("{}-wal", self.path.display()))
+            .map(|m| m.len())
+            .unwrap_or(0);
         Ok(main + wal)
     }
 
@@ -463,7 +539,8 @@ impl Store {
         for row in rows.iter().rev() {
             let line = self.export_line(row.span)?;
             serde_json::to_writer(&mut w, &line)?;
-            w.write_all(b"\n").map_err(|e| StoreError::Io(out.into(), e))?;
+            w.write_all(b"\n")
+                .map_err(|e| StoreError::Io(out.into(), e))?;
         }
         w.flush().map_err(|e| StoreError::Io(out.into(), e))?;
         Ok(rows.len())
@@ -501,8 +578,9 @@ impl Store {
                 ))
             },
         )?;
-        let mut stmt =
-            self.conn.prepare("SELECT detail FROM events WHERE probe_id = ?1 AND span_id = ?2 ORDER BY seq")?;
+        let mut stmt = self.conn.prepare(
+            "SELECT detail FROM events WHERE probe_id = ?1 AND span_id = ?2 ORDER BY seq",
+        )?;
         let events = stmt
             .query_map(params![self.probe_id, id as i64], |r| r.get::<_, String>(0))?
             .map(|d| Ok(RawValue::from_string(d?)?))
@@ -522,7 +600,10 @@ impl Store {
     /// read-only store.
     pub fn export_sqlite(&self, filter: &SpanFilter, out: &Path) -> Result<usize, StoreError> {
         if out.exists() {
-            return Err(StoreError::Open(out.into(), "already exists; refusing to overwrite".into()));
+            return Err(StoreError::Open(
+                out.into(),
+                "already exists; refusing to overwrite".into(),
+            ));
         }
         let rows = self.spans(filter)?;
         let mut dest = Store::open(out)?;
@@ -562,9 +643,12 @@ impl Store {
             .map(|()| &head == b"SQLite format 3\0")
             .unwrap_or(false);
         if is_sqlite {
-            self.conn.execute("ATTACH DATABASE ?1 AS import", [input.to_string_lossy()])?;
+            self.conn
+                .execute("ATTACH DATABASE ?1 AS import", [input.to_string_lossy()])?;
             let result = (|| -> Result<usize, StoreError> {
-                let n: i64 = self.conn.query_row("SELECT COUNT(*) FROM import.spans", [], |r| r.get(0))?;
+                let n: i64 = self
+                    .conn
+                    .query_row("SELECT COUNT(*) FROM import.spans", [], |r| r.get(0))?;
                 self.conn.execute_batch(
                     "BEGIN;
                      INSERT OR IGNORE INTO main.sessions SELECT * FROM import.sessions;
@@ -585,9 +669,16 @@ impl Store {
         let text = std::fs::read_to_string(input).map_err(|e| StoreError::Io(input.into(), e))?;
         let tx = self.conn.transaction()?;
         let mut n = 0;
-        for (lineno, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        for (lineno, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
             let l: ExportLine = serde_json::from_str(line).map_err(|e| {
-                StoreError::Io(input.into(), std::io::Error::other(format!("line {}: {e}", lineno + 1)))
+                StoreError::Io(
+                    input.into(),
+                    std::io::Error::other(format!("line {}: {e}", lineno + 1)),
+                )
             })?;
             let s = &l.span;
             let id = s.id as i64;
@@ -636,7 +727,9 @@ impl Store {
 
     /// `PRAGMA integrity_check` result ("ok" when sound).
     pub fn integrity_check(&self) -> Result<String, StoreError> {
-        Ok(self.conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?)
+        Ok(self
+            .conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))?)
     }
 
     /// The raw connection, for tests and ad-hoc queries.
@@ -674,9 +767,13 @@ fn insert_event(
 
 /// hostname-random: distinct per DB, readable in merged results.
 fn new_probe_id() -> String {
-    let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "probe".into());
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "probe".into());
     let mut bytes = [0u8; 4];
-    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    let _ = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
     format!("{host}-{:08x}", u32::from_ne_bytes(bytes))
 }
 
@@ -696,9 +793,23 @@ mod tests {
         .unwrap();
         ev.duration_ns = Some(100);
         s.add(ev);
-        let mut all = attribute(&s, &Outcome { exit: ExitStatus { code: Some(code), signal: None }, all_events: true, ..Default::default() });
+        let mut all = attribute(
+            &s,
+            &Outcome {
+                exit: ExitStatus {
+                    code: Some(code),
+                    signal: None,
+                },
+                all_events: true,
+                ..Default::default()
+            },
+        );
         all.events = s.events.iter().cloned().collect();
-        StoredSpan { started_ms: 1000 + id as i64, ended_ms: 1001 + id as i64, attribution: all }
+        StoredSpan {
+            started_ms: 1000 + id as i64,
+            ended_ms: 1001 + id as i64,
+            attribution: all,
+        }
     }
 
     #[test]
@@ -706,12 +817,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut st = Store::open(&dir.path().join("e.db")).unwrap();
         assert_eq!(st.next_span_id().unwrap(), 1);
-        st.insert(&[span(1, "s1", 1), span(2, "s1", 0), span(3, "s2", 1)]).unwrap();
+        st.insert(&[span(1, "s1", 1), span(2, "s1", 0), span(3, "s2", 1)])
+            .unwrap();
         assert_eq!(st.next_span_id().unwrap(), 4);
-        let failed = st.spans(&SpanFilter { failed_only: true, ..Default::default() }).unwrap();
-        assert_eq!(failed.iter().map(|r| r.span).collect::<Vec<_>>(), vec![3, 1]);
+        let failed = st
+            .spans(&SpanFilter {
+                failed_only: true,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(
+            failed.iter().map(|r| r.span).collect::<Vec<_>>(),
+            vec![3, 1]
+        );
         assert_eq!(failed[0].primitive, "fs.missing");
-        let s1 = st.spans(&SpanFilter { session: Some("s1".into()), ..Default::default() }).unwrap();
+        let s1 = st
+            .spans(&SpanFilter {
+                session: Some("s1".into()),
+                ..Default::default()
+            })
+            .unwrap();
         assert_eq!(s1.len(), 2);
         let shown = st.show(1).unwrap().unwrap();
         assert_eq!(shown.events.len(), 1);
@@ -724,11 +849,18 @@ mod tests {
     fn corrupt_file_is_an_error_not_a_reset() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("bad.db");
-        std::fs::write(&p, b"this is not sqlite at all, not even close to a header......").unwrap();
+        std::fs::write(
+            &p,
+            b"this is not sqlite at all, not even close to a header......",
+        )
+        .unwrap();
         let err = Store::open(&p).err().expect("must fail");
         assert!(matches!(err, StoreError::Corrupt(..)), "{err}");
         assert!(err.to_string().contains("left untouched"));
-        assert_eq!(std::fs::read(&p).unwrap(), b"this is not sqlite at all, not even close to a header......");
+        assert_eq!(
+            std::fs::read(&p).unwrap(),
+            b"this is not sqlite at all, not even close to a header......"
+        );
     }
 
     #[test]
@@ -736,8 +868,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut st = Store::open(&dir.path().join("e.db")).unwrap();
         st.insert(&[span(1, "s", 1), span(2, "s", 1)]).unwrap();
-        let removed = st.apply_retention(&RetentionPolicy { max_age_secs: Some(60), max_db_bytes: None }).unwrap();
-        assert_eq!(removed, RetentionTotals { spans_removed: 2, events_removed: 2 });
+        let removed = st
+            .apply_retention(&RetentionPolicy {
+                max_age_secs: Some(60),
+                max_db_bytes: None,
+            })
+            .unwrap();
+        assert_eq!(
+            removed,
+            RetentionTotals {
+                spans_removed: 2,
+                events_removed: 2
+            }
+        );
         assert_eq!(st.retention_totals().unwrap(), removed);
         assert!(st.spans(&SpanFilter::default()).unwrap().is_empty());
     }
@@ -750,12 +893,18 @@ mod tests {
         let dump = |s: &Store| -> Vec<String> {
             let mut out = Vec::new();
             for t in ["sessions", "spans", "attributions", "events", "drops"] {
-                let mut stmt = s.connection().prepare(&format!("SELECT * FROM {t} ORDER BY 1, 2")).unwrap();
+                let mut stmt = s
+                    .connection()
+                    .prepare(&format!("SELECT * FROM {t} ORDER BY 1, 2"))
+                    .unwrap();
                 let n = stmt.column_count();
                 let rows = stmt
                     .query_map([], |r| {
-                        let vals: Vec<String> =
-                            (0..n).map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap())).collect();
+                        let vals: Vec<String> = (0..n)
+                            .map(|i| {
+                                format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap())
+                            })
+                            .collect();
                         Ok(format!("{t}: {}", vals.join("|")))
                     })
                     .unwrap();

@@ -42,7 +42,9 @@ impl SyscallClass {
                 "open-for-write/creat/mkdir/unlink/rmdir/rename/link/symlink/truncate/chmod/chown/mknod/utimensat"
             }
             SyscallClass::PathRead => "open-for-read/openat2/chdir",
-            SyscallClass::PathProbe => "stat/lstat/newfstatat/statx/access/faccessat/readlink/statfs",
+            SyscallClass::PathProbe => {
+                "stat/lstat/newfstatat/statx/access/faccessat/readlink/statfs"
+            }
         }
     }
 }
@@ -89,7 +91,12 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for (nr, n) in [(257, "openat"), (59, "execve"), (83, "mkdir"), (41, "socket")] {
+        for (nr, n) in [
+            (257, "openat"),
+            (59, "execve"),
+            (83, "mkdir"),
+            (41, "socket"),
+        ] {
             assert_eq!(name(nr), n);
             assert_eq!(number(n), Some(nr));
         }
@@ -98,7 +105,13 @@ mod tests {
 
     #[test]
     fn open_class_depends_on_flags() {
-        assert_eq!(classes(257, libc::O_RDONLY as u64), &[SyscallClass::PathRead]);
-        assert_eq!(classes(257, (libc::O_WRONLY | libc::O_CREAT) as u64), &[SyscallClass::PathWrite]);
+        assert_eq!(
+            classes(257, libc::O_RDONLY as u64),
+            &[SyscallClass::PathRead]
+        );
+        assert_eq!(
+            classes(257, (libc::O_WRONLY | libc::O_CREAT) as u64),
+            &[SyscallClass::PathWrite]
+        );
     }
 }

@@ -50,7 +50,8 @@ const TRACE_SPAN: u64 = 1;
 
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
+    let ts =
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
@@ -72,13 +73,21 @@ pub fn drain(probe: &mut Probe, span: &mut SpanEvidence) -> usize {
 /// Runs `opts.command` under `probe` and attributes the outcome.
 pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     let (program, args) = opts.command.split_first().context("no command given")?;
-    let label = opts.command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
+    let label = opts
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
 
     let (sig_r, sig_w) = UnixStream::pair().context("signal pipe")?;
     sig_r.set_nonblocking(true)?;
     let mut sig_ids = Vec::new();
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        sig_ids.push(signal_hook::low_level::pipe::register(sig, sig_w.try_clone()?)?);
+        sig_ids.push(signal_hook::low_level::pipe::register(
+            sig,
+            sig_w.try_clone()?,
+        )?);
     }
 
     let mut cmd = Command::new(program);
@@ -99,7 +108,9 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     let (child, pid) = match spawned {
         Ok((child, pid)) => (child, pid),
         Err(SpawnError::Attach(e)) => anyhow::bail!("cannot attach the workload to the probe: {e}"),
-        Err(SpawnError::Spawn(e)) => anyhow::bail!("cannot start {}: {e}", program.to_string_lossy()),
+        Err(SpawnError::Spawn(e)) => {
+            anyhow::bail!("cannot start {}: {e}", program.to_string_lossy())
+        }
     };
     span.root_pid = Some(pid);
 
@@ -107,23 +118,35 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     let mut timed_out = None;
     let exit = match child {
         Ok(child) => {
-            let (status, intr, tmo) = wait_collecting(probe, &mut span, child, &sig_r, opts.timeout)?;
+            let (status, intr, tmo) =
+                wait_collecting(probe, &mut span, child, &sig_r, opts.timeout)?;
             interrupted = intr;
             timed_out = tmo;
             status
         }
         // exec failed (ENOENT, EACCES…): the kernel saw it; report like a shell
         Err(e) => {
-            let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
             eprintln!("probe: {}: {e}", program.to_string_lossy());
-            ExitStatus { code: Some(code), signal: None }
+            ExitStatus {
+                code: Some(code),
+                signal: None,
+            }
         }
     };
     drain(probe, &mut span);
     probe.untrack_span(TRACE_SPAN);
     drain(probe, &mut span);
     let drops_after = probe.drops();
-    span.drops.kernel = drops_after.iter().zip(drops_before.iter()).map(|(a, b)| a - b).sum();
+    span.drops.kernel = drops_after
+        .iter()
+        .zip(drops_before.iter())
+        .map(|(a, b)| a - b)
+        .sum();
 
     for id in sig_ids {
         signal_hook::low_level::unregister(id);
@@ -135,7 +158,10 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         duration_ns: started.elapsed().as_nanos() as u64,
         all_events: opts.all_events,
     };
-    Ok(Traced { attribution: attribute(&span, &outcome), interrupted })
+    Ok(Traced {
+        attribution: attribute(&span, &outcome),
+        interrupted,
+    })
 }
 
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
@@ -181,9 +207,12 @@ fn wait_collecting(
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(e).context("poll"),
         }
-        let child_done = fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
-        let got_signal = fds[2].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
-        drop(fds);
+        let child_done = fds[1]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
+        let got_signal = fds[2]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
         drain(probe, span);
 
         if got_signal {
@@ -193,11 +222,13 @@ fn wait_collecting(
             let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
             kill_at.get_or_insert(Instant::now() + Duration::from_secs(3));
         }
-        if let Some(t) = timeout {
-            if timed_out.is_none() && started.elapsed() >= t && !child_done {
-                timed_out = Some(t);
-                kill_span(span, child.id());
-            }
+        if let Some(t) = timeout
+            && timed_out.is_none()
+            && started.elapsed() >= t
+            && !child_done
+        {
+            timed_out = Some(t);
+            kill_span(span, child.id());
         }
         if kill_at.is_some_and(|at| Instant::now() >= at) {
             kill_span(span, child.id());

@@ -24,7 +24,9 @@ pub enum TracefsError {
     )]
     Missing(String, String),
     /// A field the probe reads is not in the tracepoint's format.
-    #[error("tracepoint {0} has no field `{1}` in its format; this kernel's layout is not supported")]
+    #[error(
+        "tracepoint {0} has no field `{1}` in its format; this kernel's layout is not supported"
+    )]
     Field(String, String),
 }
 
@@ -36,8 +38,14 @@ pub fn root() -> Result<PathBuf, TracefsError> {
         }
     }
     let target = CANDIDATES[0];
-    nix::mount::mount(Some("nodev"), target, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>)
-        .map_err(|e| TracefsError::NotMounted(e.desc().to_string()))?;
+    nix::mount::mount(
+        Some("nodev"),
+        target,
+        Some("tracefs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| TracefsError::NotMounted(e.desc().to_string()))?;
     Ok(PathBuf::from(target))
 }
 
@@ -46,11 +54,16 @@ pub fn parse_format(text: &str) -> Vec<(String, u32)> {
     let mut out = Vec::new();
     for line in text.lines() {
         let line = line.trim();
-        let Some(rest) = line.strip_prefix("field:") else { continue };
+        let Some(rest) = line.strip_prefix("field:") else {
+            continue;
+        };
         let mut parts = rest.split(';');
         let decl = parts.next().unwrap_or("").trim();
-        let offset = parts
-            .find_map(|p| p.trim().strip_prefix("offset:").and_then(|o| o.parse::<u32>().ok()));
+        let offset = parts.find_map(|p| {
+            p.trim()
+                .strip_prefix("offset:")
+                .and_then(|o| o.parse::<u32>().ok())
+        });
         // the name is the last word of the declaration, minus any [N]
         let name = decl.rsplit(' ').next().unwrap_or("");
         let name = name.split('[').next().unwrap_or(name);
@@ -134,6 +147,9 @@ format:
         let e = parse_format(EXIT_OLD);
         assert_eq!(field(&e, "exit", "comm").unwrap(), 8);
         assert_eq!(field(&e, "exit", "pid").unwrap(), 24);
-        assert!(matches!(field(&e, "exit", "group_dead"), Err(TracefsError::Field(..))));
+        assert!(matches!(
+            field(&e, "exit", "group_dead"),
+            Err(TracefsError::Field(..))
+        ));
     }
 }

@@ -19,7 +19,10 @@ fn root() -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
-    assert!(!std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"), "daemon tests need root; CI=true forbids skipping");
+    assert!(
+        !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+        "daemon tests need root; CI=true forbids skipping"
+    );
     eprintln!("SKIPPED: daemon test needs root");
     false
 }
@@ -32,7 +35,10 @@ struct Daemon {
 
 impl Daemon {
     fn start() -> Daemon {
-        let dir = tempfile::Builder::new().prefix("probe-dt-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("probe-dt-")
+            .tempdir()
+            .unwrap();
         let mut d = Daemon { child: None, dir };
         d.spawn(&[]);
         d
@@ -58,10 +64,20 @@ impl Daemon {
             .unwrap();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while Client::connect(&self.socket()).and_then(|mut c| c.hello()).is_err() {
+        while Client::connect(&self.socket())
+            .and_then(|mut c| c.hello())
+            .is_err()
+        {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 let mut err = String::new();
-                self.child.as_mut().unwrap().stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                self.child
+                    .as_mut()
+                    .unwrap()
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
                 panic!("daemon exited {status}: {err}");
             }
             assert!(Instant::now() < deadline, "daemon did not come up");
@@ -76,10 +92,19 @@ impl Daemon {
     /// SIGTERM and wait; returns the exit status and stderr.
     fn stop(&mut self) -> (std::process::ExitStatus, String) {
         let mut child = self.child.take().expect("running");
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
         let status = child.wait().unwrap();
         let mut err = String::new();
-        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
         (status, err)
     }
 }
@@ -98,21 +123,34 @@ fn run_span(client: &mut Client, session: &str, cmd: &[&str]) -> probe::attribut
     use std::os::unix::process::ExitStatusExt as _;
     let span = client.begin_span(Some(session), &cmd.join(" ")).unwrap();
     let mut c = Command::new(cmd[0]);
-    c.args(&cmd[1..]).stdout(Stdio::null()).stderr(Stdio::null());
+    c.args(&cmd[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     let (child, _) = probe::spawn::spawn_attached(&mut c, |pid| client.attach(span, pid)).unwrap();
     let status = child.unwrap().wait().unwrap();
-    let exit = ExitStatus { code: status.code(), signal: status.signal().map(probe::event::signal_name) };
+    let exit = ExitStatus {
+        code: status.code(),
+        signal: status.signal().map(probe::event::signal_name),
+    };
     client.end_span(span, Some(&exit), None).unwrap()
 }
 
 /// Ids of loaded BPF programs called `name` (ids are never reused, so
 /// programs of earlier tests that the kernel frees late do not confuse us).
 fn bpf_program_ids(name: &str) -> std::collections::HashSet<u64> {
-    let out = Command::new("bpftool").args(["prog", "show", "-j"]).output().expect("bpftool (cargo xtask setup installs it)");
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "-j"])
+        .output()
+        .expect("bpftool (cargo xtask setup installs it)");
     let progs: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]));
     progs
         .as_array()
-        .map(|a| a.iter().filter(|p| p["name"] == name).filter_map(|p| p["id"].as_u64()).collect())
+        .map(|a| {
+            a.iter()
+                .filter(|p| p["name"] == name)
+                .filter_map(|p| p["id"].as_u64())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -123,7 +161,10 @@ fn lifecycle_sigterm_detaches_and_restart_reuses_the_db() {
     }
     let before = bpf_program_ids("sys_enter");
     let mut d = Daemon::start();
-    let ours: Vec<u64> = bpf_program_ids("sys_enter").difference(&before).copied().collect();
+    let ours: Vec<u64> = bpf_program_ids("sys_enter")
+        .difference(&before)
+        .copied()
+        .collect();
     assert_eq!(ours.len(), 1, "the daemon loaded one sys_enter program");
     let status = d.client().status().unwrap();
     assert_eq!(status["protocol"], 1);
@@ -141,12 +182,18 @@ fn lifecycle_sigterm_detaches_and_restart_reuses_the_db() {
     while bpf_program_ids("sys_enter").contains(&ours[0]) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(!bpf_program_ids("sys_enter").contains(&ours[0]), "programs detached after SIGTERM");
+    assert!(
+        !bpf_program_ids("sys_enter").contains(&ours[0]),
+        "programs detached after SIGTERM"
+    );
     {
         let store = Store::open_readonly(&d.db()).unwrap();
         assert_eq!(store.integrity_check().unwrap(), "ok");
         let rows = store.spans(&SpanFilter::default()).unwrap();
-        assert_eq!(rows.iter().map(|r| r.span).collect::<Vec<_>>(), vec![open, 1]);
+        assert_eq!(
+            rows.iter().map(|r| r.span).collect::<Vec<_>>(),
+            vec![open, 1]
+        );
     }
     // restart: same DB, ids continue
     d.spawn(&[]);
@@ -154,7 +201,14 @@ fn lifecycle_sigterm_detaches_and_restart_reuses_the_db() {
     assert_eq!(a.span, open + 1, "span ids continue after a restart");
     let (code, _) = d.stop();
     assert!(code.success());
-    assert_eq!(Store::open_readonly(&d.db()).unwrap().spans(&SpanFilter::default()).unwrap().len(), 3);
+    assert_eq!(
+        Store::open_readonly(&d.db())
+            .unwrap()
+            .spans(&SpanFilter::default())
+            .unwrap()
+            .len(),
+        3
+    );
 }
 
 #[test]
@@ -179,7 +233,16 @@ fn thousand_spans_from_eight_clients_are_stored_exactly_once() {
                         ids.push(a.span);
                     } else {
                         let span = c.begin_span(Some(&session), &format!("span {i}")).unwrap();
-                        let a = c.end_span(span, Some(&ExitStatus { code: Some(0), signal: None }), None).unwrap();
+                        let a = c
+                            .end_span(
+                                span,
+                                Some(&ExitStatus {
+                                    code: Some(0),
+                                    signal: None,
+                                }),
+                                None,
+                            )
+                            .unwrap();
                         assert_eq!(a.span, span);
                         ids.push(span);
                     }
@@ -188,7 +251,10 @@ fn thousand_spans_from_eight_clients_are_stored_exactly_once() {
             })
         })
         .collect();
-    let mut ids: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let mut ids: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 1000, "span ids are unique");
@@ -200,7 +266,10 @@ fn thousand_spans_from_eight_clients_are_stored_exactly_once() {
     assert_eq!(count("SELECT COUNT(*) FROM spans"), 1000);
     assert_eq!(count("SELECT COUNT(DISTINCT id) FROM spans"), 1000);
     assert_eq!(count("SELECT COUNT(*) FROM attributions"), 1000);
-    assert_eq!(count("SELECT COUNT(*) FROM attributions WHERE failed = 1"), 200);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM attributions WHERE failed = 1"),
+        200
+    );
     assert_eq!(count("SELECT COUNT(DISTINCT session) FROM spans"), 8);
 }
 
@@ -210,21 +279,46 @@ fn file_written_into_a_vanished_tmpfs_is_fs_persistence() {
         return;
     }
     let d = Daemon::start();
-    let work = tempfile::Builder::new().prefix("probe-persist-").tempdir().unwrap();
+    let work = tempfile::Builder::new()
+        .prefix("probe-persist-")
+        .tempdir()
+        .unwrap();
     let w = work.path().display().to_string();
     let mut c = d.client();
     // span 1 writes into a tmpfs that lives in its own mount namespace
-    let first = run_span(&mut c, "t-0042", &["unshare", "-m", "sh", "-c", &format!("mount -t tmpfs tmpfs {w} && echo 1,2 > {w}/out.csv")]);
+    let first = run_span(
+        &mut c,
+        "t-0042",
+        &[
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            &format!("mount -t tmpfs tmpfs {w} && echo 1,2 > {w}/out.csv"),
+        ],
+    );
     assert!(!first.failed, "{}", first.explanation);
     // span 2 of the same session asks for it
     let second = run_span(&mut c, "t-0042", &["cat", &format!("{w}/out.csv")]);
-    assert_eq!(second.primitive.id(), "fs.persistence", "{}", second.explanation);
+    assert_eq!(
+        second.primitive.id(),
+        "fs.persistence",
+        "{}",
+        second.explanation
+    );
     let decisive = second.decisive.as_ref().unwrap();
-    assert_eq!(decisive.path.as_deref(), Some(format!("{w}/out.csv").as_str()));
+    assert_eq!(
+        decisive.path.as_deref(),
+        Some(format!("{w}/out.csv").as_str())
+    );
     assert_eq!(decisive.errno.as_deref(), Some("ENOENT"));
     let earlier = decisive.written_earlier.as_ref().expect("cites the write");
     assert_eq!(earlier.span, first.span);
-    assert!(second.explanation.contains(&format!("span {}", first.span)), "{}", second.explanation);
+    assert!(
+        second.explanation.contains(&format!("span {}", first.span)),
+        "{}",
+        second.explanation
+    );
     // another session reading the same path is plain fs.missing
     let other = run_span(&mut c, "t-0043", &["cat", &format!("{w}/out.csv")]);
     assert_eq!(other.primitive.id(), "fs.missing");
@@ -239,25 +333,46 @@ fn uid_65534_is_refused() {
     let sock = d.socket();
     let as_nobody = |args: &[&str]| {
         Command::new("setpriv")
-            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", PROBE])
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                PROBE,
+            ])
             .args(args)
             .output()
             .unwrap()
     };
     // the socket is 0600 root: the file mode stops nobody first
     let mode = std::fs::metadata(&sock).unwrap();
-    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777, 0o600);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o600
+    );
     let tmp_parent = d.dir.path();
-    std::fs::set_permissions(tmp_parent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        tmp_parent,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let out = as_nobody(&["status", "--socket", sock.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // with the mode opened up, SO_PEERCRED still refuses
     std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     let out = as_nobody(&["status", "--socket", sock.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{stderr}");
-    assert!(stderr.contains("uid 65534 may not use the probe"), "{stderr}");
+    assert!(
+        stderr.contains("uid 65534 may not use the probe"),
+        "{stderr}"
+    );
     // and root still gets served
     assert!(d.client().status().is_ok());
 }
@@ -286,15 +401,41 @@ fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
     let d = Daemon::start();
     let sock = d.socket();
     let code = |v: Option<Value>| v.and_then(|v| v["error"]["code"].as_str().map(str::to_string));
-    assert_eq!(code(raw_exchange(&sock, b"{this is not json\n")).as_deref(), Some("bad_request"));
-    assert_eq!(code(raw_exchange(&sock, b"\xff\xfe\x00garbage\n")).as_deref(), Some("bad_request"));
-    assert_eq!(code(raw_exchange(&sock, b"{\"op\":\"format_disk\"}\n")).as_deref(), Some("unknown_op"));
-    assert_eq!(code(raw_exchange(&sock, b"{\"op\":\"attach\",\"span_id\":\"x\"}\n")).as_deref(), Some("bad_request"));
-    assert_eq!(code(raw_exchange(&sock, b"{\"op\":\"end_span\",\"span_id\":999999}\n")).as_deref(), Some("not_found"));
+    assert_eq!(
+        code(raw_exchange(&sock, b"{this is not json\n")).as_deref(),
+        Some("bad_request")
+    );
+    assert_eq!(
+        code(raw_exchange(&sock, b"\xff\xfe\x00garbage\n")).as_deref(),
+        Some("bad_request")
+    );
+    assert_eq!(
+        code(raw_exchange(&sock, b"{\"op\":\"format_disk\"}\n")).as_deref(),
+        Some("unknown_op")
+    );
+    assert_eq!(
+        code(raw_exchange(
+            &sock,
+            b"{\"op\":\"attach\",\"span_id\":\"x\"}\n"
+        ))
+        .as_deref(),
+        Some("bad_request")
+    );
+    assert_eq!(
+        code(raw_exchange(
+            &sock,
+            b"{\"op\":\"end_span\",\"span_id\":999999}\n"
+        ))
+        .as_deref(),
+        Some("not_found")
+    );
     // an oversized line: error, connection closed
     let mut big = vec![b'x'; probe::protocol::MAX_LINE + 10];
     big.push(b'\n');
-    assert_eq!(code(raw_exchange(&sock, &big)).as_deref(), Some("too_large"));
+    assert_eq!(
+        code(raw_exchange(&sock, &big)).as_deref(),
+        Some("too_large")
+    );
     // a half-written line, then the client vanishes
     {
         let mut s = UnixStream::connect(&sock).unwrap();
@@ -307,7 +448,8 @@ fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
     }
     // errors keep the connection usable
     let mut s = UnixStream::connect(&sock).unwrap();
-    s.write_all(b"not json\n{\"id\":5,\"op\":\"hello\"}\n").unwrap();
+    s.write_all(b"not json\n{\"id\":5,\"op\":\"hello\"}\n")
+        .unwrap();
     let mut text = String::new();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 4096];
@@ -316,7 +458,10 @@ fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
         assert!(n > 0);
         text.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines[0]["ok"], false);
     assert_eq!(lines[1]["id"], 5);
     assert_eq!(lines[1]["protocol"], 1);
@@ -324,7 +469,10 @@ fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
     let a = run_span(&mut d.client(), "after", &["true"]);
     assert!(!a.failed);
     let status = d.client().status().unwrap();
-    assert_eq!(status["open_spans"], 1, "the abandoned span stays open until shutdown: {status}");
+    assert_eq!(
+        status["open_spans"], 1,
+        "the abandoned span stays open until shutdown: {status}"
+    );
     let e = d.client().end_span(424242, None, None).unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::NotFound));
 }
@@ -347,10 +495,17 @@ fn export_reimports_into_a_fresh_db_with_identical_rows() {
         let mut out = Vec::new();
         for t in ["sessions", "spans", "attributions", "events", "drops"] {
             let conn = store.connection();
-            let mut stmt = conn.prepare(&format!("SELECT * FROM {t} ORDER BY 1, 2, 3")).unwrap();
+            let mut stmt = conn
+                .prepare(&format!("SELECT * FROM {t} ORDER BY 1, 2, 3"))
+                .unwrap();
             let n = stmt.column_count();
             let rows = stmt
-                .query_map([], |r| Ok((0..n).map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap())).collect::<Vec<_>>().join("|")))
+                .query_map([], |r| {
+                    Ok((0..n)
+                        .map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap()))
+                        .collect::<Vec<_>>()
+                        .join("|"))
+                })
                 .unwrap();
             out.extend(rows.map(|r| format!("{t}: {}", r.unwrap())));
         }
@@ -362,21 +517,54 @@ fn export_reimports_into_a_fresh_db_with_identical_rows() {
         let out = d.dir.path().join(format!("export.{format}"));
         let fresh = d.dir.path().join(format!("fresh-{format}.db"));
         let exported = Command::new(PROBE)
-            .args(["export", "--db", d.db().to_str().unwrap(), "--format", format, "--out", out.to_str().unwrap()])
+            .args([
+                "export",
+                "--db",
+                d.db().to_str().unwrap(),
+                "--format",
+                format,
+                "--out",
+                out.to_str().unwrap(),
+            ])
             .output()
             .unwrap();
-        assert!(exported.status.success(), "{}", String::from_utf8_lossy(&exported.stderr));
+        assert!(
+            exported.status.success(),
+            "{}",
+            String::from_utf8_lossy(&exported.stderr)
+        );
         let imported = Command::new(PROBE)
-            .args(["import", "--db", fresh.to_str().unwrap(), out.to_str().unwrap()])
+            .args([
+                "import",
+                "--db",
+                fresh.to_str().unwrap(),
+                out.to_str().unwrap(),
+            ])
             .output()
             .unwrap();
-        assert!(imported.status.success(), "{}", String::from_utf8_lossy(&imported.stderr));
-        assert_eq!(dump(&fresh), original, "{format} export differs after re-import");
+        assert!(
+            imported.status.success(),
+            "{}",
+            String::from_utf8_lossy(&imported.stderr)
+        );
+        assert_eq!(
+            dump(&fresh),
+            original,
+            "{format} export differs after re-import"
+        );
     }
     // the session filter exports only that session
     let only = d.dir.path().join("e2.jsonl");
     let out = Command::new(PROBE)
-        .args(["export", "--db", d.db().to_str().unwrap(), "--session", "e2", "--out", only.to_str().unwrap()])
+        .args([
+            "export",
+            "--db",
+            d.db().to_str().unwrap(),
+            "--session",
+            "e2",
+            "--out",
+            only.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -399,28 +587,67 @@ fn inspection_commands_read_the_db_and_socket() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let db = d.db();
-    let out = Command::new(PROBE).args(["spans", "--db", db.to_str().unwrap(), "--failed", "--json"]).output().unwrap();
+    let out = Command::new(PROBE)
+        .args(["spans", "--db", db.to_str().unwrap(), "--failed", "--json"])
+        .output()
+        .unwrap();
     let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 1);
     assert_eq!(rows[0]["primitive"], "fs.missing");
-    let out = Command::new(PROBE).args(["spans", "--db", db.to_str().unwrap()]).output().unwrap();
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("PRIMITIVE") && table.contains("fs.missing") && table.contains("insp"), "{table}");
     let out = Command::new(PROBE)
-        .args(["show", &failed.span.to_string(), "--db", db.to_str().unwrap(), "--json"])
+        .args(["spans", "--db", db.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("PRIMITIVE") && table.contains("fs.missing") && table.contains("insp"),
+        "{table}"
+    );
+    let out = Command::new(PROBE)
+        .args([
+            "show",
+            &failed.span.to_string(),
+            "--db",
+            db.to_str().unwrap(),
+            "--json",
+        ])
         .output()
         .unwrap();
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["primitive"], "fs.missing");
-    assert!(shown["events"].as_array().unwrap().len() >= 2, "show has the full timeline");
-    let out = Command::new(PROBE).args(["show", "99999", "--db", db.to_str().unwrap()]).output().unwrap();
+    assert!(
+        shown["events"].as_array().unwrap().len() >= 2,
+        "show has the full timeline"
+    );
+    let out = Command::new(PROBE)
+        .args(["show", "99999", "--db", db.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(125));
-    let out = Command::new(PROBE).args(["status", "--socket", d.socket().to_str().unwrap()]).output().unwrap();
+    let out = Command::new(PROBE)
+        .args(["status", "--socket", d.socket().to_str().unwrap()])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("programs       9 attached") && text.contains("spans          0 open, 2 ended"), "{text}");
+    assert!(
+        text.contains("programs       9 attached")
+            && text.contains("spans          0 open, 2 ended"),
+        "{text}"
+    );
     // probe span: a command in a span of the running daemon
     let out = Command::new(PROBE)
-        .args(["span", "--json", "--socket", d.socket().to_str().unwrap(), "--session", "insp", "--", "sh", "-c", "exit 3"])
+        .args([
+            "span",
+            "--json",
+            "--socket",
+            d.socket().to_str().unwrap(),
+            "--session",
+            "insp",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3));
@@ -429,7 +656,14 @@ fn inspection_commands_read_the_db_and_socket() {
     assert_eq!(a["session"], "insp");
     // probe tail: live events of a span
     let mut tail = Command::new(PROBE)
-        .args(["tail", "--json", "--kind", "exec", "--socket", d.socket().to_str().unwrap()])
+        .args([
+            "tail",
+            "--json",
+            "--kind",
+            "exec",
+            "--socket",
+            d.socket().to_str().unwrap(),
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -438,8 +672,16 @@ fn inspection_commands_read_the_db_and_socket() {
     std::thread::sleep(Duration::from_millis(300));
     let _ = tail.kill();
     let mut seen = String::new();
-    tail.stdout.take().unwrap().read_to_string(&mut seen).unwrap();
-    assert!(seen.lines().any(|l| l.contains("\"kind\":\"exec\"") && l.contains("/bin/true")), "tail saw: {seen}");
+    tail.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut seen)
+        .unwrap();
+    assert!(
+        seen.lines()
+            .any(|l| l.contains("\"kind\":\"exec\"") && l.contains("/bin/true")),
+        "tail saw: {seen}"
+    );
 }
 
 #[test]
@@ -451,15 +693,30 @@ fn corrupt_or_missing_db_directory_fails_at_start_with_a_clear_message() {
     let db = dir.path().join("bad.db");
     std::fs::write(&db, vec![b'z'; 8192]).unwrap();
     let out = Command::new(PROBE)
-        .args(["run", "--socket", dir.path().join("s.sock").to_str().unwrap(), "--db", db.to_str().unwrap()])
+        .args([
+            "run",
+            "--socket",
+            dir.path().join("s.sock").to_str().unwrap(),
+            "--db",
+            db.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{err}");
-    assert!(err.contains("corrupt or not a probe database") && err.contains("left untouched"), "{err}");
+    assert!(
+        err.contains("corrupt or not a probe database") && err.contains("left untouched"),
+        "{err}"
+    );
     assert_eq!(std::fs::read(&db).unwrap(), vec![b'z'; 8192], "never reset");
     let out = Command::new(PROBE)
-        .args(["run", "--socket", dir.path().join("s.sock").to_str().unwrap(), "--db", "/nonexistent/dir/x.db"])
+        .args([
+            "run",
+            "--socket",
+            dir.path().join("s.sock").to_str().unwrap(),
+            "--db",
+            "/nonexistent/dir/x.db",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
@@ -478,9 +735,17 @@ fn locked_or_full_db_fails_at_start_with_a_clear_message() {
     let db = dir.path().join("locked.db");
     drop(Store::open(&db).unwrap());
     let holder = rusqlite::Connection::open(&db).unwrap();
-    holder.execute_batch("BEGIN EXCLUSIVE; CREATE TABLE hold (x);").unwrap();
+    holder
+        .execute_batch("BEGIN EXCLUSIVE; CREATE TABLE hold (x);")
+        .unwrap();
     let out = Command::new(PROBE)
-        .args(["run", "--socket", sock.to_str().unwrap(), "--db", db.to_str().unwrap()])
+        .args([
+            "run",
+            "--socket",
+            sock.to_str().unwrap(),
+            "--db",
+            db.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -491,10 +756,29 @@ fn locked_or_full_db_fails_at_start_with_a_clear_message() {
     // full: a 64 KiB tmpfs cannot hold the schema
     let small = dir.path().join("small");
     std::fs::create_dir(&small).unwrap();
-    assert!(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs", small.to_str().unwrap()]).status().unwrap().success());
+    assert!(
+        Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                "size=64k",
+                "tmpfs",
+                small.to_str().unwrap()
+            ])
+            .status()
+            .unwrap()
+            .success()
+    );
     std::fs::write(small.join("filler"), vec![0u8; 40 * 1024]).unwrap();
     let out = Command::new(PROBE)
-        .args(["run", "--socket", sock.to_str().unwrap(), "--db", small.join("e.db").to_str().unwrap()])
+        .args([
+            "run",
+            "--socket",
+            sock.to_str().unwrap(),
+            "--db",
+            small.join("e.db").to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let _ = Command::new("umount").arg(&small).status();

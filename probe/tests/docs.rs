@@ -20,7 +20,11 @@ fn primitives_reference_is_current() {
 fn readme_lists_every_primitive() {
     let readme = read("README.md");
     for p in Primitive::ALL {
-        assert!(readme.contains(&format!("`{}`", p.id())), "README.md does not mention `{}`", p.id());
+        assert!(
+            readme.contains(&format!("`{}`", p.id())),
+            "README.md does not mention `{}`",
+            p.id()
+        );
     }
 }
 

@@ -23,7 +23,10 @@ fn root() -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
-    assert!(!ci(), "kernel tests need root, and CI=true forbids skipping them");
+    assert!(
+        !ci(),
+        "kernel tests need root, and CI=true forbids skipping them"
+    );
     eprintln!("SKIPPED: kernel test needs root");
     false
 }
@@ -56,7 +59,11 @@ impl Traced {
         if let Some(s) = syscall {
             assert_eq!(self.decisive("syscall"), Some(s), "{}", self.context());
         }
-        let layer = if primitive == "none" { "test" } else { "sandbox" };
+        let layer = if primitive == "none" {
+            "test"
+        } else {
+            "sandbox"
+        };
         if self.json["failed"] == Value::Bool(true) {
             assert_eq!(self.json["layer"], layer, "{}", self.context());
         }
@@ -66,9 +73,14 @@ impl Traced {
 fn parse(out: Output) -> Traced {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let json: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{stdout}\nstderr:\n{stderr}"));
-    Traced { json, code: out.status.code(), stderr }
+    let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!("stdout is not one JSON object ({e}):\n{stdout}\nstderr:\n{stderr}")
+    });
+    Traced {
+        json,
+        code: out.status.code(),
+        stderr,
+    }
 }
 
 /// `probe trace --json [extra] -- cmd...`
@@ -92,7 +104,10 @@ fn sh(script: &str) -> Traced {
 }
 
 fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("probe-kt-").tempdir().expect("tempdir")
+    tempfile::Builder::new()
+        .prefix("probe-kt-")
+        .tempdir()
+        .expect("tempdir")
 }
 
 // ------------------------------------------------------------------ seccomp
@@ -104,12 +119,26 @@ fn seccomp_errno_is_attributed_with_path() {
     }
     let dir = tempdir();
     let target = dir.path().join("out");
-    let t = trace(&[FAULT, "--seccomp", "errno:mkdir", "--", "mkdir", target.to_str().unwrap()]);
+    let t = trace(&[
+        FAULT,
+        "--seccomp",
+        "errno:mkdir",
+        "--",
+        "mkdir",
+        target.to_str().unwrap(),
+    ]);
     t.expect("seccomp", Some("mkdir"));
     assert_eq!(t.decisive("kind"), Some("seccomp_denied"));
     assert_eq!(t.decisive("errno"), Some("EPERM"));
     assert_eq!(t.decisive("path"), target.to_str());
-    assert!(t.json["explanation"].as_str().unwrap().contains("seccomp filter"), "{}", t.context());
+    assert!(
+        t.json["explanation"]
+            .as_str()
+            .unwrap()
+            .contains("seccomp filter"),
+        "{}",
+        t.context()
+    );
     assert_eq!(t.code, Some(1));
 }
 
@@ -118,7 +147,15 @@ fn seccomp_kill_process_is_attributed() {
     if !root() {
         return;
     }
-    let t = trace(&[FAULT, "--seccomp", "kill:socket", "--", "python3", "-c", "import socket; socket.socket()"]);
+    let t = trace(&[
+        FAULT,
+        "--seccomp",
+        "kill:socket",
+        "--",
+        "python3",
+        "-c",
+        "import socket; socket.socket()",
+    ]);
     t.expect("seccomp", Some("socket"));
     assert_eq!(t.json["exit"]["signal"], "SIGSYS", "{}", t.context());
     assert_eq!(t.code, Some(128 + 31));
@@ -129,11 +166,21 @@ fn seccomp_trap_is_attributed() {
     if !root() {
         return;
     }
-    let t = trace(&[FAULT, "--seccomp", "trap:socket", "--", "python3", "-c", "import socket; socket.socket()"]);
+    let t = trace(&[
+        FAULT,
+        "--seccomp",
+        "trap:socket",
+        "--",
+        "python3",
+        "-c",
+        "import socket; socket.socket()",
+    ]);
     t.expect("seccomp", Some("socket"));
     let events = t.json["events"].as_array().unwrap();
     assert!(
-        events.iter().any(|e| e["kind"] == "signal" && e["signal"] == "SIGSYS" && e["si_code"] == 1),
+        events
+            .iter()
+            .any(|e| e["kind"] == "signal" && e["signal"] == "SIGSYS" && e["si_code"] == 1),
         "no SIGSYS/SYS_SECCOMP signal event: {}",
         t.context()
     );
@@ -148,7 +195,10 @@ fn seccomp_errno_with_custom_errno_in_a_child_process() {
     let dir = tempdir();
     let f = dir.path().join("f");
     std::fs::write(&f, "x").unwrap();
-    let script = format!("{FAULT} --seccomp errno=EACCES:unlink,unlinkat -- rm {}; exit 4", f.display());
+    let script = format!(
+        "{FAULT} --seccomp errno=EACCES:unlink,unlinkat -- rm {}; exit 4",
+        f.display()
+    );
     let t = sh(&script);
     t.expect("seccomp", Some("unlinkat"));
     assert_eq!(t.decisive("errno"), Some("EACCES"));
@@ -164,10 +214,19 @@ fn readonly_mount_is_fs_readonly() {
     }
     let dir = tempdir();
     let d = dir.path().display();
-    let t = trace(&["unshare", "-m", "sh", "-c", &format!("mount -t tmpfs -o ro tmpfs {d} && touch {d}/result.json")]);
+    let t = trace(&[
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        &format!("mount -t tmpfs -o ro tmpfs {d} && touch {d}/result.json"),
+    ]);
     t.expect("fs.readonly", Some("openat"));
     assert_eq!(t.decisive("errno"), Some("EROFS"));
-    assert_eq!(t.decisive("path"), Some(format!("{d}/result.json").as_str()));
+    assert_eq!(
+        t.decisive("path"),
+        Some(format!("{d}/result.json").as_str())
+    );
 }
 
 #[test]
@@ -177,7 +236,16 @@ fn root_owned_0700_dir_is_fs_permission_for_nobody() {
     }
     let dir = tempdir(); // 0700, owned by root
     let f = dir.path().join("f");
-    let t = trace(&["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "touch", f.to_str().unwrap()]);
+    let t = trace(&[
+        "setpriv",
+        "--reuid",
+        "65534",
+        "--regid",
+        "65534",
+        "--clear-groups",
+        "touch",
+        f.to_str().unwrap(),
+    ]);
     t.expect("fs.permission", Some("openat"));
     assert_eq!(t.decisive("errno"), Some("EACCES"));
 }
@@ -194,11 +262,18 @@ fn full_tmpfs_is_fs_space_and_names_the_file() {
         "-m",
         "sh",
         "-c",
-        &format!("mount -t tmpfs -o size=1m tmpfs {d} && dd if=/dev/zero of={d}/blob bs=64k count=64 status=none"),
+        &format!(
+            "mount -t tmpfs -o size=1m tmpfs {d} && dd if=/dev/zero of={d}/blob bs=64k count=64 status=none"
+        ),
     ]);
     t.expect("fs.space", Some("write"));
     assert_eq!(t.decisive("errno"), Some("ENOSPC"));
-    assert_eq!(t.decisive("path"), Some(format!("{d}/blob").as_str()), "{}", t.context());
+    assert_eq!(
+        t.decisive("path"),
+        Some(format!("{d}/blob").as_str()),
+        "{}",
+        t.context()
+    );
 }
 
 #[test]
@@ -228,7 +303,10 @@ fn noexec_of_a_long_lived_mount_is_found_in_mountinfo() {
     // event in the span, so mountinfo has to tell
     let dir = tempdir();
     let d = dir.path().display().to_string();
-    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "noexec", "tmpfs", &d]).status().unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "noexec", "tmpfs", &d])
+        .status()
+        .unwrap();
     assert!(mounted.success());
     std::fs::copy("/bin/true", dir.path().join("tool")).unwrap();
     let t = trace(&[&format!("{d}/tool")]);
@@ -257,7 +335,11 @@ fn missing_data_file_is_fs_missing_not_module_search_noise() {
     }
     let dir = tempdir();
     let f = dir.path().join("input.csv");
-    let t = trace(&["python3", "-c", &format!("open({:?}).read()", f.to_str().unwrap())]);
+    let t = trace(&[
+        "python3",
+        "-c",
+        &format!("open({:?}).read()", f.to_str().unwrap()),
+    ]);
     t.expect("fs.missing", Some("openat"));
     assert_eq!(t.decisive("path"), f.to_str());
     let t = trace(&["cat", f.to_str().unwrap()]);
@@ -271,7 +353,17 @@ fn unprivileged_unshare_is_caps() {
     if !root() {
         return;
     }
-    let t = trace(&["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "unshare", "-m", "true"]);
+    let t = trace(&[
+        "setpriv",
+        "--reuid",
+        "65534",
+        "--regid",
+        "65534",
+        "--clear-groups",
+        "unshare",
+        "-m",
+        "true",
+    ]);
     t.expect("caps", Some("unshare"));
     assert_eq!(t.decisive("errno"), Some("EPERM"));
 }
@@ -297,9 +389,13 @@ impl Cgroup {
         }
         for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
             let root = Path::new(root);
-            let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+            let controllers =
+                std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
             if controllers.split_whitespace().any(|c| c == controller) {
-                let _ = std::fs::write(root.join("cgroup.subtree_control"), format!("+{controller}"));
+                let _ = std::fs::write(
+                    root.join("cgroup.subtree_control"),
+                    format!("+{controller}"),
+                );
                 let dir = root.join(&name);
                 std::fs::create_dir_all(&dir).unwrap();
                 for (_, file, value) in settings {
@@ -344,7 +440,11 @@ fn forking_past_pids_limit_is_proc_limit() {
     ));
     t.expect("proc.limit", None);
     let syscall = t.decisive("syscall").unwrap_or("");
-    assert!(["clone", "clone3", "fork", "vfork"].contains(&syscall), "{}", t.context());
+    assert!(
+        ["clone", "clone3", "fork", "vfork"].contains(&syscall),
+        "{}",
+        t.context()
+    );
     assert_eq!(t.decisive("errno"), Some("EAGAIN"));
 }
 
@@ -371,7 +471,13 @@ fn connect_without_route_in_netns_is_net_egress() {
     if !root() {
         return;
     }
-    let t = trace(&["unshare", "-n", "bash", "-c", "echo hi > /dev/tcp/10.1.2.3/80"]);
+    let t = trace(&[
+        "unshare",
+        "-n",
+        "bash",
+        "-c",
+        "echo hi > /dev/tcp/10.1.2.3/80",
+    ]);
     t.expect("net.egress", Some("connect"));
     assert_eq!(t.decisive("errno"), Some("ENETUNREACH"));
     assert_eq!(t.decisive("addr"), Some("10.1.2.3:80"));
@@ -385,7 +491,14 @@ fn segfault_is_signal() {
     let t = trace(&["python3", "-c", "import ctypes; ctypes.string_at(0)"]);
     t.expect("signal", None);
     assert_eq!(t.json["exit"]["signal"], "SIGSEGV");
-    assert!(t.json["explanation"].as_str().unwrap().contains("crashed with SIGSEGV"), "{}", t.context());
+    assert!(
+        t.json["explanation"]
+            .as_str()
+            .unwrap()
+            .contains("crashed with SIGSEGV"),
+        "{}",
+        t.context()
+    );
     assert_eq!(t.code, Some(128 + 11));
 }
 
@@ -402,7 +515,10 @@ fn clean_python_import_blames_nothing() {
     assert_eq!(t.json["failed"], false);
     // the benign failures were seen, just not blamed
     let failed = t.json["counts"]["syscall_failed"].as_u64().unwrap_or(0);
-    assert!(failed >= 10, "expected benign failing syscalls to be observed, got {failed}");
+    assert!(
+        failed >= 10,
+        "expected benign failing syscalls to be observed, got {failed}"
+    );
     assert_eq!(t.code, Some(0));
 }
 
@@ -412,7 +528,10 @@ fn clean_shell_workload_blames_nothing() {
         return;
     }
     let dir = tempdir();
-    let t = sh(&format!("cd {} && ls -la / > listing && sort listing | uniq -c > /dev/null", dir.path().display()));
+    let t = sh(&format!(
+        "cd {} && ls -la / > listing && sort listing | uniq -c > /dev/null",
+        dir.path().display()
+    ));
     t.expect("none", None);
     assert_eq!(t.code, Some(0));
 }
@@ -440,12 +559,34 @@ fn json_has_the_contract_fields() {
         return;
     }
     let dir = tempdir();
-    let t = trace(&[FAULT, "--seccomp", "errno:mkdir", "--", "mkdir", dir.path().join("x").to_str().unwrap()]);
-    for key in ["span", "label", "exit", "primitive", "layer", "confidence", "explanation", "decisive", "events", "drops"] {
+    let t = trace(&[
+        FAULT,
+        "--seccomp",
+        "errno:mkdir",
+        "--",
+        "mkdir",
+        dir.path().join("x").to_str().unwrap(),
+    ]);
+    for key in [
+        "span",
+        "label",
+        "exit",
+        "primitive",
+        "layer",
+        "confidence",
+        "explanation",
+        "decisive",
+        "events",
+        "drops",
+    ] {
         assert!(t.json.get(key).is_some(), "missing `{key}`: {}", t.json);
     }
     for key in ["kind", "syscall", "errno", "path", "pid", "ts_ns"] {
-        assert!(t.json["decisive"].get(key).is_some(), "decisive lacks `{key}`: {}", t.json["decisive"]);
+        assert!(
+            t.json["decisive"].get(key).is_some(),
+            "decisive lacks `{key}`: {}",
+            t.json["decisive"]
+        );
     }
     assert!(t.json["exit"].get("code").is_some() && t.json["exit"].get("signal").is_some());
     assert_eq!(t.json["drops"]["kernel"], 0);
@@ -463,15 +604,24 @@ fn untracked_processes_emit_nothing() {
         .args(["-c", "while :; do cat /nonexistent/x 2>/dev/null; done"])
         .spawn()
         .unwrap();
-    let t = trace_with(&["--events"], &["sh", "-c", "sleep 0.3; cat /nonexistent/y; true"]);
+    let t = trace_with(
+        &["--events"],
+        &["sh", "-c", "sleep 0.3; cat /nonexistent/y; true"],
+    );
     let _ = noise.kill();
     let _ = noise.wait();
     let events = t.json["events"].as_array().unwrap();
     assert!(!events.is_empty());
     for e in events {
-        assert_ne!(e["path"], "/nonexistent/x", "an untracked process leaked into the span: {e}");
+        assert_ne!(
+            e["path"], "/nonexistent/x",
+            "an untracked process leaked into the span: {e}"
+        );
     }
-    assert!(events.iter().any(|e| e["path"] == "/nonexistent/y"), "the traced child's failure is missing");
+    assert!(
+        events.iter().any(|e| e["path"] == "/nonexistent/y"),
+        "the traced child's failure is missing"
+    );
 }
 
 #[test]
@@ -498,7 +648,11 @@ fn sigterm_stops_the_child_and_still_reports() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(800));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     let started = Instant::now();
     let out = child.wait_with_output().unwrap();
     assert!(started.elapsed() < Duration::from_secs(10));
@@ -515,12 +669,25 @@ fn not_root_is_one_clear_line() {
         return;
     }
     let out = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", PROBE, "trace", "--", "true"])
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            PROBE,
+            "trace",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "stderr: {stderr}");
-    assert!(stderr.contains("permission denied") && stderr.contains("run as root"), "stderr: {stderr}");
+    assert!(
+        stderr.contains("permission denied") && stderr.contains("run as root"),
+        "stderr: {stderr}"
+    );
     assert!(!stderr.contains("panicked"), "stderr: {stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "stderr: {stderr}");
 }

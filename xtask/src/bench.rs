@@ -45,7 +45,11 @@ impl Bench {
     }
 
     /// Runs `cmd` (storm args) wrapped per `mode`; returns (elapsed ns, probe JSON, probe max RSS KiB).
-    fn measure(&self, mode: Mode, cmd: &[String]) -> anyhow::Result<(u64, Option<serde_json::Value>, u64)> {
+    fn measure(
+        &self,
+        mode: Mode,
+        cmd: &[String],
+    ) -> anyhow::Result<(u64, Option<serde_json::Value>, u64)> {
         let _ = std::fs::remove_file(&self.out);
         let mut full: Vec<String> = vec![self.storm.display().to_string()];
         full.extend(cmd.iter().cloned());
@@ -77,12 +81,22 @@ impl Bench {
                 c.args(&full);
             }
         }
-        let child = c.stdout(if json { Stdio::piped() } else { Stdio::null() }).stderr(Stdio::null()).spawn()?;
+        let child = c
+            .stdout(if json { Stdio::piped() } else { Stdio::null() })
+            .stderr(Stdio::null())
+            .spawn()?;
         let (status, stdout, rss) = wait_with_rusage(child)?;
         if !status.success() && mode != Mode::Probe {
-            bail!("{mode_name} run of {full:?} failed: {status}", mode_name = name(mode));
+            bail!(
+                "{mode_name} run of {full:?} failed: {status}",
+                mode_name = name(mode)
+            );
         }
-        let value = if json { Some(serde_json::from_slice(&stdout).context("probe JSON")?) } else { None };
+        let value = if json {
+            Some(serde_json::from_slice(&stdout).context("probe JSON")?)
+        } else {
+            None
+        };
         Ok((self.elapsed_ns()?, value, rss))
     }
 
@@ -90,7 +104,10 @@ impl Bench {
     fn per_op(&self, mode: Mode, what: &str, n: u64, runs: usize) -> anyhow::Result<f64> {
         let mut v = Vec::new();
         for _ in 0..runs {
-            let (ns, _, _) = self.measure(mode, &[what.into(), n.to_string(), self.out.display().to_string()])?;
+            let (ns, _, _) = self.measure(
+                mode,
+                &[what.into(), n.to_string(), self.out.display().to_string()],
+            )?;
             v.push(ns as f64 / n as f64);
         }
         Ok(median(v))
@@ -117,8 +134,12 @@ impl Bench {
             .spawn()?;
         // the programs are attached once the traced sleep exists
         for _ in 0..100 {
-            let kids = std::fs::read_to_string(format!("/proc/{}/task/{}/children", child.id(), child.id()))
-                .unwrap_or_default();
+            let kids = std::fs::read_to_string(format!(
+                "/proc/{}/task/{}/children",
+                child.id(),
+                child.id()
+            ))
+            .unwrap_or_default();
             if !kids.trim().is_empty() {
                 return Ok(child);
             }
@@ -151,7 +172,10 @@ struct Stat {
 impl Stat {
     fn of(v: Vec<f64>) -> Stat {
         let best = v.iter().copied().fold(f64::INFINITY, f64::min);
-        Stat { best, median: median(v) }
+        Stat {
+            best,
+            median: median(v),
+        }
     }
 }
 
@@ -185,7 +209,11 @@ fn wait_with_rusage(mut child: Child) -> anyhow::Result<(std::process::ExitStatu
         bail!("wait4: {}", std::io::Error::last_os_error());
     }
     use std::os::unix::process::ExitStatusExt as _;
-    Ok((std::process::ExitStatus::from_raw(status), stdout, usage.ru_maxrss as u64))
+    Ok((
+        std::process::ExitStatus::from_raw(status),
+        stdout,
+        usage.ru_maxrss as u64,
+    ))
 }
 
 pub fn run(bin: &Path, n: u64, runs: usize, write: bool) -> anyhow::Result<()> {
@@ -194,8 +222,18 @@ pub fn run(bin: &Path, n: u64, runs: usize, write: bool) -> anyhow::Result<()> {
     let src = dir.join("storm.c");
     std::fs::write(&src, STORM_C)?;
     let storm = dir.join("storm");
-    crate::run(Command::new("gcc").args(["-O2", "-o"]).arg(&storm).arg(&src))?;
-    let b = Bench { dir: dir.clone(), storm, probe: bin.join("probe"), out: dir.join("elapsed") };
+    crate::run(
+        Command::new("gcc")
+            .args(["-O2", "-o"])
+            .arg(&storm)
+            .arg(&src),
+    )?;
+    let b = Bench {
+        dir: dir.clone(),
+        storm,
+        probe: bin.join("probe"),
+        out: dir.join("elapsed"),
+    };
     let result = report(&b, n, runs);
     let _ = std::fs::remove_dir_all(&dir);
     let mut text = result?;
@@ -223,7 +261,8 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
     let mut rows = Vec::new();
     for what in ["getppid", "open"] {
         eprintln!("bench: {what} storm, {n} syscalls × {runs} interleaved rounds");
-        let (mut base, mut probe, mut untracked, mut bpftrace) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut base, mut probe, mut untracked, mut bpftrace) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         // interleaved rounds, so drift in this noisy VM hits every configuration alike
         for round in 0..runs {
             base.push(b.per_op(Mode::Unprobed, what, n, 1)?);
@@ -238,7 +277,14 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
             }
         }
         let strace = b.per_op(Mode::Strace, what, slow_n, runs.min(3))?;
-        rows.push(Row { what, base: Stat::of(base), probe: Stat::of(probe), untracked: Stat::of(untracked), strace, bpftrace: Stat::of(bpftrace) });
+        rows.push(Row {
+            what,
+            base: Stat::of(base),
+            probe: Stat::of(probe),
+            untracked: Stat::of(untracked),
+            strace,
+            bpftrace: Stat::of(bpftrace),
+        });
     }
 
     // every failure delivered or counted: the open storm (with paths) and
@@ -262,11 +308,21 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
     eprintln!("bench: realistic workloads");
     let c_src = b.dir.join("storm.c");
     let obj = b.dir.join("storm.o");
-    let gcc: Vec<&str> = vec!["gcc", "-O2", "-c", c_src.to_str().unwrap(), "-o", obj.to_str().unwrap()];
+    let gcc: Vec<&str> = vec![
+        "gcc",
+        "-O2",
+        "-c",
+        c_src.to_str().unwrap(),
+        "-o",
+        obj.to_str().unwrap(),
+    ];
     let py = vec!["python3", "-c", PY_IMPORTS];
     let mut workloads = Vec::new();
     let rounds = runs.max(9);
-    for (label, cmd) in [("gcc -O2 -c (one C file)", &gcc), ("python3 import-heavy script", &py)] {
+    for (label, cmd) in [
+        ("gcc -O2 -c (one C file)", &gcc),
+        ("python3 import-heavy script", &py),
+    ] {
         let (mut base, mut probe) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             base.push(b.workload(Mode::Unprobed, cmd, 1)?);
@@ -278,7 +334,9 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
 
     let mut out = String::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     writeln!(out, "# Benchmarks\n")?;
     writeln!(
         out,
@@ -291,11 +349,21 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
          ~50 ms) is not counted.\n",
         kernel.trim()
     )?;
-    writeln!(out, "## Syscall storms (ns per syscall, ratio to unprobed)\n")?;
-    writeln!(out, "| storm | unprobed | probe (traced) | probe running, process untracked | strace -f -Z | bpftrace one-liner |")?;
+    writeln!(
+        out,
+        "## Syscall storms (ns per syscall, ratio to unprobed)\n"
+    )?;
+    writeln!(
+        out,
+        "| storm | unprobed | probe (traced) | probe running, process untracked | strace -f -Z | bpftrace one-liner |"
+    )?;
     writeln!(out, "|---|---|---|---|---|---|")?;
     for r in &rows {
-        let label = if r.what == "getppid" { "successful getppid" } else { "failing open (ENOENT)" };
+        let label = if r.what == "getppid" {
+            "successful getppid"
+        } else {
+            "failing open (ENOENT)"
+        };
         let base = r.base.best;
         writeln!(
             out,
@@ -312,15 +380,36 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
             r.bpftrace.best / base
         )?;
     }
-    writeln!(out, "\nstrace runs {slow_n} syscalls per run (it is too slow for {n}); ns/op is comparable.\n")?;
+    writeln!(
+        out,
+        "\nstrace runs {slow_n} syscalls per run (it is too slow for {n}); ns/op is comparable.\n"
+    )?;
     writeln!(out, "## Every event delivered or counted\n")?;
-    writeln!(out, "| storm under `probe trace` | rate | delivered | kernel drops | unaccounted |\n|---|---|---|---|---|")?;
+    writeln!(
+        out,
+        "| storm under `probe trace` | rate | delivered | kernel drops | unaccounted |\n|---|---|---|---|---|"
+    )?;
     for (what, rate, delivered, drops, unaccounted) in &accounting {
-        let label = if *what == "open" { "failing open, with path" } else { "close(-1) → EBADF" };
-        writeln!(out, "| {label} ({n}) | {:.2} M/s | {delivered} | {drops} | **{unaccounted}** |", rate / 1e6)?;
+        let label = if *what == "open" {
+            "failing open, with path"
+        } else {
+            "close(-1) → EBADF"
+        };
+        writeln!(
+            out,
+            "| {label} ({n}) | {:.2} M/s | {delivered} | {drops} | **{unaccounted}** |",
+            rate / 1e6
+        )?;
     }
-    writeln!(out, "\nProbe max RSS over these runs: **{:.1} MiB** (16 MiB of it is the 8 MiB ring buffer, which the consumer maps twice).\n", rss_kib as f64 / 1024.0)?;
-    writeln!(out, "## Realistic workloads (median wall time of {rounds} interleaved rounds, ratio to unprobed)\n")?;
+    writeln!(
+        out,
+        "\nProbe max RSS over these runs: **{:.1} MiB** (16 MiB of it is the 8 MiB ring buffer, which the consumer maps twice).\n",
+        rss_kib as f64 / 1024.0
+    )?;
+    writeln!(
+        out,
+        "## Realistic workloads (median wall time of {rounds} interleaved rounds, ratio to unprobed)\n"
+    )?;
     writeln!(out, "| workload | unprobed | probe | strace -f -Z |")?;
     writeln!(out, "|---|---|---|---|")?;
     for (label, base, probe, strace) in &workloads {
@@ -335,14 +424,39 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
         )?;
     }
     writeln!(out, "\n## Targets (issue 2)\n")?;
-    let (gb, gp, gu) = (rows[0].base.best, rows[0].probe.best, rows[0].untracked.best);
-    let (ob, op, ou) = (rows[1].base.best, rows[1].probe.best, rows[1].untracked.best);
+    let (gb, gp, gu) = (
+        rows[0].base.best,
+        rows[0].probe.best,
+        rows[0].untracked.best,
+    );
+    let (ob, op, ou) = (
+        rows[1].base.best,
+        rows[1].probe.best,
+        rows[1].untracked.best,
+    );
     let target = |ok: bool| if ok { "met" } else { "**missed**" };
-    let worst_workload = workloads.iter().map(|(_, b, p, _)| p / b).fold(0.0, f64::max);
+    let worst_workload = workloads
+        .iter()
+        .map(|(_, b, p, _)| p / b)
+        .fold(0.0, f64::max);
     writeln!(out, "| target | measured | |\n|---|---|---|")?;
-    writeln!(out, "| successful-syscall storm ≤ 1.9× | {:.2}× | {} |", gp / gb, target(gp / gb <= 1.9))?;
-    writeln!(out, "| failing-open storm ≤ 1.5×, every failure with its path | {:.2}× | {} |", op / ob, target(op / ob <= 1.5))?;
-    writeln!(out, "| realistic workloads ≤ 1.03× | {worst_workload:.3}× (worst) | {} |", target(worst_workload <= 1.03))?;
+    writeln!(
+        out,
+        "| successful-syscall storm ≤ 1.9× | {:.2}× | {} |",
+        gp / gb,
+        target(gp / gb <= 1.9)
+    )?;
+    writeln!(
+        out,
+        "| failing-open storm ≤ 1.5×, every failure with its path | {:.2}× | {} |",
+        op / ob,
+        target(op / ob <= 1.5)
+    )?;
+    writeln!(
+        out,
+        "| realistic workloads ≤ 1.03× | {worst_workload:.3}× (worst) | {} |",
+        target(worst_workload <= 1.03)
+    )?;
     writeln!(
         out,
         "| untracked processes ≤ 1.15× on the storm | {:.2}× getppid, {:.2}× open | {} |",
@@ -350,10 +464,23 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
         ou / ob,
         target(gu / gb <= 1.15 && ou / ob <= 1.15)
     )?;
-    let (_, rate, _, _, unaccounted) = accounting.iter().copied().fold(("", 0.0, 0, 0, 0), |a, x| if x.1 > a.1 { x } else { a });
+    let (_, rate, _, _, unaccounted) = accounting
+        .iter()
+        .copied()
+        .fold(("", 0.0, 0, 0, 0), |a, x| if x.1 > a.1 { x } else { a });
     let all_accounted = accounting.iter().all(|a| a.4 == 0);
-    writeln!(out, "| zero unaccounted events at ≥1M failing syscalls/s | {unaccounted} at {:.2} M/s | {} |", rate / 1e6, target(all_accounted && rate >= 1e6))?;
-    writeln!(out, "| probe RSS ≤ 64 MiB | {:.1} MiB | {} |", rss_kib as f64 / 1024.0, target(rss_kib <= 64 * 1024))?;
+    writeln!(
+        out,
+        "| zero unaccounted events at ≥1M failing syscalls/s | {unaccounted} at {:.2} M/s | {} |",
+        rate / 1e6,
+        target(all_accounted && rate >= 1e6)
+    )?;
+    writeln!(
+        out,
+        "| probe RSS ≤ 64 MiB | {:.1} MiB | {} |",
+        rss_kib as f64 / 1024.0,
+        target(rss_kib <= 64 * 1024)
+    )?;
     writeln!(
         out,
         "\n### Reading these numbers\n\n\

@@ -13,7 +13,10 @@ mod bench;
 mod demo;
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Project tasks: setup, test, demo, bench, docs.")]
+#[command(
+    name = "cargo xtask",
+    about = "Project tasks: setup, test, demo, bench, docs."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -72,12 +75,17 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 /// Runs a command, failing with its name when it fails.
 pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
-    let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed: {status}");
     }
@@ -107,8 +115,20 @@ fn setup() -> anyhow::Result<()> {
         .unwrap_or(false);
     if !has_src {
         eprintln!("xtask: installing nightly rust-src");
-        run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
     let linker_ok = Command::new("bpf-linker")
         .arg("--version")
@@ -117,7 +137,12 @@ fn setup() -> anyhow::Result<()> {
         .unwrap_or(false);
     if !linker_ok {
         eprintln!("xtask: installing bpf-linker {BPF_LINKER} (about 90 s)");
-        run(Command::new("cargo").args(["install", "--locked", "--force", &format!("bpf-linker@{BPF_LINKER}")]))?;
+        run(Command::new("cargo").args([
+            "install",
+            "--locked",
+            "--force",
+            &format!("bpf-linker@{BPF_LINKER}"),
+        ]))?;
     }
     let missing: Vec<&str> = DEBIAN_PACKAGES
         .iter()
@@ -127,7 +152,10 @@ fn setup() -> anyhow::Result<()> {
     if !missing.is_empty() {
         eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
         let apt = |args: &[&str]| {
-            Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").status()
+            Command::new("apt-get")
+                .args(args)
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
         };
         let mut install = vec!["install", "-y", "--no-install-recommends"];
         install.extend(&missing);
@@ -143,7 +171,11 @@ fn setup() -> anyhow::Result<()> {
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
 }
 
 fn test(args: &[String]) -> anyhow::Result<()> {
@@ -159,7 +191,18 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "probe", "--test", "kernel", "--test", "daemon", "--", "--test-threads=1"]).args(args);
+    cmd.args([
+        "test",
+        "-p",
+        "probe",
+        "--test",
+        "kernel",
+        "--test",
+        "daemon",
+        "--",
+        "--test-threads=1",
+    ])
+    .args(args);
     run(&mut cmd)
 }
 
@@ -176,9 +219,14 @@ pub fn build_probe_release() -> anyhow::Result<PathBuf> {
 }
 
 fn docs() -> anyhow::Result<()> {
-    let out = Command::new("cargo").args(["run", "-q", "-p", "probe", "--", "primitives"]).output()?;
+    let out = Command::new("cargo")
+        .args(["run", "-q", "-p", "probe", "--", "primitives"])
+        .output()?;
     if !out.status.success() {
-        bail!("probe primitives failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "probe primitives failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     std::fs::create_dir_all("docs")?;
     std::fs::write("docs/PRIMITIVES.md", &out.stdout)?;

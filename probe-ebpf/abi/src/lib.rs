@@ -182,7 +182,12 @@ pub struct TaskState {
 
 impl TaskState {
     pub const fn new(span: u64) -> Self {
-        TaskState { span, enter_ts: 0, clone_flags: 0, reclaim_ts: 0 }
+        TaskState {
+            span,
+            enter_ts: 0,
+            clone_flags: 0,
+            reclaim_ts: 0,
+        }
     }
 }
 
@@ -270,8 +275,14 @@ pub const fn syscall_arg_role(nr: i64) -> ArgRole {
     }
     match nr {
         // open(path, flags), openat(dfd, path, flags), creat(path, mode)
-        2 => ArgRole::Path { path: 0, flags: Some(1) },
-        257 => ArgRole::Path { path: 1, flags: Some(2) },
+        2 => ArgRole::Path {
+            path: 0,
+            flags: Some(1),
+        },
+        257 => ArgRole::Path {
+            path: 1,
+            flags: Some(2),
+        },
         437 => p(1), // openat2: flags live in a struct
         85 => p(0),
         // stat, lstat, access, truncate, chdir, rename, mkdir, rmdir, link,
@@ -282,12 +293,15 @@ pub const fn syscall_arg_role(nr: i64) -> ArgRole {
         // symlink(target, linkpath): the new link is what gets created
         88 => p(1),
         // mount(source, target, fstype, flags, data): the target and flags
-        165 => ArgRole::Path { path: 1, flags: Some(3) },
+        165 => ArgRole::Path {
+            path: 1,
+            flags: Some(3),
+        },
         // *at(dfd, path, ...): mkdirat, mknodat, fchownat, newfstatat,
         // unlinkat, renameat, linkat, readlinkat, fchmodat, faccessat,
         // utimensat, renameat2, execveat, statx, faccessat2, fchmodat2
-        258 | 259 | 260 | 262 | 263 | 264 | 265 | 267 | 268 | 269 | 280 | 316 | 322 | 332
-        | 439 | 452 => p(1),
+        258 | 259 | 260 | 262 | 263 | 264 | 265 | 267 | 268 | 269 | 280 | 316 | 322 | 332 | 439
+        | 452 => p(1),
         // symlinkat(target, newdfd, linkpath)
         266 => p(2),
         // connect(fd, addr, len), bind(fd, addr, len)

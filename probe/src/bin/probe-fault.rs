@@ -55,11 +55,22 @@ enum Never {}
 
 fn run(args: Args) -> anyhow::Result<Never> {
     // build everything first: nothing may fail after the filters go in
-    let filters: Vec<BpfProgram> = args.seccomp.iter().map(|s| filter(s)).collect::<Result<_, _>>()?;
-    let limits: Vec<(i32, u64)> = args.rlimit.iter().map(|s| rlimit(s)).collect::<Result<_, _>>()?;
+    let filters: Vec<BpfProgram> = args
+        .seccomp
+        .iter()
+        .map(|s| filter(s))
+        .collect::<Result<_, _>>()?;
+    let limits: Vec<(i32, u64)> = args
+        .rlimit
+        .iter()
+        .map(|s| rlimit(s))
+        .collect::<Result<_, _>>()?;
     let (program, rest) = args.command.split_first().context("no command")?;
     for (resource, value) in limits {
-        let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
+        let lim = libc::rlimit {
+            rlim_cur: value,
+            rlim_max: value,
+        };
         // SAFETY: plain syscall with a valid pointer to an initialised struct.
         if unsafe { libc::setrlimit(resource as _, &lim) } != 0 {
             bail!("setrlimit: {}", std::io::Error::last_os_error());
@@ -73,7 +84,9 @@ fn run(args: Args) -> anyhow::Result<Never> {
 }
 
 fn filter(spec: &str) -> anyhow::Result<BpfProgram> {
-    let (action, syscalls) = spec.split_once(':').with_context(|| format!("`{spec}`: expected ACTION:SYSCALLS"))?;
+    let (action, syscalls) = spec
+        .split_once(':')
+        .with_context(|| format!("`{spec}`: expected ACTION:SYSCALLS"))?;
     let action = match action {
         "errno" => SeccompAction::Errno(libc::EPERM as u32),
         "kill" => SeccompAction::KillProcess,
@@ -90,7 +103,8 @@ fn filter(spec: &str) -> anyhow::Result<BpfProgram> {
     };
     let mut rules = BTreeMap::new();
     for name in syscalls.split(',') {
-        let nr = probe::syscalls::number(name).with_context(|| format!("unknown syscall `{name}`"))?;
+        let nr =
+            probe::syscalls::number(name).with_context(|| format!("unknown syscall `{name}`"))?;
         rules.insert(nr, vec![]);
     }
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, action, TargetArch::x86_64)?;
@@ -98,8 +112,12 @@ fn filter(spec: &str) -> anyhow::Result<BpfProgram> {
 }
 
 fn rlimit(spec: &str) -> anyhow::Result<(i32, u64)> {
-    let (name, value) = spec.split_once('=').with_context(|| format!("`{spec}`: expected NAME=VALUE"))?;
-    let value: u64 = value.parse().with_context(|| format!("`{value}` is not a number"))?;
+    let (name, value) = spec
+        .split_once('=')
+        .with_context(|| format!("`{spec}`: expected NAME=VALUE"))?;
+    let value: u64 = value
+        .parse()
+        .with_context(|| format!("`{value}` is not a number"))?;
     let resource = match name {
         "nproc" => libc::RLIMIT_NPROC,
         "nofile" => libc::RLIMIT_NOFILE,
