@@ -48,7 +48,7 @@ impl ExitStatus {
         match (&self.code, &self.signal) {
             (Some(c), _) => format!("exited with status {c}"),
             (None, Some(s)) => format!("was killed by {s}"),
-            (None, None) => "did not start".to_string(),
+            (None, None) => "ended with an unknown status (its exit was not observed)".to_string(),
         }
     }
 }
@@ -573,11 +573,7 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
         Primitive::FsPersistence => {
             let w = ev.written_earlier.as_ref();
             let ago = w.map(|w| {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as i64)
-                    .unwrap_or(0);
-                let ms = (now - w.at_ms).max(0);
+                let ms = (crate::clock::now_ms() - w.at_ms).max(0);
                 if ms < 1000 {
                     format!("{ms} ms earlier")
                 } else {

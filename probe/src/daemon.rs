@@ -36,7 +36,7 @@ use crate::protocol::{self, ErrorBody, ErrorCode, MAX_LINE, Request};
 use crate::sessions::Sessions;
 use crate::spans::SpanEvidence;
 use crate::store::{RetentionPolicy, SpanFilter, Store, StoredSpan};
-use crate::trace::{READ_INTERVAL, monotonic_ns};
+use crate::trace::READ_INTERVAL;
 
 /// Daemon settings (flags override the config file).
 #[derive(Debug, Clone)]
@@ -158,13 +158,6 @@ struct Core {
     spans_ended: u64,
     retention_drops_total: u64,
     rate: (Instant, u64, f64),
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl Core {
@@ -290,7 +283,6 @@ impl Core {
                 timed_out,
                 reply,
             } => {
-                self.drain();
                 let _ = reply.send(self.end(span, exit, timed_out));
             }
             Command::Status { reply } => {
@@ -324,14 +316,14 @@ impl Core {
             ));
         }
         self.next_span += 1;
-        let mut evidence = SpanEvidence::new(id, session, label, monotonic_ns());
+        let mut evidence = SpanEvidence::new(id, session, label, crate::clock::monotonic_ns());
         evidence.cap = self.config.event_cap;
         let drops_before = self.probe.drops().iter().sum();
         self.spans.insert(
             id,
             OpenSpan {
                 evidence,
-                started_ms: now_ms(),
+                started_ms: crate::clock::now_ms(),
                 started: Instant::now(),
                 drops_before,
             },
@@ -400,13 +392,13 @@ impl Core {
         self.spans_ended += 1;
         self.retention_drops_total += open.evidence.drops.retention;
         let mut stored = attribution.clone();
-        stored.events = open.evidence.events.iter().cloned().collect();
+        stored.events = std::mem::take(&mut open.evidence.events).into();
         self.store_stats.queued.fetch_add(1, Ordering::Relaxed);
         if self
             .store_tx
             .send(StoredSpan {
                 started_ms: open.started_ms,
-                ended_ms: now_ms(),
+                ended_ms: crate::clock::now_ms(),
                 attribution: stored,
             })
             .is_err()
@@ -466,7 +458,10 @@ impl Core {
             "late_events": self.late_events,
             "decode_errors": self.decode_errors,
             "drops": {
-                "kernel_total": drops.iter().sum::<u64>(),
+                // records the ring buffer had no room for
+                "kernel_total": drops.iter().sum::<u64>() - drops[probe_abi::EventKind::TaskUntracked as usize],
+                // children that could not be traced at all (task map full): whole subtrees unseen
+                "untracked_children": drops[probe_abi::EventKind::TaskUntracked as usize],
                 "kernel_by_kind": kernel_drops,
                 "retention_events_total": self.retention_drops_total,
             },
@@ -563,17 +558,26 @@ fn store_loop(
                         Err(_) => break,
                     }
                 }
-                match store.insert(&batch) {
-                    Ok(()) => stats
-                        .written
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed),
-                    Err(e) => {
-                        tracing::error!("cannot store {} span(s): {e}", batch.len());
-                        stats
-                            .errors
-                            .fetch_add(batch.len() as u64, Ordering::Relaxed)
+                if let Err(e) = store.insert(&batch) {
+                    // one bad span must not take the batch down: retry one by one
+                    tracing::warn!(
+                        "batch of {} span(s) failed ({e}); storing them one by one",
+                        batch.len()
+                    );
+                    for span in &batch {
+                        match store.insert(std::slice::from_ref(span)) {
+                            Ok(()) => stats.written.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => {
+                                tracing::error!("cannot store span {}: {e}", span.attribution.span);
+                                stats.errors.fetch_add(1, Ordering::Relaxed)
+                            }
+                        };
                     }
-                };
+                } else {
+                    stats
+                        .written
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -718,6 +722,19 @@ async fn serve(
     Ok(())
 }
 
+/// Whether process `pid` has `gid` among its supplementary groups.
+fn in_group(pid: i32, gid: u32) -> bool {
+    let gid = gid.to_string();
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Groups:"))
+                .map(|g| g.split_whitespace().any(|x| x == gid))
+        })
+        .unwrap_or(false)
+}
+
 /// Result of reading one bounded line.
 enum Line {
     Complete,
@@ -770,7 +787,9 @@ async fn connection(
     let me = nix::unistd::geteuid().as_raw();
     let allowed = cred.uid() == 0
         || cred.uid() == me
-        || config.group.is_some_and(|g| g.as_raw() == cred.gid());
+        || config.group.is_some_and(|g| {
+            g.as_raw() == cred.gid() || cred.pid().is_some_and(|pid| in_group(pid, g.as_raw()))
+        });
     if !allowed {
         let err = ErrorBody::new(
             ErrorCode::Forbidden,

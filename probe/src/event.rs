@@ -4,7 +4,9 @@
 use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use probe_abi::{DATA_LEN, Event, EventKind, flags};
+use probe_abi::{
+    ArgRole, DATA_LEN, Event, EventKind, flags, is_fd_syscall, needs_enter_state, syscall_arg_role,
+};
 use serde::{Deserialize, Serialize};
 
 /// Event kinds as they appear in JSON.
@@ -212,7 +214,7 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
     let comm = cstr(&raw.comm);
     let data_len = (raw.data_len as usize).min(DATA_LEN);
     let data = &raw.data[..data_len];
-    let mut ev = match kind {
+    let ev = match kind {
         EventKind::SyscallFailed
         | EventKind::SeccompDenied
         | EventKind::FileWrite
@@ -238,10 +240,16 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
                 ev.errno = Some(errno_name(e));
             }
             if kind != EventKind::SeccompDenied {
-                ev.duration_ns = Some(raw.duration_ns);
+                if needs_enter_state(raw.syscall) {
+                    ev.duration_ns = Some(raw.duration_ns);
+                }
                 if is_fd_syscall(raw.syscall) {
                     ev.fd = Some(raw.aux[0] as i64);
-                } else if raw.aux[0] != 0 {
+                } else if matches!(
+                    syscall_arg_role(raw.syscall),
+                    ArgRole::Path { flags: Some(_), .. }
+                ) || matches!(kind, EventKind::FileWrite | EventKind::Mount)
+                {
                     ev.flags = Some(raw.aux[0]);
                 }
             }
@@ -305,15 +313,7 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
         }
         EventKind::TaskUntracked => return Err(DecodeError::Kind(raw.kind)),
     };
-    if ev.kind == Kind::Mount {
-        ev.errno = None;
-    }
     Ok(ev)
-}
-
-/// write, pwrite64, writev, ftruncate, fallocate, pwritev: `aux[0]` is an fd.
-pub fn is_fd_syscall(nr: i64) -> bool {
-    matches!(nr, 1 | 18 | 20 | 77 | 285 | 296)
 }
 
 /// A NUL-terminated byte string, lossily as UTF-8.

@@ -16,6 +16,7 @@
 
 pub mod attribution;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod event;

@@ -544,10 +544,12 @@ fn wait_forwarding(
 
 /// `30s`, `10m`, `2h`, `7d` ago, or Unix ms.
 fn parse_since(t: &str) -> anyhow::Result<i64> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis() as i64;
+    let now = probe::clock::now_ms();
     if let Ok(ms) = t.parse::<i64>() {
+        // a bare number is Unix ms; a small one is surely a forgotten unit
+        if ms < 1_000_000_000_000 {
+            bail!("--since {t}: a bare number is Unix time in ms; did you mean {t}m or {t}h?");
+        }
         return Ok(ms);
     }
     let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
@@ -632,7 +634,7 @@ fn render_status(s: &Value) -> String {
          kernel         {} (btf: {}, kprobes: {})\n\
          programs       {} attached: {}{}\n\
          events         {} total, {}/s, {} late (after their span ended), {} undecodable\n\
-         drops          kernel {} (ring buffer full), retention {} (per-span cap)\n\
+         drops          kernel {} (ring buffer full), retention {} (per-span cap), {} children untraced (task map full)\n\
          spans          {} open, {} ended; {} threads traced; {} sessions remembered\n\
          db             {} — {:.1} MiB, queue {}, stored {}, errors {}, retention removed {} spans / {} events\n\
          memory         RSS {:.1} MiB\n",
@@ -661,6 +663,7 @@ fn render_status(s: &Value) -> String {
         s["decode_errors"],
         s["drops"]["kernel_total"],
         s["drops"]["retention_events_total"],
+        s["drops"]["untracked_children"],
         s["open_spans"],
         s["spans_ended"],
         s["tracked_tasks"],

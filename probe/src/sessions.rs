@@ -46,13 +46,6 @@ pub struct Sessions {
     tick: u64,
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 /// `mnt:[4026531841]` of `pid`.
 pub fn mount_ns(pid: u32) -> Option<String> {
     std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
@@ -102,7 +95,7 @@ impl Sessions {
                     pid: ev.pid,
                     comm: ev.comm.clone(),
                     syscall: ev.syscall.as_deref().unwrap_or("open").to_string(),
-                    at_ms: now_ms(),
+                    at_ms: crate::clock::now_ms(),
                     mount_ns: mount_ns(ev.pid),
                 };
                 if s.writes.insert(path.clone(), record).is_none() {

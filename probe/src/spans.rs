@@ -73,6 +73,9 @@ pub struct SpanEvidence {
     /// Every thread the span's events named (root, forks, clones): what to
     /// stop tracing when it ends.
     pub tids: HashSet<u32>,
+    /// Thread id → its process, for threads seen being created: a signal
+    /// aimed at a worker thread belongs to its process.
+    pub thread_group: HashMap<u32, u32>,
 }
 
 impl SpanEvidence {
@@ -92,6 +95,7 @@ impl SpanEvidence {
             counts: HashMap::new(),
             drops: Drops::default(),
             tids: HashSet::new(),
+            thread_group: HashMap::new(),
         }
     }
 
@@ -102,6 +106,9 @@ impl SpanEvidence {
             Kind::Fork => {
                 if let Some(child) = ev.child_pid {
                     self.tids.insert(child);
+                    if ev.thread == Some(true) {
+                        self.thread_group.insert(child, ev.pid);
+                    }
                 }
                 if let (Some(child), Some(false)) = (ev.child_pid, ev.thread) {
                     let p = self.processes.entry(child).or_default();
@@ -121,6 +128,10 @@ impl SpanEvidence {
                 p.exit_code = ev.exit_code;
             }
             Kind::Signal => {
+                if let Some(&tgid) = self.thread_group.get(&ev.pid) {
+                    ev.tid = ev.pid;
+                    ev.pid = tgid;
+                }
                 let p = self.processes.entry(ev.pid).or_default();
                 // the first fatal signal is the one that counts
                 if p.signal.is_none() {
@@ -173,7 +184,7 @@ impl SpanEvidence {
     fn enrich_failure(&mut self, ev: &mut KernelEvent) {
         let nr = ev.syscall_nr.unwrap_or(-1);
         // write-family: name the file behind the fd
-        if crate::event::is_fd_syscall(nr)
+        if probe_abi::is_fd_syscall(nr)
             && ev.path.is_none()
             && let Some(fd) = ev.fd
             && let Some(path) = self.write_fds.get(&(ev.pid, fd))

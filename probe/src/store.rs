@@ -93,6 +93,8 @@ pub struct StoredSpan {
 /// A row of `probe spans`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SpanRow {
+    /// Which probe recorded it (several after an import or a merge).
+    pub probe_id: String,
     pub span: u64,
     pub session: Option<String>,
     pub label: String,
@@ -171,13 +173,6 @@ pub struct Store {
     probe_id: String,
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.busy_timeout(Duration::from_secs(5))?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
@@ -227,7 +222,7 @@ impl Store {
                 let id = new_probe_id();
                 conn.execute(
                     "INSERT INTO meta (key, value) VALUES ('probe_id', ?1), ('created_ms', ?2)",
-                    params![id, now_ms().to_string()],
+                    params![id, crate::clock::now_ms().to_string()],
                 )
                 .map_err(|e| classify(path, e))?;
                 id
@@ -279,12 +274,15 @@ impl Store {
 
     /// The next unused span id of this probe (ids are never reused).
     pub fn next_span_id(&self) -> Result<u64, StoreError> {
-        let max: Option<i64> = self.conn.query_row(
-            "SELECT MAX(id) FROM spans WHERE probe_id = ?1",
+        // meta remembers the highest id ever stored: retention may have
+        // deleted it, and an id must never be handed out twice
+        let max: i64 = self.conn.query_row(
+            "SELECT MAX(COALESCE((SELECT MAX(id) FROM spans WHERE probe_id = ?1), 0),
+                        COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'last_span_id'), 0))",
             [&self.probe_id],
             |r| r.get(0),
         )?;
-        Ok(max.unwrap_or(0) as u64 + 1)
+        Ok(max as u64 + 1)
     }
 
     /// Inserts finished spans in one transaction.
@@ -358,6 +356,14 @@ impl Store {
                     a.drops.retention as i64
                 ])?;
             }
+            if let Some(max) = spans.iter().map(|s| s.attribution.span as i64).max() {
+                tx.execute(
+                    "INSERT INTO meta (key, value) VALUES ('last_span_id', ?1)
+                     ON CONFLICT (key) DO UPDATE
+                     SET value = MAX(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
+                    [max.to_string()],
+                )?;
+            }
         }
         tx.commit()?;
         Ok(())
@@ -369,7 +375,7 @@ impl Store {
             "SELECT s.id, s.session, s.label, s.started_ms, s.duration_ms, s.exit_code, s.exit_signal,
                     a.failed, a.primitive, a.layer, a.confidence, a.explanation,
                     (SELECT COUNT(*) FROM events e WHERE e.probe_id = s.probe_id AND e.span_id = s.id),
-                    d.kernel, d.retention
+                    d.kernel, d.retention, s.probe_id
              FROM spans s JOIN attributions a ON a.probe_id = s.probe_id AND a.span_id = s.id
              LEFT JOIN drops d ON d.probe_id = s.probe_id AND d.span_id = s.id
              WHERE 1 = 1",
@@ -408,6 +414,7 @@ impl Store {
                 events: r.get::<_, i64>(12)? as u64,
                 drops_kernel: r.get::<_, Option<i64>>(13)?.unwrap_or(0) as u64,
                 drops_retention: r.get::<_, Option<i64>>(14)?.unwrap_or(0) as u64,
+                probe_id: r.get(15)?,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -415,24 +422,24 @@ impl Store {
 
     /// One span's attribution with every stored event.
     pub fn show(&self, span: u64) -> Result<Option<Attribution>, StoreError> {
-        let object: Option<String> = self
+        // this DB's own probe first; an imported span is found by its id too
+        let found: Option<(String, String)> = self
             .conn
             .query_row(
-                "SELECT object FROM attributions WHERE probe_id = ?1 AND span_id = ?2",
+                "SELECT probe_id, object FROM attributions WHERE span_id = ?2
+                 ORDER BY probe_id = ?1 DESC, probe_id LIMIT 1",
                 params![self.probe_id, span as i64],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
-        let Some(object) = object else {
+        let Some((probe_id, object)) = found else {
             return Ok(None);
         };
         let mut a: Attribution = serde_json::from_str(&object)?;
         let mut stmt = self.conn.prepare(
             "SELECT detail FROM events WHERE probe_id = ?1 AND span_id = ?2 ORDER BY seq",
         )?;
-        let details = stmt.query_map(params![self.probe_id, span as i64], |r| {
-            r.get::<_, String>(0)
-        })?;
+        let details = stmt.query_map(params![probe_id, span as i64], |r| r.get::<_, String>(0))?;
         a.events = Vec::new();
         for d in details {
             a.events.push(serde_json::from_str::<KernelEvent>(&d?)?);
@@ -447,7 +454,7 @@ impl Store {
     ) -> Result<RetentionTotals, StoreError> {
         let mut removed = RetentionTotals::default();
         if let Some(age) = policy.max_age_secs {
-            let cutoff = now_ms() - (age as i64) * 1000;
+            let cutoff = crate::clock::now_ms() - (age as i64) * 1000;
             let r = self.delete_spans_where("started_ms < ?1", cutoff, "age")?;
             removed.spans_removed += r.spans_removed;
             removed.events_removed += r.events_removed;
@@ -498,7 +505,7 @@ impl Store {
         if spans > 0 {
             tx.execute(
                 "INSERT INTO retention_log (at_ms, reason, spans_removed, events_removed) VALUES (?1, ?2, ?3, ?4)",
-                params![now_ms(), reason, spans, events],
+                params![crate::clock::now_ms(), reason, spans, events],
             )?;
         }
         tx.commit()?;
@@ -537,7 +544,7 @@ impl Store {
         let mut w = std::io::BufWriter::new(file);
         let rows = self.spans(filter)?;
         for row in rows.iter().rev() {
-            let line = self.export_line(row.span)?;
+            let line = self.export_line(&row.probe_id, row.span)?;
             serde_json::to_writer(&mut w, &line)?;
             w.write_all(b"\n")
                 .map_err(|e| StoreError::Io(out.into(), e))?;
@@ -546,7 +553,7 @@ impl Store {
         Ok(rows.len())
     }
 
-    fn export_line(&self, id: u64) -> Result<ExportLine, StoreError> {
+    fn export_line(&self, probe_id: &str, id: u64) -> Result<ExportLine, StoreError> {
         let (span, object, decisive, drops) = self.conn.query_row(
             "SELECT s.session, s.label, s.started_ms, s.ended_ms, s.duration_ms, s.exit_code, s.exit_signal,
                     a.failed, a.primitive, a.layer, a.confidence, a.explanation, a.object, a.decisive,
@@ -554,7 +561,7 @@ impl Store {
              FROM spans s JOIN attributions a ON a.probe_id = s.probe_id AND a.span_id = s.id
              JOIN drops d ON d.probe_id = s.probe_id AND d.span_id = s.id
              WHERE s.probe_id = ?1 AND s.id = ?2",
-            params![self.probe_id, id as i64],
+            params![probe_id, id as i64],
             |r| {
                 Ok((
                     ExportSpan {
@@ -582,11 +589,11 @@ impl Store {
             "SELECT detail FROM events WHERE probe_id = ?1 AND span_id = ?2 ORDER BY seq",
         )?;
         let events = stmt
-            .query_map(params![self.probe_id, id as i64], |r| r.get::<_, String>(0))?
+            .query_map(params![probe_id, id as i64], |r| r.get::<_, String>(0))?
             .map(|d| Ok(RawValue::from_string(d?)?))
             .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(ExportLine {
-            probe_id: self.probe_id.clone(),
+            probe_id: probe_id.to_string(),
             span,
             attribution: RawValue::from_string(object)?,
             decisive: decisive.map(RawValue::from_string).transpose()?,
@@ -619,14 +626,14 @@ impl Store {
                     let key = if table == "spans" { "id" } else { "span_id" };
                     tx.execute(
                         &format!("INSERT INTO main.{table} SELECT * FROM src.{table} WHERE probe_id = ?1 AND {key} = ?2"),
-                        params![self.probe_id, id],
+                        params![row.probe_id, id],
                     )?;
                 }
             }
             tx.execute(
-                "INSERT OR IGNORE INTO main.sessions SELECT * FROM src.sessions WHERE probe_id = ?1
-                 AND id IN (SELECT session FROM main.spans)",
-                [&self.probe_id],
+                "INSERT OR IGNORE INTO main.sessions SELECT * FROM src.sessions s
+                 WHERE EXISTS (SELECT 1 FROM main.spans m WHERE m.probe_id = s.probe_id AND m.session = s.id)",
+                [],
             )?;
             tx.commit()?;
             Ok(())
@@ -922,5 +929,32 @@ mod tests {
         let mut fresh2 = Store::open(&dir.path().join("fresh2.db")).unwrap();
         assert_eq!(fresh2.import(&sq).unwrap(), 2);
         assert_eq!(dump(&st), dump(&fresh2));
+    }
+
+    #[test]
+    fn span_ids_are_not_reused_after_retention_and_imports_are_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = Store::open(&dir.path().join("e.db")).unwrap();
+        st.insert(&[span(1, "s", 1), span(2, "s", 1)]).unwrap();
+        st.apply_retention(&RetentionPolicy {
+            max_age_secs: Some(60),
+            max_db_bytes: None,
+        })
+        .unwrap();
+        assert_eq!(
+            st.next_span_id().unwrap(),
+            3,
+            "ids continue after retention emptied the DB"
+        );
+        // another probe's export, imported: listed and shown by id
+        let mut other = Store::open(&dir.path().join("other.db")).unwrap();
+        other.insert(&[span(7, "o", 1)]).unwrap();
+        let out = dir.path().join("o.jsonl");
+        other.export_jsonl(&SpanFilter::default(), &out).unwrap();
+        st.import(&out).unwrap();
+        let rows = st.spans(&SpanFilter::default()).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].probe_id, other.probe_id());
+        assert_eq!(st.show(7).unwrap().unwrap().events.len(), 1);
     }
 }

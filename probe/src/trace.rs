@@ -48,13 +48,6 @@ pub const READ_INTERVAL: Duration = Duration::from_millis(10);
 /// Span id used by `probe trace` (it owns its programs, so any non-zero id works).
 const TRACE_SPAN: u64 = 1;
 
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let ts =
-        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
-}
-
 /// Drains everything the ring buffer holds into `span`. Returns records read.
 pub fn drain(probe: &mut Probe, span: &mut SpanEvidence) -> usize {
     let mut n = 0;
@@ -97,7 +90,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     }
 
     let drops_before = probe.drops();
-    let start_ns = monotonic_ns();
+    let start_ns = crate::clock::monotonic_ns();
     let started = Instant::now();
     let mut span = SpanEvidence::new(TRACE_SPAN, None, label, start_ns);
     if let Some(cap) = opts.event_cap {
@@ -183,13 +176,20 @@ fn wait_collecting(
     sig_r: &UnixStream,
     timeout: Option<Duration>,
 ) -> anyhow::Result<(ExitStatus, bool, Option<Duration>)> {
-    let pidfd = pidfd_open(child.id()).context("pidfd_open")?;
+    let pidfd = match pidfd_open(child.id()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e).context("pidfd_open");
+        }
+    };
+    let ring_fd = probe.events().as_fd().try_clone_to_owned()?;
     let started = Instant::now();
     let mut interrupted = false;
     let mut timed_out = None;
     let mut kill_at: Option<Instant> = None;
     loop {
-        let ring_fd = probe.events().as_fd().try_clone_to_owned()?;
         let mut fds = [
             PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN),
             PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),

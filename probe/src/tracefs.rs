@@ -99,11 +99,12 @@ pub fn offsets(root: &Path) -> Result<Offsets, TracefsError> {
     let oom = format(root, "oom/mark_victim")?;
     let f = |fields: &[(String, u32)], tp: &str, name: &str| field(fields, tp, name);
     Ok(Offsets {
-        fork_parent_pid: f(&fork, "sched_process_fork", "parent_pid")?,
+        // not read by the programs today; u32::MAX marks a missing field
+        fork_parent_pid: f(&fork, "sched_process_fork", "parent_pid").unwrap_or(u32::MAX),
         fork_child_pid: f(&fork, "sched_process_fork", "child_pid")?,
         exec_filename: f(&exec, "sched_process_exec", "filename")?,
         exec_old_pid: f(&exec, "sched_process_exec", "old_pid")?,
-        exit_pid: f(&exit, "sched_process_exit", "pid")?,
+        exit_pid: f(&exit, "sched_process_exit", "pid").unwrap_or(u32::MAX),
         // older kernels have no group_dead: u32::MAX tells the eBPF side to
         // fall back to "the thread-group leader exited"
         exit_group_dead: f(&exit, "sched_process_exit", "group_dead").unwrap_or(u32::MAX),
@@ -112,9 +113,10 @@ pub fn offsets(root: &Path) -> Result<Offsets, TracefsError> {
         signal_pid: f(&sig, "signal_generate", "pid")?,
         signal_result: f(&sig, "signal_generate", "result")?,
         oom_pid: f(&oom, "mark_victim", "pid")?,
-        oom_comm: f(&oom, "mark_victim", "comm").unwrap_or(0),
-        oom_total_vm: f(&oom, "mark_victim", "total_vm").unwrap_or(0),
-        oom_anon_rss: f(&oom, "mark_victim", "anon_rss").unwrap_or(0),
+        // older kernels report only the pid: u32::MAX makes the program skip these
+        oom_comm: f(&oom, "mark_victim", "comm").unwrap_or(u32::MAX),
+        oom_total_vm: f(&oom, "mark_victim", "total_vm").unwrap_or(u32::MAX),
+        oom_anon_rss: f(&oom, "mark_victim", "anon_rss").unwrap_or(u32::MAX),
     })
 }
 

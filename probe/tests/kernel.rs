@@ -698,3 +698,31 @@ fn no_command_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("CMD"));
 }
+
+#[test]
+fn a_crash_after_a_thread_exited_is_still_a_crash() {
+    if !root() {
+        return;
+    }
+    // glibc ends each pthread with exit(0): that must not become the
+    // process's status when the process later dies by SIGSEGV
+    let t = sh("python3 -c 'import threading, ctypes; t = threading.Thread(target=len, args=([],)); t.start(); t.join(); ctypes.string_at(0)'; exit 1");
+    t.expect("signal", None);
+    assert!(t.json["explanation"].as_str().unwrap().contains("SIGSEGV"), "{}", t.context());
+}
+
+#[test]
+fn exec_from_a_non_leader_thread_stays_traced() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let missing = dir.path().join("after-exec.csv");
+    let script = format!(
+        "import threading, os, time\nthreading.Thread(target=lambda: os.execv('/bin/cat', ['cat', {:?}])).start()\ntime.sleep(10)",
+        missing.to_str().unwrap()
+    );
+    let t = trace(&["python3", "-c", &script]);
+    t.expect("fs.missing", Some("openat"));
+    assert_eq!(t.decisive("path"), missing.to_str());
+}

@@ -226,6 +226,13 @@ pub enum ArgRole {
     First,
 }
 
+/// write, pwrite64, writev, ftruncate, fallocate, pwritev: `args[0]` is
+/// the fd written through.
+#[inline(always)]
+pub const fn is_fd_syscall(nr: i64) -> bool {
+    matches!(nr, 1 | 18 | 20 | 77 | 285 | 296)
+}
+
 /// Whether `sys_enter` must do more than mark the syscall in flight for
 /// `nr`: time it (paths, addresses) or keep an argument that is gone or
 /// needed before `sys_exit` (exit code, clone flags). Everything else is
@@ -311,7 +318,7 @@ pub const fn syscall_arg_role(nr: i64) -> ArgRole {
         56 | 60 | 157 | 231 | 317 | 435 => ArgRole::First,
         // write, pwrite64, writev, ftruncate, fallocate, pwritev: the fd, so
         // userspace can name the file an ENOSPC hit
-        1 | 18 | 20 | 77 | 285 | 296 => ArgRole::First,
+        n if is_fd_syscall(n) => ArgRole::First,
         // dup2, dup3: the old fd
         33 | 292 => ArgRole::First,
         _ => ArgRole::None,
