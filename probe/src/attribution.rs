@@ -8,7 +8,7 @@
 //! failures that match no rule (ENOTTY, EAGAIN on reads, module searches)
 //! are never blamed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -397,7 +397,7 @@ pub fn is_search_noise(path: &str) -> bool {
 /// A failure event's primitive and weight, or None when it is not evidence.
 /// Index of the last successful exec per pid: a failure before it belongs
 /// to a program image that was replaced.
-fn last_exec(events: &[KernelEvent]) -> HashMap<u32, usize> {
+fn last_exec(events: &VecDeque<KernelEvent>) -> HashMap<u32, usize> {
     events
         .iter()
         .enumerate()
@@ -409,7 +409,7 @@ fn last_exec(events: &[KernelEvent]) -> HashMap<u32, usize> {
 /// Scores `events[i]`; `execs` from [`last_exec`].
 fn score(
     span: &SpanEvidence,
-    events: &[KernelEvent],
+    events: &VecDeque<KernelEvent>,
     i: usize,
     execs: &HashMap<u32, usize>,
 ) -> Option<(Primitive, f64)> {
@@ -508,14 +508,14 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
     let failing = |pid: u32| {
         Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed())
     };
-    let events: Vec<KernelEvent> = span.events.iter().cloned().collect();
-    let execs = last_exec(&events);
+    let events = &span.events;
+    let execs = last_exec(events);
     let mut best: Option<(usize, Primitive, f64)> = None;
     for (i, ev) in events.iter().enumerate().rev() {
         if !matches!(ev.kind, Kind::SyscallFailed | Kind::SeccompDenied) || !failing(ev.pid) {
             continue;
         }
-        let Some((primitive, weight)) = score(span, &events, i, &execs) else {
+        let Some((primitive, weight)) = score(span, events, i, &execs) else {
             continue;
         };
         // strictly greater: among equals, the latest (seen first) wins
@@ -628,8 +628,8 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
 /// failing exits. Repeats of the same call are shown once.
 fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<KernelEvent> {
     const MAX: usize = 30;
-    let events: Vec<KernelEvent> = span.events.iter().cloned().collect();
-    let execs = last_exec(&events);
+    let events = &span.events;
+    let execs = last_exec(events);
     let failing = |pid: u32| {
         Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed())
     };
@@ -639,7 +639,7 @@ fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<K
             Kind::SeccompDenied | Kind::Signal | Kind::OomVictim => true,
             Kind::Exit => Some(e.pid) == span.root_pid || e.exit_code.is_none(),
             Kind::SyscallFailed => {
-                failing(e.pid) && score(span, &events, i, &execs).is_some_and(|(_, w)| w >= 0.5)
+                failing(e.pid) && score(span, events, i, &execs).is_some_and(|(_, w)| w >= 0.5)
             }
             _ => false,
         };

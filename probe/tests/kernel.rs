@@ -706,9 +706,15 @@ fn a_crash_after_a_thread_exited_is_still_a_crash() {
     }
     // glibc ends each pthread with exit(0): that must not become the
     // process's status when the process later dies by SIGSEGV
-    let t = sh("python3 -c 'import threading, ctypes; t = threading.Thread(target=len, args=([],)); t.start(); t.join(); ctypes.string_at(0)'; exit 1");
+    let t = sh(
+        "python3 -c 'import threading, ctypes; t = threading.Thread(target=len, args=([],)); t.start(); t.join(); ctypes.string_at(0)'; exit 1",
+    );
     t.expect("signal", None);
-    assert!(t.json["explanation"].as_str().unwrap().contains("SIGSEGV"), "{}", t.context());
+    assert!(
+        t.json["explanation"].as_str().unwrap().contains("SIGSEGV"),
+        "{}",
+        t.context()
+    );
 }
 
 #[test]
