@@ -13,18 +13,27 @@ pub fn is_noexec(path: &str, pid: u32, fallback_pid: Option<u32>) -> Option<bool
         let Ok(info) = std::fs::read_to_string(format!("{proc_dir}/mountinfo")) else {
             continue;
         };
-        let absolute = if path.starts_with('/') {
-            path.to_string()
-        } else {
-            let Ok(cwd) = std::fs::read_link(format!("{proc_dir}/cwd")) else {
-                continue;
-            };
-            format!("{}/{}", cwd.display(), path)
+        let Some(absolute) = absolute_in(path, &proc_dir) else {
+            continue;
         };
         return mount_options_for(&info, &absolute)
             .map(|opts| opts.split(',').any(|o| o == "noexec"));
     }
     None
+}
+
+/// `path` made absolute against the cwd of the process at `proc_dir`
+/// (`/proc/PID`): None when it is relative and that cwd is gone.
+pub fn absolute_in(path: &str, proc_dir: &str) -> Option<String> {
+    if path.starts_with('/') {
+        return Some(path.to_string());
+    }
+    let cwd = std::fs::read_link(format!("{proc_dir}/cwd")).ok()?;
+    Some(format!(
+        "{}/{}",
+        cwd.display().to_string().trim_end_matches('/'),
+        path.trim_start_matches("./")
+    ))
 }
 
 /// The per-mount options of the mount that holds `path` in a mountinfo text

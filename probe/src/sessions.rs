@@ -53,18 +53,9 @@ pub fn mount_ns(pid: u32) -> Option<String> {
         .map(|p| p.display().to_string())
 }
 
-/// `path` made absolute against `pid`'s cwd (None when relative and the
-/// cwd is gone).
+/// `path` made absolute against `pid`'s cwd.
 fn absolute(path: &str, pid: u32) -> Option<String> {
-    if path.starts_with('/') {
-        return Some(path.to_string());
-    }
-    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
-    Some(format!(
-        "{}/{}",
-        cwd.display().to_string().trim_end_matches('/'),
-        path.trim_start_matches("./")
-    ))
+    crate::mounts::absolute_in(path, &format!("/proc/{pid}"))
 }
 
 impl Sessions {
