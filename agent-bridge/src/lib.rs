@@ -1,3 +1,23 @@
-//! agent-bridge: the MCP server that exposes the sandbox to coding agents,
-//! and the campaign runner. Not built yet: this crate reserves its place in
-//! the workspace the design card fixes.
+//! agent-bridge: the MCP server for the sandbox.
+//!
+//! Layout (data flows down): [`server`] speaks MCP and hands each call to
+//! its [`session`], which checks arguments ([`tools`]) and runs workloads
+//! ([`workload`], [`process`] for background ones) under the profile
+//! ([`profile`] → [`sandbox`], [`cgroup`]) with a probe span ([`kernel`]).
+//! File tools run in a child too ([`worker`]). Payloads are described by
+//! [`bytes`]; [`fault`] corrupts them on purpose when asked.
+
+pub mod bytes;
+pub mod cgroup;
+pub mod fault;
+pub mod kernel;
+pub mod process;
+pub mod profile;
+pub mod results;
+pub mod sandbox;
+pub mod server;
+pub mod session;
+pub mod stdio_guard;
+pub mod tools;
+pub mod worker;
+pub mod workload;

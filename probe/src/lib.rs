@@ -20,6 +20,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod event;
+pub mod fault;
 pub mod loader;
 pub mod mounts;
 pub mod primitive;

@@ -6,7 +6,7 @@
 //! first syscall, is traced, and its children inherit the span in the kernel.
 
 use std::io::{self, Read as _, Write as _};
-use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command};
 
@@ -18,6 +18,22 @@ use std::process::{Child, Command};
 pub fn spawn_attached<E>(
     cmd: &mut Command,
     attach: impl FnOnce(u32) -> Result<(), E>,
+) -> Result<(io::Result<Child>, u32), SpawnError<E>> {
+    spawn_attached_with(cmd, attach, |_| Ok(()))
+}
+
+/// Like [`spawn_attached`], then runs `setup` in the child once it is
+/// attached, just before exec, so the probe sees the setup too (a sandbox
+/// applying mounts, limits and seccomp filters).
+///
+/// `setup` runs between fork and exec: it must only make async-signal-safe
+/// calls and must not allocate. It gets a file descriptor for a short
+/// message saying what failed; when it returns an error, the spawn result
+/// is that error with the message appended.
+pub fn spawn_attached_with<E>(
+    cmd: &mut Command,
+    attach: impl FnOnce(u32) -> Result<(), E>,
+    mut setup: impl FnMut(RawFd) -> io::Result<()> + Send + Sync + 'static,
 ) -> Result<(io::Result<Child>, u32), SpawnError<E>> {
     let (pid_r, pid_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
@@ -36,7 +52,7 @@ pub fn spawn_attached<E>(
                     "the probe could not attach this process; not running it",
                 ));
             }
-            Ok(())
+            setup(pid_w_raw)
         });
     }
     std::thread::scope(|s| {
@@ -67,7 +83,15 @@ pub fn spawn_attached<E>(
         let go = [u8::from(attached.is_ok())];
         let _ = go_w.write_all(&go);
         drop(go_w);
-        let spawned = spawner.join().expect("spawner thread panicked");
+        let mut spawned = spawner.join().expect("spawner thread panicked");
+        if let Err(e) = &spawned {
+            // what the setup hook wrote before failing, if anything
+            let mut why = String::new();
+            let _ = pid_r.read_to_string(&mut why);
+            if !why.is_empty() {
+                spawned = Err(io::Error::new(e.kind(), format!("{why}: {e}")));
+            }
+        }
         match attached {
             Ok(()) => Ok((spawned, pid)),
             Err(e) => Err(SpawnError::Attach(e)),

@@ -10,6 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod clients;
 mod demo;
 
 #[derive(Parser)]
@@ -27,7 +28,8 @@ enum Cmd {
     /// Install what the build and tests need: nightly rust-src, bpf-linker
     /// 0.10.0, Debian packages (iproute2, util-linux, strace, bpftrace, gcc).
     Setup,
-    /// Run every test: unit tests, then the kernel tests (as root, one thread).
+    /// Run every test: unit tests, the Python SDK and conformance clients,
+    /// then the kernel, daemon and bridge tests (as root).
     Test {
         /// Extra arguments for the kernel test binary (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
@@ -182,6 +184,13 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     // default-members: every crate but probe-ebpf, which only builds for BPF
     run(Command::new("cargo").args(["test", "--lib", "--bins"]))?;
     run(Command::new("cargo").args(["test", "-p", "probe", "--test", "docs"]))?;
+    // independent MCP clients against the real bridge binary
+    clients::install()?;
+    let bin = build_probe()?;
+    run(Command::new("cargo").args(["build", "-p", "agent-bridge"]))?;
+    let bridge = bin.join("agent-bridge");
+    clients::python_sdk(&bridge)?;
+    clients::conformance(&bridge)?;
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
     if !is_root() {
         if ci {
@@ -190,6 +199,16 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         eprintln!("xtask: NOT ROOT — kernel tests skipped (run `sudo -E cargo xtask test`)");
         return Ok(());
     }
+    // the bridge through rmcp's client, and every profile on the real kernel
+    run(Command::new("cargo").args([
+        "test",
+        "-p",
+        "agent-bridge",
+        "--test",
+        "bridge",
+        "--test",
+        "profiles",
+    ]))?;
     let mut cmd = Command::new("cargo");
     cmd.args([
         "test",

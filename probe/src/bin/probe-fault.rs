@@ -7,14 +7,13 @@
 //! probe-fault --seccomp kill:socket --rlimit nproc=20 -- python3 job.py
 //! ```
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::BpfProgram;
 
 #[derive(Parser)]
 #[command(
@@ -87,28 +86,8 @@ fn filter(spec: &str) -> anyhow::Result<BpfProgram> {
     let (action, syscalls) = spec
         .split_once(':')
         .with_context(|| format!("`{spec}`: expected ACTION:SYSCALLS"))?;
-    let action = match action {
-        "errno" => SeccompAction::Errno(libc::EPERM as u32),
-        "kill" => SeccompAction::KillProcess,
-        "trap" => SeccompAction::Trap,
-        "log" => SeccompAction::Log,
-        a if a.starts_with("errno=") => {
-            let name = &a[6..];
-            let n = (1..134)
-                .find(|&n| format!("{:?}", nix::errno::Errno::from_raw(n)) == name)
-                .with_context(|| format!("unknown errno `{name}`"))?;
-            SeccompAction::Errno(n as u32)
-        }
-        a => bail!("unknown seccomp action `{a}` (errno, errno=ENAME, kill, trap, log)"),
-    };
-    let mut rules = BTreeMap::new();
-    for name in syscalls.split(',') {
-        let nr =
-            probe::syscalls::number(name).with_context(|| format!("unknown syscall `{name}`"))?;
-        rules.insert(nr, vec![]);
-    }
-    let filter = SeccompFilter::new(rules, SeccompAction::Allow, action, TargetArch::x86_64)?;
-    Ok(filter.try_into()?)
+    let syscalls: Vec<&str> = syscalls.split(',').collect();
+    Ok(probe::fault::seccomp_filter(action, &syscalls)?)
 }
 
 fn rlimit(spec: &str) -> anyhow::Result<(i32, u64)> {

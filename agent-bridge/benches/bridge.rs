@@ -1,0 +1,374 @@
+//! Bridge benchmark (`cargo bench -p agent-bridge --bench bridge`, run by
+//! `cargo xtask bench`): exec `true` latency over stdio and HTTP with and
+//! without the probe, against spawning `true` directly; 64 MiB read_file and
+//! write_file throughput against a raw pipe; the bridge's peak RSS during a
+//! 64 MiB transfer. Prints a Markdown section on stdout.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt as _};
+use serde_json::{Value, json};
+
+const BRIDGE: &str = env!("CARGO_BIN_EXE_agent-bridge");
+const CALLS: usize = 500;
+const MIB64: usize = 64 << 20;
+
+type Client = RunningService<RoleClient, ()>;
+
+fn probe_bin() -> PathBuf {
+    Path::new(BRIDGE).with_file_name("probe")
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
+
+fn start_daemon(dir: &Path) -> (Daemon, PathBuf) {
+    let socket = dir.join("probe.sock");
+    let child = Command::new(probe_bin())
+        .args(["run", "--socket"])
+        .arg(&socket)
+        .arg("--db")
+        .arg(dir.join("evidence.db"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("probe run (build it: cargo build --release -p probe)");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while probe::client::Client::connect(&socket)
+        .and_then(|mut c| c.hello())
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the probe daemon did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (Daemon(child), socket)
+}
+
+fn probe_args(socket: Option<&Path>) -> Vec<String> {
+    match socket {
+        Some(s) => vec!["--probe-socket".into(), s.display().to_string()],
+        None => vec!["--no-probe".into()],
+    }
+}
+
+/// A bridge process and a client; the process is killed on drop.
+struct Bridge {
+    client: Client,
+    pid: u32,
+    url: Option<String>,
+    _child: BridgeChild,
+}
+
+enum BridgeChild {
+    Tokio(#[allow(dead_code)] tokio::process::Child),
+    Std(Child),
+}
+
+impl Drop for BridgeChild {
+    fn drop(&mut self) {
+        if let BridgeChild::Std(c) = self {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+async fn stdio(socket: Option<&Path>) -> Bridge {
+    let mut child = tokio::process::Command::new(BRIDGE)
+        .arg("serve")
+        .arg("--stdio")
+        .args(probe_args(socket))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(
+        child.stdout.take().unwrap(),
+        child.stdin.take().unwrap(),
+    )
+    .with_max_line_length(512 << 20);
+    let client = ().serve(transport).await.unwrap();
+    let pid = child.id().unwrap();
+    Bridge {
+        client,
+        pid,
+        url: None,
+        _child: BridgeChild::Tokio(child),
+    }
+}
+
+async fn http(socket: Option<&Path>) -> Bridge {
+    use std::io::BufRead as _;
+    let mut child = Command::new(BRIDGE)
+        .arg("serve")
+        .args(["--http", "127.0.0.1:0"])
+        .args(probe_args(socket))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().unwrap().unwrap();
+        if let Some(u) = line.split("serving MCP at ").nth(1) {
+            break u.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    let client = connect_http(&url).await;
+    let pid = child.id();
+    Bridge {
+        client,
+        pid,
+        url: Some(url),
+        _child: BridgeChild::Std(child),
+    }
+}
+
+async fn connect_http(url: &str) -> Client {
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_string())
+        .max_sse_event_size(512 << 20)
+        .max_json_response_size(512 << 20);
+    ().serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .unwrap()
+}
+
+async fn call(client: &Client, tool: &str, args: Value) -> Value {
+    let r = client
+        .call_tool(
+            CallToolRequestParams::new(tool.to_string())
+                .with_arguments(args.as_object().cloned().unwrap()),
+        )
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{tool}: {:?}", r.content);
+    r.structured_content.unwrap()
+}
+
+struct Latency {
+    p50_ms: f64,
+    p99_ms: f64,
+    per_s: f64,
+}
+
+fn latency(mut ms: Vec<f64>, wall: Duration) -> Latency {
+    ms.sort_by(f64::total_cmp);
+    Latency {
+        p50_ms: ms[ms.len() / 2],
+        p99_ms: ms[(ms.len() * 99 / 100).min(ms.len() - 1)],
+        per_s: ms.len() as f64 / wall.as_secs_f64(),
+    }
+}
+
+async fn exec_true(b: &Bridge, probe: bool) -> Latency {
+    for _ in 0..20 {
+        call(&b.client, "exec", json!({"argv": ["true"]})).await;
+    }
+    let mut ms = Vec::with_capacity(CALLS);
+    let start = Instant::now();
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        let r = call(&b.client, "exec", json!({"argv": ["true"]})).await;
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(r["kernel"]["available"], probe, "{}", r["kernel"]);
+    }
+    latency(ms, start.elapsed())
+}
+
+fn direct_true() -> Latency {
+    let mut ms = Vec::with_capacity(CALLS);
+    let start = Instant::now();
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        let s = Command::new("true")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert!(s.status.success());
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    latency(ms, start.elapsed())
+}
+
+fn vm_hwm_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn mbps(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / 1e6 / d.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// (write MB/s, read MB/s) for 64 MiB, median of 3.
+async fn transfer(b: &Bridge, dir: &Path, data: &[u8]) -> (f64, f64) {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+    let path = dir.join("payload.bin");
+    let (mut w, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        let s = call(
+            &b.client,
+            "write_file",
+            json!({"path": path, "content_base64": b64}),
+        )
+        .await;
+        w.push(mbps(data.len(), t.elapsed()));
+        assert_eq!(s["size"], data.len() as u64);
+        let t = Instant::now();
+        let s = call(&b.client, "read_file", json!({"path": path})).await;
+        r.push(mbps(data.len(), t.elapsed()));
+        assert_eq!(s["bytes"], data.len() as u64);
+    }
+    (median(w), median(r))
+}
+
+/// The baseline for throughput: the same bytes through a pipe from `cat`.
+fn raw_pipe(path: &Path) -> f64 {
+    let mut v = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let out = Command::new("cat").arg(path).output().unwrap();
+        assert_eq!(out.stdout.len(), MIB64);
+        v.push(mbps(MIB64, t.elapsed()));
+    }
+    median(v)
+}
+
+#[tokio::main]
+async fn main() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("the bridge benchmark needs root (probe daemon, cgroups)");
+        std::process::exit(1);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_daemon, socket) = start_daemon(dir.path());
+    let mut out = String::from("## agent-bridge\n\n");
+    out.push_str(&format!(
+        "`cargo bench -p agent-bridge --bench bridge`: {CALLS} sequential `exec {{\"argv\": [\"true\"]}}` calls per row after 20 warm-up calls, \
+         one rmcp client; the baseline spawns `true` directly from the benchmark (fork, exec, wait, pipes) in the same run.\n\n"
+    ));
+    out.push_str("| exec `true` | p50 ms | p99 ms | calls/s | p50 vs direct spawn |\n|---|---|---|---|---|\n");
+    let base = direct_true();
+    out.push_str(&format!(
+        "| direct spawn (baseline) | {:.2} | {:.2} | {:.0} | 1.00× |\n",
+        base.p50_ms, base.p99_ms, base.per_s
+    ));
+    for (name, probe) in [
+        ("stdio", false),
+        ("stdio", true),
+        ("http", false),
+        ("http", true),
+    ] {
+        let socket = probe.then_some(socket.as_path());
+        let b = if name == "stdio" {
+            stdio(socket).await
+        } else {
+            http(socket).await
+        };
+        let l = exec_true(&b, probe).await;
+        let label = format!(
+            "{name}, {}",
+            if probe { "probe attached" } else { "no probe" }
+        );
+        out.push_str(&format!(
+            "| {label} | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
+            l.p50_ms,
+            l.p99_ms,
+            l.per_s,
+            l.p50_ms / base.p50_ms
+        ));
+        eprintln!("bench: exec true over {label}: p50 {:.2} ms", l.p50_ms);
+    }
+    // concurrency: 8 HTTP sessions of one bridge at once, probe attached
+    {
+        let b = http(Some(&socket)).await;
+        let url = b.url.clone().unwrap();
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let url = url.clone();
+            tasks.push(tokio::spawn(async move {
+                let client = connect_http(&url).await;
+                let mut ms = Vec::new();
+                for _ in 0..CALLS / 4 {
+                    let t = Instant::now();
+                    call(&client, "exec", json!({"argv": ["true"]})).await;
+                    ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+                ms
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        let l = latency(all, start.elapsed());
+        out.push_str(&format!(
+            "| http, probe attached, 8 concurrent sessions | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
+            l.p50_ms,
+            l.p99_ms,
+            l.per_s,
+            l.p50_ms / base.p50_ms
+        ));
+        eprintln!("bench: 8 concurrent HTTP sessions: {:.0} calls/s", l.per_s);
+    }
+    let data: Vec<u8> = (0..MIB64).map(|i| (i * 7 + i / 4096) as u8).collect();
+    std::fs::write(dir.path().join("raw.bin"), &data).unwrap();
+    let raw = raw_pipe(&dir.path().join("raw.bin"));
+    out.push_str(&format!(
+        "\n64 MiB of non-text bytes (base64 on the wire), probe attached, median of 3; baseline: `cat` of the same file into a pipe, {raw:.0} MB/s.\n\n\
+         | transport | write_file MB/s | read_file MB/s | bridge peak RSS (VmHWM) | peak / payload |\n|---|---|---|---|---|\n"
+    ));
+    for name in ["stdio", "http"] {
+        let b = if name == "stdio" {
+            stdio(Some(&socket)).await
+        } else {
+            http(Some(&socket)).await
+        };
+        let before = vm_hwm_kib(b.pid);
+        let (w, r) = transfer(&b, dir.path(), &data).await;
+        let peak = vm_hwm_kib(b.pid);
+        out.push_str(&format!(
+            "| {name} | {w:.0} ({:.2}× raw) | {r:.0} ({:.2}× raw) | {:.0} MiB (idle {:.0} MiB) | {:.2}× |\n",
+            w / raw,
+            r / raw,
+            peak as f64 / 1024.0,
+            before as f64 / 1024.0,
+            peak as f64 * 1024.0 / MIB64 as f64
+        ));
+        eprintln!(
+            "bench: 64 MiB over {name}: write {w:.0} MB/s, read {r:.0} MB/s, peak {} MiB",
+            peak / 1024
+        );
+    }
+    out.push_str("\nTargets (issue 4): p50 ≤ 5 ms for exec `true` with the probe attached; ≥ 150 MB/s each way; peak RSS ≤ 5× the payload.\n");
+    print!("{out}");
+}

@@ -1,0 +1,200 @@
+//! A cgroup per call: the whole process tree of a workload can be found and
+//! killed (nothing leaks past the call), and memory/pids limits apply.
+//!
+//! Works with cgroup v2 (unified, or hybrid at /sys/fs/cgroup/unified) and
+//! v1 hierarchies; this machine has v1 memory and pids plus a cgroup2 mount
+//! without controllers, which is still enough to track and kill a tree.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const PARENT: &str = "agent-bridge";
+
+/// Where a controller (or plain tracking, for `None`) lives.
+#[derive(Debug, Clone)]
+enum Hierarchy {
+    V1(PathBuf),
+    V2(PathBuf),
+}
+
+fn v2_root() -> Option<PathBuf> {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.controllers").exists())
+}
+
+fn hierarchy(controller: Option<&str>) -> Option<Hierarchy> {
+    let Some(controller) = controller else {
+        return v2_root().map(Hierarchy::V2);
+    };
+    if let Some(root) = v2_root() {
+        let have = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        if have.split_whitespace().any(|c| c == controller) {
+            return Some(Hierarchy::V2(root));
+        }
+    }
+    let v1 = Path::new("/sys/fs/cgroup").join(controller);
+    (v1.join("cgroup.procs").exists() && !v1.join("cgroup.controllers").exists())
+        .then_some(Hierarchy::V1(v1))
+}
+
+/// The cgroups of one call, removed (after killing what is left) on drop.
+#[derive(Debug, Default)]
+pub struct CallCgroups {
+    dirs: Vec<PathBuf>,
+    /// The directory whose `cgroup.procs` lists the whole tree.
+    tracking: Option<PathBuf>,
+}
+
+/// What a call's cgroups should enforce.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Limits {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u32>,
+}
+
+impl CallCgroups {
+    /// Creates the call's cgroups. Tracking is best effort (none without
+    /// root); a limit that cannot be applied is an error.
+    pub fn create(name: &str, limits: Limits) -> io::Result<CallCgroups> {
+        let mut cg = CallCgroups::default();
+        if let Some(h) = hierarchy(None)
+            && let Ok(dir) = make_dir(&h, name, None)
+        {
+            cg.tracking = Some(dir.clone());
+            cg.dirs.push(dir);
+        }
+        if let Some(bytes) = limits.memory_bytes {
+            let h = hierarchy(Some("memory")).ok_or_else(|| {
+                io::Error::other("no cgroup hierarchy with the memory controller")
+            })?;
+            let file = match h {
+                Hierarchy::V1(_) => "memory.limit_in_bytes",
+                Hierarchy::V2(_) => "memory.max",
+            };
+            let dir = make_dir(&h, name, Some("memory"))?;
+            cg.dirs.push(dir.clone());
+            write(&dir.join(file), &bytes.to_string())?;
+            if let Hierarchy::V2(_) = h {
+                let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+            }
+        }
+        if let Some(n) = limits.pids {
+            let h = hierarchy(Some("pids"))
+                .ok_or_else(|| io::Error::other("no cgroup hierarchy with the pids controller"))?;
+            let dir = make_dir(&h, name, Some("pids"))?;
+            cg.dirs.push(dir.clone());
+            write(&dir.join("pids.max"), &n.to_string())?;
+            cg.tracking.get_or_insert(dir);
+        }
+        Ok(cg)
+    }
+
+    /// Moves `pid` (before it execs) into every cgroup of the call.
+    pub fn add(&self, pid: u32) -> io::Result<()> {
+        for dir in &self.dirs {
+            write(&dir.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Every process still in the call's tree (empty without tracking).
+    pub fn pids(&self) -> Vec<i32> {
+        let Some(dir) = &self.tracking else {
+            return vec![];
+        };
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+
+    pub fn is_tracking(&self) -> bool {
+        self.tracking.is_some()
+    }
+
+    /// SIGKILLs the whole tree and waits (up to 2 s) until it is gone.
+    pub fn kill_all(&self) {
+        let Some(dir) = &self.tracking else {
+            return;
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        // cgroup.kill (v2, Linux 5.14+) kills atomically, forks included
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() || Instant::now() > deadline {
+                return;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Whether the memory cgroup saw an OOM kill.
+    pub fn oom_killed(&self) -> bool {
+        self.dirs.iter().any(|d| {
+            let events = std::fs::read_to_string(d.join("memory.events")).unwrap_or_default();
+            let v2 = events
+                .lines()
+                .any(|l| l.strip_prefix("oom_kill ").is_some_and(|n| n.trim() != "0"));
+            let oom = std::fs::read_to_string(d.join("memory.oom_control")).unwrap_or_default();
+            let v1 = oom
+                .lines()
+                .any(|l| l.strip_prefix("oom_kill ").is_some_and(|n| n.trim() != "0"));
+            v1 || v2
+        })
+    }
+}
+
+impl Drop for CallCgroups {
+    fn drop(&mut self) {
+        self.kill_all();
+        for dir in &self.dirs {
+            // a v1 memory cgroup may take a moment to release its charges
+            for _ in 0..100 {
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn make_dir(h: &Hierarchy, name: &str, controller: Option<&str>) -> io::Result<PathBuf> {
+    let (root, v2) = match h {
+        Hierarchy::V1(r) => (r, false),
+        Hierarchy::V2(r) => (r, true),
+    };
+    let parent = root.join(PARENT);
+    if !parent.exists() {
+        match std::fs::create_dir(&parent) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
+    if let (true, Some(c)) = (v2, controller) {
+        // controllers must be enabled down the path to the call's cgroup
+        write(&root.join("cgroup.subtree_control"), &format!("+{c}"))?;
+        write(&parent.join("cgroup.subtree_control"), &format!("+{c}"))?;
+    }
+    let dir = parent.join(name);
+    match std::fs::create_dir(&dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(dir),
+    }
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    std::fs::write(path, value)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}

@@ -1,0 +1,128 @@
+//! The probe daemon as one MCP session sees it: one probe session, one span
+//! per tool call. The bridge works without a daemon; every result then says
+//! `{available: false, reason}`.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use probe::attribution::ExitStatus;
+use probe::client::Client;
+use serde_json::{Value, json};
+
+pub struct Kernel {
+    socket: Option<PathBuf>,
+    session: String,
+    client: Mutex<Option<Client>>,
+}
+
+/// A span that is open for one call, or why there is none.
+#[derive(Debug, Clone)]
+pub enum Span {
+    Open(u64),
+    Unavailable(String),
+}
+
+impl Kernel {
+    /// `socket` None: the probe is switched off (`--no-probe`).
+    pub fn new(socket: Option<PathBuf>, session: String) -> Kernel {
+        Kernel {
+            socket,
+            session,
+            client: Mutex::new(None),
+        }
+    }
+
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// Runs `f` on a connected client, connecting (again) when needed, so a
+    /// daemon started after the bridge is picked up on the next call.
+    fn with_client<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, probe::client::ClientError>,
+    ) -> Result<T, String> {
+        let Some(socket) = &self.socket else {
+            return Err("the probe is switched off (--no-probe)".into());
+        };
+        let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(Client::connect(socket).map_err(|e| e.to_string())?);
+        }
+        let client = guard.as_mut().expect("just connected");
+        let result = f(client);
+        if let Err(e) = &result
+            && e.code().is_none()
+        {
+            *guard = None; // the connection broke: reconnect next time
+        }
+        result.map_err(|e| e.to_string())
+    }
+
+    /// Blocking: call from a blocking context.
+    pub fn begin(&self, label: &str) -> Span {
+        match self.with_client(|c| c.begin_span(Some(&self.session), label)) {
+            Ok(id) => Span::Open(id),
+            Err(reason) => Span::Unavailable(reason),
+        }
+    }
+
+    /// Blocking. Attaches `pid` to an open span; on failure the span is
+    /// given up (ended) and the reason returned.
+    pub fn attach(&self, span: &mut Span, pid: u32) {
+        if let Span::Open(id) = *span
+            && let Err(reason) = self.with_client(|c| c.attach(id, pid))
+        {
+            let _ = self.with_client(|c| c.end_span(id, None, None));
+            *span = Span::Unavailable(format!("cannot attach the workload: {reason}"));
+        }
+    }
+
+    /// Blocking. Ends the span and returns the attribution object (or why
+    /// there is none).
+    pub fn end(&self, span: &Span, exit: Option<&ExitStatus>, timed_out_ms: Option<u64>) -> Value {
+        match span {
+            Span::Open(id) => match self.with_client(|c| c.end_span(*id, exit, timed_out_ms)) {
+                Ok(a) => {
+                    let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
+                    v["available"] = Value::Bool(true);
+                    v
+                }
+                Err(reason) => unavailable(&reason),
+            },
+            Span::Unavailable(reason) => unavailable(reason),
+        }
+    }
+
+    /// Blocking. The `kernel_evidence` tool: one span in full, or a
+    /// session's spans (this session's by default).
+    pub fn evidence(&self, span: Option<u64>, session: Option<&str>) -> Value {
+        let query = match span {
+            Some(id) => json!({"op": "query", "span_id": id}),
+            None => {
+                json!({"op": "query", "session": session.unwrap_or(&self.session), "limit": 200})
+            }
+        };
+        match self.with_client(|c| c.call(query)) {
+            Ok(mut r) => {
+                let mut v = json!({"available": true, "session": session.unwrap_or(&self.session)});
+                for key in ["span", "spans"] {
+                    if let Some(x) = r.get_mut(key) {
+                        v[key] = x.take();
+                    }
+                }
+                v
+            }
+            Err(reason) => unavailable(&reason),
+        }
+    }
+
+    /// Blocking. The daemon's status, for server info and diagnostics.
+    pub fn status(&self) -> Result<Value, String> {
+        self.with_client(|c| c.status())
+    }
+}
+
+pub fn unavailable(reason: &str) -> Value {
+    json!({"available": false, "reason": reason})
+}

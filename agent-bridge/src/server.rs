@@ -1,0 +1,272 @@
+//! The MCP server: one [`Session`] per MCP session, over stdio or
+//! Streamable HTTP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse as _, Response};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::json;
+
+use crate::session::{Config, Session};
+
+#[derive(Clone)]
+pub struct Bridge {
+    session: Arc<Session>,
+    config: Arc<Config>,
+    tools: Arc<Vec<Tool>>,
+}
+
+impl Bridge {
+    pub fn new(config: Arc<Config>) -> std::io::Result<Bridge> {
+        Ok(Bridge {
+            session: Arc::new(Session::new(config.clone())?),
+            config,
+            tools: Arc::new(crate::tools::all()),
+        })
+    }
+}
+
+/// The name clients show: an interface fault is impossible to miss.
+pub fn server_name(config: &Config) -> String {
+    match config.fault {
+        Some(f) => format!("agent-bridge [INTERFACE FAULT INJECTED: {}]", f.name()),
+        None => "agent-bridge".into(),
+    }
+}
+
+impl ServerHandler for Bridge {
+    fn get_info(&self) -> ServerConfig {
+        let p = &self.config.profile;
+        let mut instructions = format!(
+            "Sandbox bridge. Every result carries exact bytes (text only when valid UTF-8 without NUL, else base64) with sha256, \
+             and `kernel`: the probe's attribution of why a workload failed. Profile `{}`: {}",
+            p.name, p.description
+        );
+        if let Some(f) = self.config.fault {
+            instructions = format!(
+                "WARNING: interface fault `{}` is injected: this server corrupts bytes on purpose (for testing harnesses). {instructions}",
+                f.name()
+            );
+        }
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                server_name(&self.config),
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(instructions)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let token = context.meta.get_progress_token();
+        let peer = context.peer.clone();
+        let tick = move |elapsed: Duration| {
+            if let Some(token) = &token {
+                let secs = elapsed.as_secs_f64();
+                let note = ProgressNotificationParam::new(token.clone(), secs)
+                    .with_message(format!("running for {secs:.0} s"));
+                let peer = peer.clone();
+                tokio::spawn(async move {
+                    let _ = peer.notify_progress(note).await;
+                });
+            }
+        };
+        let name = request.name.to_string();
+        match self
+            .session
+            .call(&name, request.arguments, context.ct.clone(), tick)
+            .await
+        {
+            Some(reply) => {
+                let mut result = if reply.is_error {
+                    CallToolResult::error(reply.content)
+                } else {
+                    CallToolResult::success(reply.content)
+                };
+                result.structured_content = Some(reply.structured);
+                Ok(result.into())
+            }
+            None => {
+                let known: Vec<&str> = self.tools.iter().map(|t| t.name.as_ref()).collect();
+                Err(McpError::invalid_params(
+                    format!("unknown tool `{name}` (tools: {})", known.join(", ")),
+                    Some(json!({"tool": name})),
+                ))
+            }
+        }
+    }
+}
+
+/// Serves one session on stdin/stdout until the client closes it.
+pub async fn serve_stdio(config: Arc<Config>, max_message: usize) -> anyhow::Result<()> {
+    let bridge = Bridge::new(config)?;
+    let (stdin, stdout) = rmcp::transport::stdio();
+    let (input, output) = crate::stdio_guard::guard(stdin, stdout, max_message);
+    // the guard already bounds lines; rmcp's own cap sits just above it
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(input, output)
+        .with_max_line_length(max_message + 2);
+    let running = rmcp::serve_server(bridge, transport).await?;
+    running.waiting().await?;
+    Ok(())
+}
+
+/// HTTP settings beyond the sessions' [`Config`].
+pub struct HttpOptions {
+    pub addr: SocketAddr,
+    pub token: Option<String>,
+    pub allowed_origins: Vec<String>,
+    pub max_body: usize,
+}
+
+struct Guard {
+    token: Option<String>,
+    allowed_origins: Vec<String>,
+}
+
+/// Browsers send Origin; a page from elsewhere must not drive the sandbox.
+fn origin_allowed(origin: &str, extra: &[String]) -> bool {
+    if extra.iter().any(|o| o == origin) {
+        return true;
+    }
+    let rest = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    let Some(rest) = rest else {
+        return false;
+    };
+    let host = if rest.starts_with('[') {
+        rest.split_once(']')
+            .map_or(rest, |(h, _)| h)
+            .trim_start_matches('[')
+    } else {
+        rest.split(':').next().unwrap_or(rest)
+    };
+    matches!(host, "localhost" | "127.0.0.1" | "::1")
+}
+
+async fn guard(State(g): State<Arc<Guard>>, req: axum::extract::Request, next: Next) -> Response {
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let ok = origin
+            .to_str()
+            .is_ok_and(|o| origin_allowed(o, &g.allowed_origins));
+        if !ok {
+            return (
+                StatusCode::FORBIDDEN,
+                "origin not allowed (see --allow-origin)\n",
+            )
+                .into_response();
+        }
+    }
+    if let Some(token) = &g.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        // constant-time enough: compare digests, not the strings
+        let matches = given.is_some_and(|g| {
+            crate::bytes::sha256_hex(g.as_bytes()) == crate::bytes::sha256_hex(token.as_bytes())
+        });
+        if !matches {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "a bearer token is required\n",
+            )
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Serves Streamable HTTP at `/mcp` until `shutdown` fires. Prints the
+/// bound address on stderr (port 0 picks a free one).
+pub async fn serve_http(
+    config: Arc<Config>,
+    opts: HttpOptions,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let loopback = opts.addr.ip().is_loopback();
+    if !loopback && opts.token.is_none() {
+        anyhow::bail!(
+            "{} is not a loopback address: a bearer token is required (--token or AGENT_BRIDGE_TOKEN)",
+            opts.addr
+        );
+    }
+    let mut http = StreamableHttpServerConfig::default()
+        .with_max_request_body_bytes(opts.max_body)
+        .with_sse_keep_alive(Some(Duration::from_secs(15)))
+        .with_cancellation_token(shutdown.child_token());
+    if !loopback {
+        // the bearer token guards a public address; Host names vary there
+        http = http.disable_allowed_hosts();
+    }
+    let factory_config = config.clone();
+    let service: StreamableHttpService<Bridge, LocalSessionManager> = StreamableHttpService::new(
+        move || Bridge::new(factory_config.clone()),
+        Arc::new(LocalSessionManager::default()),
+        http,
+    );
+    let g = Arc::new(Guard {
+        token: opts.token,
+        allowed_origins: opts.allowed_origins,
+    });
+    let app = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(g, guard));
+    let listener = tokio::net::TcpListener::bind(opts.addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.addr))?;
+    let addr = listener.local_addr()?;
+    eprintln!("agent-bridge: serving MCP at http://{addr}/mcp");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::origin_allowed;
+
+    #[test]
+    fn only_loopback_origins_by_default() {
+        assert!(origin_allowed("http://localhost:3000", &[]));
+        assert!(origin_allowed("http://127.0.0.1", &[]));
+        assert!(origin_allowed("http://[::1]:8080", &[]));
+        assert!(!origin_allowed("https://evil.example", &[]));
+        assert!(!origin_allowed("http://localhost.evil.example", &[]));
+        assert!(!origin_allowed("null", &[]));
+        assert!(origin_allowed(
+            "https://app.example",
+            &["https://app.example".into()]
+        ));
+    }
+}

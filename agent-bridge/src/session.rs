@@ -1,0 +1,821 @@
+//! One MCP session: its probe session, its profile plan, its background
+//! processes and session-long disks, and the tools' implementations.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{ContentBlock, ResourceContents};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::bytes::{Payload, sha256_hex, sniff_mime};
+use crate::cgroup::Limits;
+use crate::fault::{InterfaceFault, corrupt};
+use crate::kernel::Kernel;
+use crate::process::Background;
+use crate::profile::Profile;
+use crate::sandbox::Plan;
+use crate::tools::{self, ArgError, arg_error};
+use crate::workload::{Context, Finished, Spec, Stops};
+
+/// What every session of one bridge shares.
+pub struct Config {
+    pub profile: Profile,
+    /// None: `--no-probe`.
+    pub probe_socket: Option<PathBuf>,
+    pub fault: Option<InterfaceFault>,
+    pub workdir: PathBuf,
+    pub results_db: Option<PathBuf>,
+    /// This binary, for the file-tool worker.
+    pub self_exe: PathBuf,
+    pub default_timeout: Duration,
+    /// Where session-long disks (profile `disk_limit`) are mounted.
+    pub run_dir: PathBuf,
+}
+
+pub const DEFAULT_OUTPUT_CAP: u64 = 16 << 20;
+pub const MAX_OUTPUT_CAP: u64 = 128 << 20;
+pub const MAX_READ: u64 = 128 << 20;
+/// Images up to this size are also returned as image content.
+const IMAGE_CONTENT_MAX: u64 = 16 << 20;
+
+/// A tool's answer.
+pub struct Reply {
+    pub content: Vec<ContentBlock>,
+    pub structured: Value,
+    pub is_error: bool,
+}
+
+impl Reply {
+    fn ok(summary: String, structured: Value) -> Reply {
+        Reply {
+            content: vec![ContentBlock::text(summary)],
+            structured,
+            is_error: false,
+        }
+    }
+
+    fn error(message: String, mut structured: Value) -> Reply {
+        structured["error"] = json!({"message": message});
+        Reply {
+            content: vec![ContentBlock::text(message)],
+            structured,
+            is_error: true,
+        }
+    }
+
+    pub fn bad_argument(e: ArgError) -> Reply {
+        Reply {
+            content: vec![ContentBlock::text(e.to_string())],
+            structured: json!({"error": {"argument": e.argument, "message": e.message}}),
+            is_error: true,
+        }
+    }
+}
+
+/// A tmpfs that lasts for the session (profile `disk_limit`).
+struct SessionDisk(PathBuf);
+
+impl Drop for SessionDisk {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+static SESSIONS: AtomicU64 = AtomicU64::new(0);
+
+pub struct Session {
+    config: Arc<Config>,
+    ctx: Context,
+    calls: AtomicU64,
+    next_process: AtomicU64,
+    processes: Mutex<HashMap<u64, Arc<Background>>>,
+    _disks: Vec<SessionDisk>,
+}
+
+impl Session {
+    pub fn new(config: Arc<Config>) -> std::io::Result<Session> {
+        let n = SESSIONS.fetch_add(1, Ordering::Relaxed);
+        let id = format!("mcp-{}-{}-{n}", std::process::id(), probe::clock::now_ms());
+        let mut disks = Vec::new();
+        for (i, limit) in config.profile.disk_limit.iter().enumerate() {
+            let dir = config.run_dir.join(format!("{id}-disk{i}"));
+            std::fs::create_dir_all(&dir)?;
+            let disk = SessionDisk(dir.clone());
+            nix::mount::mount(
+                Some("tmpfs"),
+                &dir,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some(format!("size={},mode=1777", limit.size.0).as_str()),
+            )
+            .map_err(|e| {
+                std::io::Error::other(format!(
+                    "mount the session disk for {}: {e}",
+                    limit.path.display()
+                ))
+            })?;
+            disks.push(disk);
+        }
+        let paths: Vec<PathBuf> = disks.iter().map(|d| d.0.clone()).collect();
+        let plan = Plan::new(&config.profile, &paths)?;
+        let profile = &config.profile;
+        let ctx = Context {
+            plan: Arc::new(plan),
+            limits: Limits {
+                memory_bytes: profile.memory_limit.map(|s| s.0),
+                pids: profile.pids_limit,
+            },
+            profile_env: profile
+                .env
+                .iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+            kernel: Arc::new(Kernel::new(config.probe_socket.clone(), id.clone())),
+            workdir: config.workdir.clone(),
+            call_prefix: id,
+        };
+        Ok(Session {
+            config,
+            ctx,
+            calls: AtomicU64::new(0),
+            next_process: AtomicU64::new(1),
+            processes: Mutex::new(HashMap::new()),
+            _disks: disks,
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        self.ctx.kernel.session()
+    }
+
+    fn next_call(&self) -> u64 {
+        self.calls.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn timeout(&self, asked: Option<u64>) -> Duration {
+        let t = asked.map_or(self.config.default_timeout, Duration::from_millis);
+        match self.config.profile.max_timeout_ms {
+            Some(max) => t.min(Duration::from_millis(max)),
+            None => t,
+        }
+    }
+
+    fn payload(&self, data: Vec<u8>, total: u64) -> Payload {
+        let total = total.max(data.len() as u64);
+        let data = corrupt(self.config.fault, data);
+        Payload::new(&data, total)
+    }
+
+    /// Labels results while an interface fault is on.
+    fn mark(&self, mut v: Value) -> Value {
+        if let Some(f) = self.config.fault {
+            v["interface_fault"] = f.name().into();
+        }
+        v
+    }
+
+    /// Dispatches one tool call.
+    pub async fn call(
+        &self,
+        name: &str,
+        args: Option<rmcp::model::JsonObject>,
+        cancel: CancellationToken,
+        tick: impl FnMut(Duration) + Send,
+    ) -> Option<Reply> {
+        let reply = match name {
+            "exec" => self.exec(args, cancel, tick).await,
+            "run_code" => self.run_code(args, cancel, tick).await,
+            "write_file" => self.write_file(args, cancel).await,
+            "read_file" => self.read_file(args, cancel).await,
+            "list_dir" => self.list_dir(args, cancel).await,
+            "stat" => self.stat(args, cancel).await,
+            "start_process" => self.start_process(args).await,
+            "poll_process" => self.poll_process(args).await,
+            "write_stdin" => self.write_stdin(args).await,
+            "kill_process" => self.kill_process(args).await,
+            "kernel_evidence" => self.kernel_evidence(args).await,
+            "record_result" => self.record_result(args).await,
+            "sandbox_info" => Ok(self.sandbox_info().await),
+            _ => return None,
+        };
+        Some(match reply {
+            Ok(mut r) => {
+                r.structured = self.mark(r.structured);
+                r
+            }
+            Err(e) => Reply::bad_argument(e),
+        })
+    }
+
+    async fn run(
+        &self,
+        spec: Spec,
+        stdin: Option<Vec<u8>>,
+        timeout: Duration,
+        cap: u64,
+        cancel: CancellationToken,
+        tick: impl FnMut(Duration) + Send,
+    ) -> Result<Finished, Reply> {
+        let spec = Spec {
+            stdin_pipe: stdin.is_some(),
+            ..spec
+        };
+        let running = self
+            .ctx
+            .start(spec, self.next_call())
+            .await
+            .map_err(|e| Reply::error(e.0, json!({})))?;
+        Ok(running
+            .run_to_end(stdin, cap as usize, Stops { timeout, cancel }, tick)
+            .await)
+    }
+
+    fn exec_reply(&self, f: Finished) -> Reply {
+        let stdout = self.payload(f.stdout.data, f.stdout.total);
+        let stderr = self.payload(f.stderr.data, f.stderr.total);
+        let mut summary = match (&f.exit.code, &f.exit.signal) {
+            _ if f.timed_out => format!("timeout: killed after {} ms", f.duration.as_millis()),
+            _ if f.cancelled => "cancelled: the workload was killed".to_string(),
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("killed by {s}"),
+            (None, None) => "ended with an unknown status".into(),
+        };
+        if f.kernel["failed"] == Value::Bool(true) {
+            summary.push_str(&format!(
+                "\nkernel: {} — {}",
+                f.kernel["primitive"].as_str().unwrap_or("?"),
+                f.kernel["explanation"].as_str().unwrap_or("")
+            ));
+        }
+        for (name, p) in [("stdout", &stdout), ("stderr", &stderr)] {
+            match &p.text {
+                Some(t) if p.bytes <= 64 * 1024 && !t.is_empty() => {
+                    summary.push_str(&format!("\n--- {name} ---\n{t}"))
+                }
+                _ if p.bytes > 0 => summary.push_str(&format!(
+                    "\n--- {name}: {} bytes (binary or large), see structuredContent.{name} ---",
+                    p.bytes
+                )),
+                _ => {}
+            }
+        }
+        let structured = json!({
+            "exit_code": f.exit.code,
+            "signal": f.exit.signal,
+            "duration_ms": f.duration.as_secs_f64() * 1000.0,
+            "timed_out": f.timed_out,
+            "cancelled": f.cancelled,
+            "stdout": stdout,
+            "stderr": stderr,
+            "kernel": f.kernel,
+        });
+        Reply {
+            content: vec![ContentBlock::text(summary)],
+            structured,
+            is_error: f.timed_out || f.cancelled,
+        }
+    }
+
+    async fn exec(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+        cancel: CancellationToken,
+        tick: impl FnMut(Duration) + Send,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::ExecArgs = tools::parse(args)?;
+        let argv = tools::command_line(&a.argv, &a.command)?;
+        let stdin = match &a.stdin_base64 {
+            Some(b) => {
+                Some(crate::bytes::base64_decode(b).map_err(|e| arg_error("stdin_base64", e))?)
+            }
+            None => None,
+        };
+        let spec = Spec {
+            label: label("exec", &argv),
+            argv,
+            cwd: self.cwd(&a.cwd)?,
+            env: tools::environment(&a.env)?,
+            stdin_pipe: false,
+        };
+        let cap = output_cap(a.max_output_bytes)?;
+        Ok(
+            match self
+                .run(spec, stdin, self.timeout(a.timeout_ms), cap, cancel, tick)
+                .await
+            {
+                Ok(f) => self.exec_reply(f),
+                Err(r) => r,
+            },
+        )
+    }
+
+    async fn run_code(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+        cancel: CancellationToken,
+        tick: impl FnMut(Duration) + Send,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::RunCodeArgs = tools::parse(args)?;
+        let interpreter: &[&str] = match a.language.to_ascii_lowercase().as_str() {
+            "python" | "python3" | "py" => &["python3", "-"],
+            "sh" | "shell" => &["sh", "-s"],
+            "bash" => &["bash", "-s"],
+            "node" | "javascript" | "js" => &["node", "-"],
+            "perl" => &["perl", "-"],
+            other => {
+                return Err(arg_error(
+                    "language",
+                    format!("`{other}` is not supported (python, sh, bash, node, perl)"),
+                ));
+            }
+        };
+        let argv: Vec<OsString> = interpreter.iter().map(OsString::from).collect();
+        let spec = Spec {
+            label: format!("run_code: {}", a.language),
+            argv,
+            ..Spec::default()
+        };
+        let cap = output_cap(a.max_output_bytes)?;
+        let stdin = Some(a.code.into_bytes());
+        Ok(
+            match self
+                .run(spec, stdin, self.timeout(a.timeout_ms), cap, cancel, tick)
+                .await
+            {
+                Ok(f) => self.exec_reply(f),
+                Err(r) => r,
+            },
+        )
+    }
+
+    fn cwd(&self, cwd: &Option<String>) -> Result<Option<PathBuf>, ArgError> {
+        match cwd {
+            Some(c) => {
+                crate::bytes::check_no_nul("cwd", c.as_bytes()).map_err(|e| arg_error("cwd", e))?;
+                Ok(Some(c.into()))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Runs the file worker under the profile and the probe. Ok: its stdout.
+    /// Err: a reply naming the failure, with the kernel's attribution.
+    async fn worker(
+        &self,
+        what: &str,
+        args: Vec<OsString>,
+        stdin: Option<Vec<u8>>,
+        cap: u64,
+        cancel: CancellationToken,
+    ) -> Result<(Vec<u8>, Value), Reply> {
+        let mut argv = vec![
+            self.config.self_exe.clone().into_os_string(),
+            "worker".into(),
+        ];
+        let shown = String::from_utf8_lossy(args[1].as_bytes()).into_owned();
+        argv.extend(args);
+        let spec = Spec {
+            label: format!("{what}: {shown}"),
+            argv,
+            ..Spec::default()
+        };
+        let f = self
+            .run(spec, stdin, self.timeout(None), cap, cancel, |_| {})
+            .await?;
+        if f.exit.success() {
+            return Ok((f.stdout.data, f.kernel));
+        }
+        let reason = String::from_utf8_lossy(&f.stderr.data).trim().to_string();
+        let mut msg = match (&f.exit.signal, reason.is_empty()) {
+            (Some(s), _) => format!("{what} {shown}: the worker was killed by {s}"),
+            (None, false) => format!("{what} {shown}: {reason}"),
+            (None, true) => format!("{what} {shown}: failed ({})", f.exit.describe()),
+        };
+        if f.kernel["failed"] == Value::Bool(true) {
+            msg.push_str(&format!(
+                "\nkernel: {} — {}",
+                f.kernel["primitive"].as_str().unwrap_or("?"),
+                f.kernel["explanation"].as_str().unwrap_or("")
+            ));
+        }
+        let errno = reason
+            .split(':')
+            .next()
+            .filter(|e| e.starts_with('E'))
+            .map(str::to_owned);
+        Err(Reply::error(
+            msg,
+            json!({"path": shown, "errno": errno, "kernel": f.kernel}),
+        ))
+    }
+
+    async fn write_file(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+        cancel: CancellationToken,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::WriteFileArgs = tools::parse(args)?;
+        let path = tools::path(&a.path, &a.path_base64)?;
+        let data = tools::content(("content_base64", &a.content_base64), ("text", &a.text))?;
+        let sha = sha256_hex(&data);
+        if let Some(want) = &a.sha256
+            && !want.eq_ignore_ascii_case(&sha)
+        {
+            let what = if a.text.is_some() {
+                "text"
+            } else {
+                "decoded content_base64"
+            };
+            return Err(arg_error(
+                "sha256",
+                format!(
+                    "mismatch: the {what} ({} bytes) hashes to {sha}, not {want}; nothing was written",
+                    data.len()
+                ),
+            ));
+        }
+        let mode = a.mode.as_ref().map(tools::Mode::bits).transpose()?;
+        let mime = sniff_mime(&data, &path.to_string_lossy());
+        let data = corrupt(self.config.fault, data);
+        let written = data.len();
+        let argv = vec![
+            "write".into(),
+            path.clone(),
+            mode.map_or("-".into(), |m| m.to_string()).into(),
+            if a.append == Some(true) {
+                "append"
+            } else {
+                "replace"
+            }
+            .into(),
+        ];
+        Ok(
+            match self
+                .worker("write_file", argv, Some(data), 4096, cancel)
+                .await
+            {
+                Ok((out, kernel)) => {
+                    let size = serde_json::from_slice::<Value>(&out)
+                        .ok()
+                        .and_then(|v| v["size"].as_u64());
+                    let shown = path.to_string_lossy();
+                    Reply::ok(
+                        format!("wrote {written} bytes to {shown} (sha256 {sha})"),
+                        json!({"path": shown, "size": size, "written": written, "sha256": sha, "mime": mime, "kernel": kernel}),
+                    )
+                }
+                Err(r) => r,
+            },
+        )
+    }
+
+    async fn read_file(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+        cancel: CancellationToken,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::ReadFileArgs = tools::parse(args)?;
+        let path = tools::path(&a.path, &a.path_base64)?;
+        let offset = a.offset.unwrap_or(0);
+        let length = a.length.unwrap_or(MAX_READ).min(MAX_READ);
+        let argv = vec![
+            "read".into(),
+            path.clone(),
+            offset.to_string().into(),
+            length.to_string().into(),
+        ];
+        let (mut out, kernel) = match self
+            .worker("read_file", argv, None, length + 4096, cancel)
+            .await
+        {
+            Ok(x) => x,
+            Err(r) => return Ok(r),
+        };
+        let header_end = out.iter().position(|&b| b == b'\n').unwrap_or(out.len());
+        let size = serde_json::from_slice::<Value>(&out[..header_end])
+            .ok()
+            .and_then(|v| v["size"].as_u64())
+            .unwrap_or(0);
+        out.drain(..(header_end + 1).min(out.len()));
+        let shown = path.to_string_lossy().into_owned();
+        let mime = sniff_mime(&out, &shown);
+        let sha = sha256_hex(&out);
+        let data = corrupt(self.config.fault, out);
+        let returned = data.len() as u64;
+        let truncated = offset + returned < size && a.length.is_none();
+        let b64 = crate::bytes::base64_encode(&data);
+        drop(data);
+        let uri = format!("file://{}", shown);
+        let mut content = vec![ContentBlock::text(format!(
+            "{shown}: {returned} bytes of {size} from offset {offset}, {mime}, sha256 {sha}"
+        ))];
+        if mime.starts_with("image/") && returned <= IMAGE_CONTENT_MAX {
+            content.push(ContentBlock::image(b64.clone(), mime));
+        }
+        content.push(ContentBlock::resource(
+            ResourceContents::BlobResourceContents {
+                uri,
+                mime_type: Some(mime.into()),
+                blob: b64,
+                meta: None,
+            },
+        ));
+        Ok(Reply {
+            content,
+            structured: json!({"path": shown, "size": size, "offset": offset, "bytes": returned,
+                "sha256": sha, "mime": mime, "truncated": truncated, "kernel": kernel}),
+            is_error: false,
+        })
+    }
+
+    async fn list_dir(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+        cancel: CancellationToken,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::ListDirArgs = tools::parse(args)?;
+        let path = tools::path(&a.path, &a.path_base64)?;
+        let mode = if a.recursive == Some(true) {
+            "recursive"
+        } else {
+            "flat"
+        };
+        let argv = vec!["list".into(), path.clone(), mode.into()];
+        Ok(
+            match self.worker("list_dir", argv, None, 64 << 20, cancel).await {
+                Ok((out, kernel)) => {
+                    let mut v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
+                    let n = v["entries"].as_array().map_or(0, Vec::len);
+                    let names: Vec<String> = v["entries"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .take(200)
+                        .map(|e| {
+                            format!(
+                                "{} {}",
+                                e["type"].as_str().unwrap_or("?"),
+                                e["name"].as_str().unwrap_or("?")
+                            )
+                        })
+                        .collect();
+                    v["path"] = path.to_string_lossy().into();
+                    v["kernel"] = kernel;
+                    Reply::ok(format!("{n} entries\n{}", names.join("\n")), v)
+                }
+                Err(r) => r,
+            },
+        )
+    }
+
+    async fn stat(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+        cancel: CancellationToken,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::PathArg = tools::parse(args)?;
+        let path = tools::path(&a.path, &a.path_base64)?;
+        let argv = vec!["stat".into(), path.clone()];
+        Ok(
+            match self.worker("stat", argv, None, 1 << 20, cancel).await {
+                Ok((out, kernel)) => {
+                    let mut v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
+                    v["path"] = path.to_string_lossy().into();
+                    v["kernel"] = kernel;
+                    Reply::ok(
+                        format!(
+                            "{}: {} of {} bytes, mode {}",
+                            v["path"],
+                            v["type"],
+                            v["size"],
+                            v["mode"].as_str().unwrap_or("?")
+                        ),
+                        v,
+                    )
+                }
+                Err(r) => r,
+            },
+        )
+    }
+
+    async fn start_process(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::StartProcessArgs = tools::parse(args)?;
+        let argv = tools::command_line(&a.argv, &a.command)?;
+        let spec = Spec {
+            label: label("process", &argv),
+            argv,
+            cwd: self.cwd(&a.cwd)?,
+            env: tools::environment(&a.env)?,
+            stdin_pipe: true,
+        };
+        let running = match self.ctx.start(spec, self.next_call()).await {
+            Ok(r) => r,
+            Err(e) => return Ok(Reply::error(e.0, json!({}))),
+        };
+        let id = self.next_process.fetch_add(1, Ordering::Relaxed);
+        let pid = running.pid;
+        let bg = Background::spawn(running);
+        self.processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, bg);
+        Ok(Reply::ok(
+            format!("started process {id} (pid {pid})"),
+            json!({"id": id, "pid": pid}),
+        ))
+    }
+
+    fn process(&self, id: u64) -> Result<Arc<Background>, ArgError> {
+        self.processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| arg_error("id", format!("no process {id} in this session")))
+    }
+
+    async fn poll_process(&self, args: Option<rmcp::model::JsonObject>) -> Result<Reply, ArgError> {
+        let a: tools::PollProcessArgs = tools::parse(args)?;
+        let p = self.process(a.id)?;
+        let wait = Duration::from_millis(a.wait_ms.unwrap_or(0).min(30_000));
+        let cursors = (a.stdout_cursor.unwrap_or(0), a.stderr_cursor.unwrap_or(0));
+        let snap = p.poll(cursors, wait).await;
+        let mut v = json!({"id": a.id, "pid": p.pid, "running": snap.ended.is_none()});
+        for (name, (data, cursor, truncated)) in [("stdout", snap.stdout), ("stderr", snap.stderr)]
+        {
+            let mut payload = serde_json::to_value(self.payload(data, 0)).unwrap_or_default();
+            payload["cursor"] = cursor.into();
+            payload["buffer_full"] = truncated.into();
+            v[name] = payload;
+        }
+        let summary = match &snap.ended {
+            Some(end) => {
+                v["exit_code"] = json!(end.exit.code);
+                v["signal"] = json!(end.exit.signal);
+                v["duration_ms"] = json!(end.duration.as_secs_f64() * 1000.0);
+                v["kernel"] = end.kernel.clone();
+                format!("process {} {}", a.id, end.exit.describe())
+            }
+            None => format!("process {} is running", a.id),
+        };
+        Ok(Reply::ok(summary, v))
+    }
+
+    async fn write_stdin(&self, args: Option<rmcp::model::JsonObject>) -> Result<Reply, ArgError> {
+        let a: tools::WriteStdinArgs = tools::parse(args)?;
+        let p = self.process(a.id)?;
+        let data = if a.data_base64.is_none() && a.text.is_none() {
+            Vec::new()
+        } else {
+            tools::content(("data_base64", &a.data_base64), ("text", &a.text))?
+        };
+        Ok(match p.write_stdin(&data, a.close == Some(true)).await {
+            Ok(()) => Reply::ok(
+                format!("wrote {} bytes", data.len()),
+                json!({"id": a.id, "written": data.len(), "closed": a.close == Some(true)}),
+            ),
+            Err(e) => Reply::error(format!("process {}: {e}", a.id), json!({"id": a.id})),
+        })
+    }
+
+    async fn kill_process(&self, args: Option<rmcp::model::JsonObject>) -> Result<Reply, ArgError> {
+        let a: tools::KillProcessArgs = tools::parse(args)?;
+        let p = self.process(a.id)?;
+        let name = a.signal.as_deref().unwrap_or("SIGKILL");
+        let full = if name.starts_with("SIG") {
+            name.to_string()
+        } else {
+            format!("SIG{name}")
+        };
+        let sig: nix::sys::signal::Signal = full.parse().map_err(|_| {
+            arg_error(
+                "signal",
+                format!("`{name}` is not a signal name (e.g. SIGTERM)"),
+            )
+        })?;
+        p.signal(sig).await;
+        Ok(Reply::ok(
+            format!("sent {full} to process {}", a.id),
+            json!({"id": a.id, "signal": full}),
+        ))
+    }
+
+    async fn kernel_evidence(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::KernelEvidenceArgs = tools::parse(args)?;
+        let kernel = self.ctx.kernel.clone();
+        let v = tokio::task::spawn_blocking(move || kernel.evidence(a.span, a.session.as_deref()))
+            .await
+            .unwrap_or(Value::Null);
+        if v["available"] == Value::Bool(false) {
+            return Ok(Reply::error(
+                format!(
+                    "no kernel evidence: {}",
+                    v["reason"].as_str().unwrap_or("?")
+                ),
+                json!({"kernel": v}),
+            ));
+        }
+        let n = v["spans"].as_array().map_or(1, Vec::len);
+        Ok(Reply::ok(format!("{n} span(s) of kernel evidence"), v))
+    }
+
+    async fn record_result(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::RecordResultArgs = tools::parse(args)?;
+        crate::results::check(&a)?;
+        let Some(db) = self.config.results_db.clone() else {
+            return Ok(Reply::error(
+                "no results database: start the bridge with --results-db FILE".into(),
+                json!({}),
+            ));
+        };
+        let session = self.id().to_owned();
+        let run = a.run.clone().unwrap_or_else(|| session.clone());
+        let res =
+            tokio::task::spawn_blocking(move || crate::results::record(&db, &run, &session, &a))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
+        Ok(match res {
+            Ok(v) => Reply::ok(format!("recorded {}", v["test_id"]), v),
+            Err(e) => Reply::error(format!("cannot record the result: {e}"), json!({})),
+        })
+    }
+
+    async fn sandbox_info(&self) -> Reply {
+        let kernel = self.ctx.kernel.clone();
+        let probe = tokio::task::spawn_blocking(move || kernel.status())
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+        let p = &self.config.profile;
+        let v = json!({
+            "session": self.id(),
+            "profile": p,
+            "interface_fault": self.config.fault.map(InterfaceFault::name),
+            "workdir": self.config.workdir,
+            "default_timeout_ms": self.config.default_timeout.as_millis() as u64,
+            "probe": match probe {
+                Ok(s) => json!({"available": true, "status": s}),
+                Err(reason) => crate::kernel::unavailable(&reason),
+            },
+        });
+        Reply::ok(format!("profile {}: {}", p.name, p.description), v)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // background processes die with their session
+        for p in self
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            p.kill_now();
+        }
+    }
+}
+
+fn label(tool: &str, argv: &[OsString]) -> String {
+    let words: Vec<String> = argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let mut s = format!("{tool}: {}", words.join(" "));
+    if s.len() > 200 {
+        let mut end = 200;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+fn output_cap(asked: Option<u64>) -> Result<u64, ArgError> {
+    match asked {
+        Some(n) if n > MAX_OUTPUT_CAP => Err(arg_error(
+            "max_output_bytes",
+            format!("{n} is above the bridge's limit of {MAX_OUTPUT_CAP}"),
+        )),
+        Some(n) => Ok(n),
+        None => Ok(DEFAULT_OUTPUT_CAP),
+    }
+}

@@ -1,0 +1,299 @@
+//! Starting a workload under the session's profile and the probe, and
+//! running it to its end: output capture with explicit caps, deadlines and
+//! cancellation that kill the whole tree, then the kernel's attribution.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use probe::attribution::ExitStatus;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_util::sync::CancellationToken;
+
+use crate::cgroup::{CallCgroups, Limits};
+use crate::kernel::{Kernel, Span};
+use crate::sandbox::Plan;
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct Spec {
+    pub argv: Vec<OsString>,
+    pub cwd: Option<PathBuf>,
+    pub env: Vec<(OsString, OsString)>,
+    /// Keep stdin open as a pipe (background processes); otherwise stdin is
+    /// a pipe only when there is data to write.
+    pub stdin_pipe: bool,
+    pub label: String,
+}
+
+/// Everything a session applies to its workloads.
+pub struct Context {
+    pub plan: Arc<Plan>,
+    pub limits: Limits,
+    pub profile_env: Vec<(OsString, OsString)>,
+    pub kernel: Arc<Kernel>,
+    /// Directory workloads start in when the call names none.
+    pub workdir: PathBuf,
+    pub call_prefix: String,
+}
+
+/// A started workload.
+pub struct Running {
+    pub pid: u32,
+    pub stdin: Option<tokio::process::ChildStdin>,
+    pub stdout: tokio::process::ChildStdout,
+    pub stderr: tokio::process::ChildStderr,
+    pub waiter: tokio::task::JoinHandle<io::Result<std::process::ExitStatus>>,
+    pub tree: Arc<CallCgroups>,
+    pub span: Span,
+    pub kernel: Arc<Kernel>,
+    pub started: Instant,
+}
+
+/// Bytes captured from one stream, at most the cap.
+#[derive(Debug, Default, Clone)]
+pub struct Captured {
+    pub data: Vec<u8>,
+    pub total: u64,
+}
+
+/// How a workload ended.
+#[derive(Debug)]
+pub struct Finished {
+    pub exit: ExitStatus,
+    pub duration: Duration,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    pub kernel: Value,
+}
+
+/// Why a workload could not be started (a tool error, with the reason).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StartError(pub String);
+
+impl Context {
+    /// Starts `spec`: a call cgroup, a span, the profile applied in the
+    /// child after the probe attached it, then exec.
+    pub async fn start(&self, spec: Spec, call: u64) -> Result<Running, StartError> {
+        let plan = self.plan.clone();
+        let kernel = self.kernel.clone();
+        let limits = self.limits;
+        let name = format!("{}-{call}", self.call_prefix);
+        let mut cmd = std::process::Command::new(&spec.argv[0]);
+        cmd.args(&spec.argv[1..])
+            .current_dir(spec.cwd.as_ref().unwrap_or(&self.workdir))
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .envs(self.profile_env.iter().map(|(k, v)| (k, v)))
+            .stdin(if spec.stdin_pipe {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let cwd = spec.cwd.clone().unwrap_or_else(|| self.workdir.clone());
+        let cwd = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(cwd.as_os_str()))
+            .map_err(|_| StartError("the working directory contains a NUL byte".into()))?;
+        let label = spec.label.clone();
+        let stdin_pipe = spec.stdin_pipe;
+        let blocking = tokio::task::spawn_blocking(move || {
+            let tree = CallCgroups::create(&name, limits)
+                .map_err(|e| StartError(format!("cannot set up the call's cgroup: {e}")))?;
+            let mut span = kernel.begin(&label);
+            let spawned = probe::spawn::spawn_attached_with(
+                &mut cmd,
+                |pid| {
+                    tree.add(pid)?;
+                    kernel.attach(&mut span, pid);
+                    Ok::<(), io::Error>(())
+                },
+                move |report| plan.apply(report, &cwd),
+            );
+            let (child, _pid) = match spawned {
+                Ok((Ok(child), pid)) => (child, pid),
+                Ok((Err(e), _)) | Err(probe::spawn::SpawnError::Spawn(e)) => {
+                    // the probe saw the failed exec: its attribution explains it
+                    let kernel_view = kernel.end(&span, None, None);
+                    return Err(StartError(start_failure(&cmd, &e, &kernel_view)));
+                }
+                Err(probe::spawn::SpawnError::Attach(e)) => {
+                    let _ = kernel.end(&span, None, None);
+                    return Err(StartError(format!(
+                        "cannot place the workload in its cgroup: {e}"
+                    )));
+                }
+            };
+            Ok((child, tree, span))
+        });
+        let (mut child, tree, span) = blocking
+            .await
+            .map_err(|e| StartError(format!("internal: {e}")))??;
+        let pid = child.id();
+        let take =
+            |e: Option<io::Error>| StartError(format!("cannot take the workload's pipes: {e:?}"));
+        let stdin = match child.stdin.take() {
+            Some(s) if stdin_pipe => {
+                Some(tokio::process::ChildStdin::from_std(s).map_err(|e| take(Some(e)))?)
+            }
+            _ => None,
+        };
+        let stdout =
+            tokio::process::ChildStdout::from_std(child.stdout.take().ok_or_else(|| take(None))?)
+                .map_err(|e| take(Some(e)))?;
+        let stderr =
+            tokio::process::ChildStderr::from_std(child.stderr.take().ok_or_else(|| take(None))?)
+                .map_err(|e| take(Some(e)))?;
+        let waiter = tokio::task::spawn_blocking(move || child.wait());
+        Ok(Running {
+            pid,
+            stdin,
+            stdout,
+            stderr,
+            waiter,
+            tree: Arc::new(tree),
+            span,
+            kernel: self.kernel.clone(),
+            started: Instant::now(),
+        })
+    }
+}
+
+/// The message for a workload that never started, with the kernel's view
+/// when there is one (e.g. `exec.missing`).
+fn start_failure(cmd: &std::process::Command, e: &io::Error, kernel: &Value) -> String {
+    let program = cmd.get_program().to_string_lossy();
+    let mut msg = format!("cannot run `{program}`: {e}");
+    if let Some(expl) = kernel.get("explanation").and_then(Value::as_str)
+        && kernel["failed"] == Value::Bool(true)
+    {
+        msg.push_str(&format!(
+            " (kernel: {} — {expl})",
+            kernel["primitive"].as_str().unwrap_or("?")
+        ));
+    }
+    msg
+}
+
+/// Reads `r` to its end, keeping the first `cap` bytes and counting the rest.
+pub async fn capture(mut r: impl AsyncRead + Unpin, cap: usize) -> Captured {
+    let mut out = Captured::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => {
+                out.total += n as u64;
+                let room = cap.saturating_sub(out.data.len());
+                out.data.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+}
+
+pub fn exit_status(s: std::process::ExitStatus) -> ExitStatus {
+    ExitStatus {
+        code: s.code(),
+        signal: s.signal().map(probe::event::signal_name),
+    }
+}
+
+/// What ends a run early.
+pub struct Stops {
+    pub timeout: Duration,
+    pub cancel: CancellationToken,
+}
+
+impl Running {
+    /// Kills the whole tree: the call's cgroup, and its process group.
+    pub fn kill_tree(tree: &CallCgroups, pid: u32) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        tree.kill_all();
+    }
+
+    /// Feeds `stdin`, captures output, enforces the deadline and the
+    /// cancellation, calls `tick` about once a second, and ends the span.
+    pub async fn run_to_end(
+        mut self,
+        stdin: Option<Vec<u8>>,
+        cap: usize,
+        stops: Stops,
+        mut tick: impl FnMut(Duration),
+    ) -> Finished {
+        if let (Some(mut pipe), Some(data)) = (self.stdin.take(), stdin) {
+            tokio::spawn(async move {
+                let _ = pipe.write_all(&data).await; // EPIPE: the workload did not read it all
+            });
+        }
+        let out = tokio::spawn(capture(self.stdout, cap));
+        let err = tokio::spawn(capture(self.stderr, cap));
+        let deadline = tokio::time::sleep(stops.timeout);
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let (mut timed_out, mut cancelled) = (false, false);
+        let status = loop {
+            tokio::select! {
+                s = &mut self.waiter => break s,
+                () = &mut deadline, if !timed_out && !cancelled => {
+                    timed_out = true;
+                    Running::kill_tree(&self.tree, self.pid);
+                }
+                () = stops.cancel.cancelled(), if !timed_out && !cancelled => {
+                    cancelled = true;
+                    Running::kill_tree(&self.tree, self.pid);
+                }
+                _ = ticker.tick() => tick(self.started.elapsed()),
+            }
+        };
+        let duration = self.started.elapsed();
+        let exit = match status {
+            Ok(Ok(s)) => exit_status(s),
+            _ => ExitStatus::default(),
+        };
+        // the attribution covers the workload up to its exit; the kill of
+        // whatever it left behind is ours and must not be blamed on it
+        let timed_out_ms = timed_out.then_some(stops.timeout.as_millis() as u64);
+        let (kernel, span, exit2) = (self.kernel.clone(), self.span.clone(), exit.clone());
+        let kernel =
+            tokio::task::spawn_blocking(move || kernel.end(&span, Some(&exit2), timed_out_ms))
+                .await
+                .unwrap_or(Value::Null);
+        // whatever the workload left running dies with the call
+        let (tree, pid) = (self.tree.clone(), self.pid);
+        let _ = tokio::task::spawn_blocking(move || Running::kill_tree(&tree, pid)).await;
+        let grace = Duration::from_secs(2);
+        let stdout = tokio::time::timeout(grace, out)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        let stderr = tokio::time::timeout(grace, err)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        Finished {
+            exit,
+            duration,
+            stdout,
+            stderr,
+            timed_out,
+            cancelled,
+            kernel,
+        }
+    }
+}

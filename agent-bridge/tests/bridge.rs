@@ -1,0 +1,773 @@
+//! The bridge through rmcp's own client, in real processes: exact bytes,
+//! argument errors, background processes, timeouts, cancellation, HTTP.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+
+fn png(width: u32, height: u32) -> Vec<u8> {
+    // a real PNG: python3's zlib and struct, no imaging library needed
+    let script = format!(
+        r#"
+import struct, sys, zlib
+w, h = {width}, {height}
+raw = b''.join(b'\x00' + bytes((x * 7 + y * 3) % 256 for x in range(w * 3)) for y in range(h))
+def chunk(t, d): return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+sys.stdout.buffer.write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 2, 0, 0, 0)) + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+"#
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+async fn round_trip(b: &Bridge, name: &str, data: &[u8]) {
+    let path = scratch(name);
+    let w = b
+        .call(
+            "write_file",
+            json!({"path": path, "content_base64": b64(data), "sha256": sha256(data)}),
+        )
+        .await;
+    assert!(!is_error(&w), "{name}: write failed: {}", text(&w));
+    assert_eq!(structured(&w)["sha256"], sha256(data), "{name}");
+    assert_eq!(structured(&w)["size"], data.len() as u64, "{name}");
+    let r = b.call("read_file", json!({"path": path})).await;
+    assert!(!is_error(&r), "{name}: read failed: {}", text(&r));
+    let back = blob(&r);
+    assert_eq!(back.len(), data.len(), "{name}: length");
+    assert!(back == data, "{name}: bytes differ");
+    assert_eq!(structured(&r)["sha256"], sha256(data), "{name}");
+    assert_eq!(structured(&r)["size"], data.len() as u64, "{name}");
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_round_trip_bit_for_bit_over_stdio() {
+    let b = Bridge::stdio(Opts::default()).await;
+    round_trip(&b, "empty", b"").await;
+    round_trip(&b, "nul-only", &[0u8; 4096]).await;
+    round_trip(&b, "invalid-utf8", b"\xff\xfe\xc3\x28 caf\xe9 \x80\x00end").await;
+    round_trip(&b, "5mib", &pattern(5 << 20, 5)).await;
+    round_trip(&b, "64mib", &pattern(64 << 20, 64)).await;
+    let image = png(64, 48);
+    round_trip(&b, "image.png", &image).await;
+    // images come back as image content too, with their MIME type
+    let path = scratch("pic.png");
+    b.call(
+        "write_file",
+        json!({"path": path, "content_base64": b64(&image)}),
+    )
+    .await;
+    let r = b.call("read_file", json!({"path": path})).await;
+    assert_eq!(structured(&r)["mime"], "image/png");
+    let img = r.content.iter().find_map(|c| match c {
+        rmcp::model::ContentBlock::Image(i) => Some(i.clone()),
+        _ => None,
+    });
+    let img = img.expect("image content for a PNG");
+    assert_eq!(img.mime_type, "image/png");
+    assert_eq!(unb64(&img.data), image);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_round_trip_over_http() {
+    let b = Bridge::http(Opts::default()).await;
+    round_trip(&b, "http-invalid-utf8", b"\x00\xff\x00 \xc0\xaf").await;
+    round_trip(&b, "http-5mib", &pattern(5 << 20, 7)).await;
+    round_trip(&b, "http-64mib", &pattern(64 << 20, 9)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn offsets_text_append_and_modes() {
+    let b = Bridge::stdio(Opts::default()).await;
+    let path = scratch("text.txt");
+    let w = b
+        .call(
+            "write_file",
+            json!({"path": path, "text": "héllo\n", "mode": "0600"}),
+        )
+        .await;
+    assert!(!is_error(&w), "{}", text(&w));
+    let w = b
+        .call(
+            "write_file",
+            json!({"path": path, "text": "more", "append": true}),
+        )
+        .await;
+    assert_eq!(structured(&w)["size"], 11);
+    let r = b
+        .call("read_file", json!({"path": path, "offset": 7, "length": 2}))
+        .await;
+    assert_eq!(blob(&r), b"mo");
+    let s = b.call("stat", json!({"path": path})).await;
+    assert_eq!(structured(&s)["mode"], "0600");
+    assert_eq!(structured(&s)["type"], "file");
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sha256_mismatch_writes_nothing_and_says_so() {
+    let b = Bridge::stdio(Opts::default()).await;
+    let path = scratch("mismatch");
+    let r = b
+        .call(
+            "write_file",
+            json!({"path": path, "content_base64": b64(b"abc"), "sha256": "00".repeat(32)}),
+        )
+        .await;
+    assert!(is_error(&r));
+    assert_eq!(structured(&r)["error"]["argument"], "sha256");
+    assert!(
+        text(&r).contains("mismatch") && text(&r).contains(&sha256(b"abc")),
+        "{}",
+        text(&r)
+    );
+    assert!(
+        !std::path::Path::new(&path).exists(),
+        "a mismatched write left a file"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn non_utf8_names_are_listed_and_addressable() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let b = Bridge::stdio(Opts::default()).await;
+    let dir = scratch("names");
+    std::fs::create_dir(&dir).unwrap();
+    let raw = b"caf\xe9-\xff.bin";
+    let full = [dir.as_bytes(), b"/", raw].concat();
+    std::fs::write(std::ffi::OsStr::from_bytes(&full), b"payload").unwrap();
+    std::fs::write(format!("{dir}/ünïcödé.txt"), b"u").unwrap();
+    let l = b.call("list_dir", json!({"path": dir})).await;
+    let entries = structured(&l)["entries"].as_array().unwrap().clone();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    let odd = entries
+        .iter()
+        .find(|e| e.get("name_base64").is_some())
+        .expect("a base64 name");
+    assert_eq!(unb64(odd["name_base64"].as_str().unwrap()), raw);
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["name"] == "ünïcödé.txt" && e.get("name_base64").is_none())
+    );
+    // the base64 path reads the file back
+    let r = b
+        .call("read_file", json!({"path_base64": b64(&full)}))
+        .await;
+    assert_eq!(blob(&r), b"payload");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_output_with_nul_and_invalid_utf8_is_exact() {
+    let b = Bridge::stdio(Opts::default()).await;
+    let r = b
+        .call(
+            "exec",
+            json!({"command": "printf 'a\\000b\\377c'; printf 'plain' >&2; exit 3"}),
+        )
+        .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let s = structured(&r);
+    assert_eq!(s["exit_code"], 3);
+    assert_eq!(s["stdout"]["has_nul"], true);
+    assert!(
+        s["stdout"].get("text").is_none(),
+        "binary stdout must not be text"
+    );
+    assert_eq!(payload_bytes(&s["stdout"]), b"a\0b\xffc");
+    assert_eq!(s["stderr"]["text"], "plain");
+    assert_eq!(payload_bytes(&s["stderr"]), b"plain");
+    // stdin bytes go in exactly, and argv without a shell
+    let data = pattern(100_000, 3);
+    let r = b
+        .call(
+            "exec",
+            json!({"argv": ["sha256sum"], "stdin_base64": b64(&data)}),
+        )
+        .await;
+    let out = String::from_utf8(payload_bytes(&structured(&r)["stdout"])).unwrap();
+    assert!(out.starts_with(&sha256(&data)), "{out}");
+    // env and cwd
+    let r = b.call("exec", json!({"argv": ["sh", "-c", "echo $GREETING; pwd"], "env": {"GREETING": "hi"}, "cwd": "/usr"})).await;
+    assert_eq!(structured(&r)["stdout"]["text"], "hi\n/usr\n");
+    // an explicit cap says so
+    let r = b
+        .call(
+            "exec",
+            json!({"command": "head -c 10000 /dev/zero", "max_output_bytes": 100}),
+        )
+        .await;
+    let s = structured(&r);
+    assert_eq!(s["stdout"]["truncated"], true);
+    assert_eq!(s["stdout"]["bytes"], 100);
+    assert_eq!(s["stdout"]["total_bytes"], 10000);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_code_in_python_and_sh() {
+    let b = Bridge::stdio(Opts::default()).await;
+    let r = b.call("run_code", json!({"language": "python", "code": "import sys\nsys.stdout.buffer.write(bytes(range(256)))"})).await;
+    assert_eq!(
+        payload_bytes(&structured(&r)["stdout"]),
+        (0..=255u8).collect::<Vec<_>>()
+    );
+    let r = b
+        .call(
+            "run_code",
+            json!({"language": "sh", "code": "echo one; echo two >&2; exit 4"}),
+        )
+        .await;
+    assert_eq!(structured(&r)["exit_code"], 4);
+    assert_eq!(structured(&r)["stdout"]["text"], "one\n");
+    let r = b
+        .call("run_code", json!({"language": "cobol", "code": "x"}))
+        .await;
+    assert!(is_error(&r));
+    assert_eq!(structured(&r)["error"]["argument"], "language");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_arguments_name_the_argument_and_the_server_stays_up() {
+    let mut b = Bridge::stdio(Opts::default()).await;
+    let cases = [
+        (
+            "exec",
+            json!({"argv": ["echo", "a\u{0}b"]}),
+            "argv[1]",
+            "offset 1",
+        ),
+        (
+            "exec",
+            json!({"command": "echo", "env": {"K": "v\u{0}"}}),
+            "env.K",
+            "NUL",
+        ),
+        ("exec", json!({"argv": []}), "argv", "empty"),
+        (
+            "exec",
+            json!({"argv": ["true"], "command": "true"}),
+            "argv",
+            "not both",
+        ),
+        ("exec", json!({"argv": "true"}), "argv", "invalid type"),
+        (
+            "exec",
+            json!({"argv": ["true"], "timeout_ms": "soon"}),
+            "timeout_ms",
+            "invalid type",
+        ),
+        (
+            "exec",
+            json!({"argv": ["true"], "max_output_bytes": 1u64 << 40}),
+            "max_output_bytes",
+            "limit",
+        ),
+        (
+            "write_file",
+            json!({"path": "/tmp/x\u{0}y", "text": "t"}),
+            "path",
+            "offset 6",
+        ),
+        (
+            "write_file",
+            json!({"path": "/tmp/x", "content_base64": "!!!"}),
+            "content_base64",
+            "invalid base64",
+        ),
+        (
+            "write_file",
+            json!({"path": "/tmp/x"}),
+            "content_base64",
+            "give",
+        ),
+        (
+            "write_file",
+            json!({"path": "/tmp/x", "text": "t", "mode": "rwx"}),
+            "mode",
+            "octal",
+        ),
+        ("read_file", json!({"path": 42}), "path", "invalid type"),
+        (
+            "read_file",
+            json!({"path": "/tmp/x", "colour": "red"}),
+            "colour",
+            "unknown field",
+        ),
+        ("poll_process", json!({"id": 999}), "id", "no process 999"),
+        (
+            "kill_process",
+            json!({"id": 1, "signal": "SIGWHATEVER"}),
+            "id",
+            "no process",
+        ),
+        (
+            "record_result",
+            json!({"test_id": "t", "domain": "files", "status": "maybe"}),
+            "status",
+            "not one of",
+        ),
+    ];
+    for (tool, args, argument, needle) in cases {
+        let r = b.call(tool, args.clone()).await;
+        assert!(is_error(&r), "{tool} {args} should be a tool error");
+        let err = &structured(&r)["error"];
+        assert_eq!(err["argument"], argument, "{tool} {args}: {err}");
+        assert!(
+            text(&r).contains(needle),
+            "{tool} {args}: `{}` lacks `{needle}`",
+            text(&r)
+        );
+    }
+    // unknown tool: a protocol error (invalid params), not a crash
+    let e = try_call(&b.client, "no_such_tool", json!({}))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("unknown tool"), "{e}");
+    // a file that is not there: a tool error with errno
+    let r = b
+        .call("read_file", json!({"path": "/nonexistent/file"}))
+        .await;
+    assert!(is_error(&r));
+    assert_eq!(structured(&r)["errno"], "ENOENT");
+    assert!(b.alive());
+    let r = b
+        .call("exec", json!({"argv": ["echo", "still here"]}))
+        .await;
+    assert_eq!(structured(&r)["stdout"]["text"], "still here\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_json_rpc_gets_errors_and_the_server_stays_up() {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let mut child = tokio::process::Command::new(BRIDGE)
+        .args(["serve", "--stdio", "--no-probe", "--max-body", "1M"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = async |line: &[u8]| {
+        stdin.write_all(line).await.unwrap();
+        stdin.write_all(b"\n").await.unwrap();
+    };
+    send(br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#).await;
+    let init: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18");
+    send(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).await;
+    // garbage, invalid UTF-8, a NUL, a wrong shape: none may kill the server
+    send(b"this is not json").await;
+    send(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/list\xff\"}").await;
+    send(b"{\"jsonrpc\":\"2.0\",\"id\":3,\0}").await;
+    send(br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":"nope"}"#).await;
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{{"name":"exec","arguments":{{"command":"{}"}}}}}}"#,
+        "x".repeat(2 << 20)
+    );
+    send(huge.as_bytes()).await;
+    send(br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"exec","arguments":{"argv":["echo","ok"]}}}"#).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut answered = Vec::new();
+    while Instant::now() < deadline {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the server stopped answering")
+            .unwrap()
+            .expect("the server closed stdout");
+        let v: Value = serde_json::from_str(&line).expect("stdout carries only JSON-RPC");
+        answered.push(v.clone());
+        if v["id"] == 5 {
+            assert_eq!(
+                v["result"]["structuredContent"]["stdout"]["text"], "ok\n",
+                "{v}"
+            );
+            break;
+        }
+    }
+    // every bad line got an error answer: 3 parse errors, 1 invalid request
+    let codes: Vec<i64> = answered
+        .iter()
+        .filter_map(|v| v["error"]["code"].as_i64())
+        .collect();
+    assert_eq!(
+        codes.iter().filter(|&&c| c == -32700).count(),
+        3,
+        "{answered:?}"
+    );
+    assert!(
+        codes.iter().any(|&c| c == -32600 || c == -32602),
+        "{answered:?}"
+    );
+    assert!(
+        answered.iter().any(|v| v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("over this server's limit"))),
+        "an oversized message is answered: {answered:?}"
+    );
+    assert!(child.try_wait().unwrap().is_none(), "the server died");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn background_processes_stream_take_stdin_and_die_on_kill() {
+    let b = Bridge::stdio(Opts::default()).await;
+    let r = b.call("start_process", json!({"command": "echo ready; while read line; do echo \"got $line\"; done; echo bye >&2"})).await;
+    let id = structured(&r)["id"].as_u64().unwrap();
+    let p = b
+        .call("poll_process", json!({"id": id, "wait_ms": 5000}))
+        .await;
+    assert_eq!(structured(&p)["stdout"]["text"], "ready\n");
+    let cursor = structured(&p)["stdout"]["cursor"].as_u64().unwrap();
+    b.call(
+        "write_stdin",
+        json!({"id": id, "text": "one\n", "close": true}),
+    )
+    .await;
+    let mut out = String::new();
+    let mut c = cursor;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let last = loop {
+        let p = b
+            .call(
+                "poll_process",
+                json!({"id": id, "stdout_cursor": c, "wait_ms": 2000}),
+            )
+            .await;
+        let s = structured(&p).clone();
+        out.push_str(s["stdout"]["text"].as_str().unwrap_or(""));
+        c = s["stdout"]["cursor"].as_u64().unwrap();
+        if s["running"] == false {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "process did not end");
+    };
+    assert_eq!(out, "got one\n");
+    assert_eq!(last["exit_code"], 0);
+    assert_eq!(last["stderr"]["text"], "bye\n");
+    // a process tree killed on request: the grandchild dies too
+    let r = b
+        .call(
+            "start_process",
+            json!({"command": "sleep 300 & echo $!; wait"}),
+        )
+        .await;
+    let id = structured(&r)["id"].as_u64().unwrap();
+    let p = b
+        .call("poll_process", json!({"id": id, "wait_ms": 5000}))
+        .await;
+    let grandchild: i32 = structured(&p)["stdout"]["text"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    b.call("kill_process", json!({"id": id})).await;
+    let p = b
+        .call("poll_process", json!({"id": id, "wait_ms": 5000}))
+        .await;
+    assert_eq!(structured(&p)["running"], false);
+    assert_eq!(structured(&p)["signal"], "SIGKILL");
+    assert!(gone(&grandchild.to_string()), "the grandchild survived");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeouts_kill_the_tree_and_say_timeout() {
+    let b = Bridge::stdio(Opts::default()).await;
+    let marker = scratch("timeout-pid");
+    let start = Instant::now();
+    let r = b
+        .call(
+            "exec",
+            json!({"command": format!("sleep 300 & echo $! > {marker}; wait"), "timeout_ms": 500}),
+        )
+        .await;
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(is_error(&r));
+    assert_eq!(structured(&r)["timed_out"], true);
+    assert!(text(&r).starts_with("timeout"), "{}", text(&r));
+    let pid = std::fs::read_to_string(&marker).unwrap();
+    assert!(gone(&pid), "sleep survived the timeout");
+    std::fs::remove_file(&marker).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_workload_reports_its_signal() {
+    let b = Bridge::stdio(Opts::default()).await;
+    let r = b.call("exec", json!({"command": "kill -9 $$"})).await;
+    assert_eq!(structured(&r)["signal"], "SIGKILL");
+    assert_eq!(structured(&r)["exit_code"], Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_call_kills_its_workload() {
+    use rmcp::model::{CallToolRequestParams, ClientRequest, Request};
+    let b = Bridge::stdio(Opts::default()).await;
+    let marker = scratch("cancel-pid");
+    let params = CallToolRequestParams::new("exec").with_arguments(
+        json!({"command": format!("echo $$ > {marker}; exec sleep 300")})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    let handle = b
+        .client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            rmcp::service::PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        if let Ok(p) = std::fs::read_to_string(&marker)
+            && !p.trim().is_empty()
+        {
+            break p.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "workload never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    handle.cancel(Some("test cancels".into())).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone(&pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled workload is still running"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // the session still works
+    let r = b.call("exec", json!({"argv": ["true"]})).await;
+    assert_eq!(structured(&r)["exit_code"], 0);
+    std::fs::remove_file(&marker).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn long_calls_send_progress() {
+    let b = Bridge::stdio(Opts::default()).await;
+    let r = b.call("exec", json!({"command": "sleep 2.5"})).await;
+    assert_eq!(structured(&r)["exit_code"], 0);
+    let n = b.handler.progress.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(n >= 2, "{n} progress notifications for a 2.5 s call");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sixteen_concurrent_http_sessions() {
+    let (mut child, url) = Bridge::start_http(&Opts::default());
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let (client, _) = Bridge::connect_http(&url, None).await.unwrap();
+            let data = pattern(200_000 + i as usize, i + 100);
+            let path = scratch(&format!("concurrent-{i}"));
+            for round in 0..3 {
+                let r = try_call(
+                    &client,
+                    "exec",
+                    json!({"argv": ["echo", format!("session {i} round {round}")]}),
+                )
+                .await
+                .unwrap();
+                assert_eq!(
+                    structured(&r)["stdout"]["text"],
+                    format!("session {i} round {round}\n")
+                );
+            }
+            try_call(
+                &client,
+                "write_file",
+                json!({"path": path, "content_base64": b64(&data)}),
+            )
+            .await
+            .unwrap();
+            let r = try_call(&client, "read_file", json!({"path": path}))
+                .await
+                .unwrap();
+            assert!(blob(&r) == data, "session {i}: bytes differ");
+            std::fs::remove_file(&path).unwrap();
+            client.cancel().await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(child.try_wait().unwrap().is_none());
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_guards_token_origin_and_body_size() {
+    let opts = Opts {
+        extra: vec![
+            "--token".into(),
+            "s3cret".into(),
+            "--max-body".into(),
+            "1M".into(),
+        ],
+        ..Opts::default()
+    };
+    let (mut child, url) = Bridge::start_http(&opts);
+    assert!(
+        Bridge::connect_http(&url, None).await.is_err(),
+        "no token must be refused"
+    );
+    assert!(Bridge::connect_http(&url, Some("wrong")).await.is_err());
+    let (client, _) = Bridge::connect_http(&url, Some("s3cret")).await.unwrap();
+    let r = try_call(&client, "exec", json!({"argv": ["echo", "authorised"]}))
+        .await
+        .unwrap();
+    assert_eq!(structured(&r)["stdout"]["text"], "authorised\n");
+    // oversized: refused, and the server stays up
+    let big = "A".repeat(2 << 20);
+    assert!(
+        try_call(
+            &client,
+            "write_file",
+            json!({"path": "/tmp/never", "content_base64": big})
+        )
+        .await
+        .is_err()
+    );
+    let http = reqwest::Client::new();
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"ping","pad":"{}"}}"#,
+        "x".repeat(2 << 20)
+    );
+    let resp = http
+        .post(&url)
+        .bearer_auth("s3cret")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 413);
+    let resp = http
+        .post(&url)
+        .bearer_auth("s3cret")
+        .header("origin", "https://evil.example")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 403);
+    let (client, _) = Bridge::connect_http(&url, Some("s3cret")).await.unwrap();
+    let r = try_call(&client, "exec", json!({"argv": ["echo", "still up"]}))
+        .await
+        .unwrap();
+    assert_eq!(structured(&r)["stdout"]["text"], "still up\n");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // a public address without a token is refused at start
+    let out = std::process::Command::new(BRIDGE)
+        .args(["serve", "--no-probe", "--http", "0.0.0.0:0"])
+        .env_remove("AGENT_BRIDGE_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bearer token is required"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn interface_faults_corrupt_and_are_announced() {
+    let b = Bridge::stdio(Opts {
+        fault: Some("lossy-utf8"),
+        ..Opts::default()
+    })
+    .await;
+    let info = b.client.peer_info().unwrap();
+    let name = &info.server_info.as_ref().unwrap().name;
+    assert!(
+        name.contains("INTERFACE FAULT") && name.contains("lossy-utf8"),
+        "{name}"
+    );
+    let data = b"\x89PNG\r\n\x1a\n\xff\xfe binary";
+    let path = scratch("fault.bin");
+    let w = b
+        .call(
+            "write_file",
+            json!({"path": path, "content_base64": b64(data)}),
+        )
+        .await;
+    assert_eq!(structured(&w)["interface_fault"], "lossy-utf8");
+    let on_disk = std::fs::read(&path).unwrap();
+    assert_ne!(on_disk, data, "lossy-utf8 must corrupt the write");
+    assert!(String::from_utf8(on_disk).unwrap().contains('\u{fffd}'));
+    std::fs::remove_file(&path).unwrap();
+    let b = Bridge::stdio(Opts {
+        fault: Some("nul-truncate"),
+        ..Opts::default()
+    })
+    .await;
+    let r = b
+        .call("exec", json!({"command": "printf 'ab\\000cd'"}))
+        .await;
+    assert_eq!(payload_bytes(&structured(&r)["stdout"]), b"ab");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn record_result_writes_the_results_db() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("results.db");
+    let b = Bridge::stdio(Opts {
+        extra: vec!["--results-db".into(), db.display().to_string()],
+        ..Opts::default()
+    })
+    .await;
+    let r = b
+        .call(
+            "record_result",
+            json!({"test_id": "files-001", "domain": "files", "status": "fail",
+            "layer": "sandbox", "primitive": "fs.readonly", "notes": "EROFS on /tmp", "run": "r1"}),
+        )
+        .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    b.call(
+        "record_result",
+        json!({"test_id": "files-001", "domain": "files", "status": "pass", "run": "r1"}),
+    )
+    .await;
+    let r = b
+        .call(
+            "record_result",
+            json!({"test_id": "x", "domain": "d", "status": "fail", "primitive": "fs.bogus"}),
+        )
+        .await;
+    assert_eq!(structured(&r)["error"]["argument"], "primitive");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let rows: Vec<(String, String)> = conn
+        .prepare("SELECT test_id, status FROM recorded_results WHERE run = 'r1'")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(rows, vec![("files-001".to_string(), "pass".to_string())]);
+}

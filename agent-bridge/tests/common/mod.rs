@@ -1,0 +1,381 @@
+//! Test harness: a real probe daemon, real `agent-bridge` processes, and
+//! rmcp's own client over stdio and Streamable HTTP.
+#![allow(dead_code)]
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
+    Implementation, ProgressNotificationParam,
+};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
+use serde_json::Value;
+
+pub const BRIDGE: &str = env!("CARGO_BIN_EXE_agent-bridge");
+
+pub fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+pub fn unb64(s: &str) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
+pub fn sha256(data: &[u8]) -> String {
+    agent_bridge::bytes::sha256_hex(data)
+}
+
+/// Root is needed for the probe and the profiles; CI=true forbids skipping.
+pub fn root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+        "bridge tests need root; CI=true forbids skipping"
+    );
+    eprintln!("SKIPPED: bridge test needs root");
+    false
+}
+
+fn probe_binary() -> PathBuf {
+    let p = Path::new(BRIDGE).with_file_name("probe");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (`cargo build -p probe`; `cargo xtask test` does)",
+        p.display()
+    );
+    p
+}
+
+/// One probe daemon for the whole test binary, killed when the test
+/// process ends (PDEATHSIG of a thread that lives as long as the process).
+pub fn probe_socket() -> PathBuf {
+    static SOCKET: OnceLock<PathBuf> = OnceLock::new();
+    SOCKET
+        .get_or_init(|| {
+            let dir =
+                std::env::temp_dir().join(format!("bridge-test-probe-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let socket = dir.join("probe.sock");
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (sock, db) = (socket.clone(), dir.join("evidence.db"));
+            std::thread::spawn(move || {
+                use std::os::unix::process::CommandExt as _;
+                let mut cmd = Command::new(probe_binary());
+                cmd.args(["run", "--socket"])
+                    .arg(&sock)
+                    .arg("--db")
+                    .arg(&db);
+                cmd.stderr(Stdio::null());
+                // SAFETY: prctl is async-signal-safe.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                        Ok(())
+                    });
+                }
+                let mut child = cmd.spawn().expect("start probe run");
+                tx.send(child.id()).unwrap();
+                // this thread lives as long as the test process: so does the daemon
+                let _ = child.wait();
+            });
+            rx.recv().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while probe::client::Client::connect(&socket)
+                .and_then(|mut c| c.hello())
+                .is_err()
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "the probe daemon did not come up"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            socket
+        })
+        .clone()
+}
+
+/// Counts progress notifications.
+#[derive(Clone, Default)]
+pub struct Handler {
+    pub progress: Arc<AtomicUsize>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_progress(
+        &self,
+        _p: ProgressNotificationParam,
+        _c: NotificationContext<RoleClient>,
+    ) {
+        self.progress.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("bridge-tests", "0.1.0"),
+        )
+    }
+}
+
+pub type Client = RunningService<RoleClient, Handler>;
+
+/// A bridge process and an rmcp client connected to it.
+pub struct Bridge {
+    pub client: Client,
+    pub handler: Handler,
+    child: Option<Child>,
+    tokio_child: Option<tokio::process::Child>,
+    pub url: Option<String>,
+}
+
+/// How a test wants its bridge.
+#[derive(Clone, Default)]
+pub struct Opts {
+    pub profile: Option<&'static str>,
+    pub probe: bool,
+    pub fault: Option<&'static str>,
+    pub extra: Vec<String>,
+}
+
+fn serve_args(o: &Opts) -> Vec<String> {
+    let mut a = vec!["serve".to_string()];
+    if let Some(p) = o.profile {
+        a.extend(["--profile".into(), p.into()]);
+    }
+    if o.probe {
+        a.extend([
+            "--probe-socket".into(),
+            probe_socket().display().to_string(),
+        ]);
+    } else {
+        a.push("--no-probe".into());
+    }
+    if let Some(f) = o.fault {
+        a.extend(["--interface-fault".into(), f.into()]);
+    }
+    a.extend(o.extra.iter().cloned());
+    a
+}
+
+impl Bridge {
+    /// `agent-bridge serve --stdio`, driven through rmcp's client.
+    pub async fn stdio(o: Opts) -> Bridge {
+        let mut child = tokio::process::Command::new(BRIDGE)
+            .args(serve_args(&o))
+            .arg("--stdio")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start agent-bridge");
+        let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(
+            child.stdout.take().unwrap(),
+            child.stdin.take().unwrap(),
+        )
+        .with_max_line_length(512 << 20);
+        let handler = Handler::default();
+        let client = handler
+            .clone()
+            .serve(transport)
+            .await
+            .expect("MCP handshake over stdio");
+        Bridge {
+            client,
+            handler,
+            child: None,
+            tokio_child: Some(child),
+            url: None,
+        }
+    }
+
+    /// `agent-bridge serve --http 127.0.0.1:0`; returns the process and its URL.
+    pub fn start_http(o: &Opts) -> (Child, String) {
+        let mut child = Command::new(BRIDGE)
+            .args(serve_args(o))
+            .args(["--http", "127.0.0.1:0"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start agent-bridge --http");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("bridge exited before listening")
+                .unwrap();
+            if let Some(rest) = line.split("serving MCP at ").nth(1) {
+                break rest.trim().to_string();
+            }
+        };
+        // keep draining stderr so the bridge never blocks on it
+        std::thread::spawn(move || for _ in lines {});
+        (child, url)
+    }
+
+    pub async fn connect_http(url: &str, token: Option<&str>) -> Result<(Client, Handler), String> {
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_string());
+        if let Some(t) = token {
+            config = config.auth_header(t.to_string());
+        }
+        // rmcp's client takes 16 MiB per response by default; 64 MiB reads need more
+        config = config
+            .max_sse_event_size(512 << 20)
+            .max_json_response_size(512 << 20);
+        let handler = Handler::default();
+        let client = handler
+            .clone()
+            .serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((client, handler))
+    }
+
+    pub async fn http(o: Opts) -> Bridge {
+        let (child, url) = Bridge::start_http(&o);
+        let (client, handler) = Bridge::connect_http(&url, None)
+            .await
+            .expect("MCP handshake over HTTP");
+        Bridge {
+            client,
+            handler,
+            child: Some(child),
+            tokio_child: None,
+            url: Some(url),
+        }
+    }
+
+    pub async fn call(&self, tool: &str, args: Value) -> CallToolResult {
+        try_call(&self.client, tool, args)
+            .await
+            .unwrap_or_else(|e| panic!("{tool}: {e}"))
+    }
+
+    /// The bridge process is still alive.
+    pub fn alive(&mut self) -> bool {
+        if let Some(c) = &mut self.child {
+            return c.try_wait().unwrap().is_none();
+        }
+        self.tokio_child
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .unwrap()
+            .is_none()
+    }
+
+    pub fn pid(&self) -> u32 {
+        match (&self.child, &self.tokio_child) {
+            (Some(c), _) => c.id(),
+            (_, Some(c)) => c.id().unwrap(),
+            _ => unreachable!(),
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub async fn try_call(
+    client: &Client,
+    tool: &str,
+    args: Value,
+) -> Result<CallToolResult, rmcp::ServiceError> {
+    let params = CallToolRequestParams::new(tool.to_string())
+        .with_arguments(args.as_object().cloned().unwrap_or_default());
+    tokio::time::timeout(Duration::from_secs(120), client.call_tool(params))
+        .await
+        .unwrap_or_else(|_| panic!("{tool}: no answer in 120 s"))
+}
+
+pub fn structured(r: &CallToolResult) -> &Value {
+    r.structured_content
+        .as_ref()
+        .expect("every result has structuredContent")
+}
+
+pub fn is_error(r: &CallToolResult) -> bool {
+    r.is_error == Some(true)
+}
+
+/// The bytes of a payload object ({text | base64, ...}), checked against its sha256.
+pub fn payload_bytes(p: &Value) -> Vec<u8> {
+    let data = match (p.get("text"), p.get("base64")) {
+        (Some(Value::String(t)), _) => t.clone().into_bytes(),
+        (_, Some(Value::String(b))) => unb64(b),
+        _ => panic!("payload without text or base64: {p}"),
+    };
+    assert_eq!(
+        p["sha256"],
+        sha256(&data),
+        "payload sha256 does not match its bytes"
+    );
+    assert_eq!(p["bytes"], data.len() as u64);
+    data
+}
+
+/// read_file's embedded resource blob.
+pub fn blob(r: &CallToolResult) -> Vec<u8> {
+    for c in &r.content {
+        if let ContentBlock::Resource(res) = c
+            && let rmcp::model::ResourceContents::BlobResourceContents { blob, .. } = &res.resource
+        {
+            return unb64(blob);
+        }
+    }
+    panic!(
+        "no blob in {:?}",
+        r.content
+            .iter()
+            .map(|c| format!("{c:?}").chars().take(80).collect::<String>())
+            .collect::<Vec<_>>()
+    );
+}
+
+pub fn text(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| match c {
+            ContentBlock::Text(t) => Some(t.text.clone()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The process is gone (a zombie waiting for init to reap it counts).
+pub fn gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// A unique path under /tmp for one test.
+pub fn scratch(name: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "/tmp/bridge-test-{}-{}-{name}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -1,0 +1,252 @@
+//! Every built-in profile, applied by a real bridge to a real workload,
+//! yields its primitive in `structuredContent.kernel` (real probe daemon,
+//! real kernel). Root needed; never skipped under CI=true.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// Runs `steps` (exec commands) in one session under `profile` and returns
+/// the last step's result.
+async fn under(profile: &'static str, steps: &[&str]) -> Value {
+    let b = Bridge::stdio(Opts {
+        profile: Some(profile),
+        probe: true,
+        ..Opts::default()
+    })
+    .await;
+    let mut last = Value::Null;
+    for cmd in steps {
+        let r = b
+            .call("exec", json!({"command": cmd, "timeout_ms": 20_000}))
+            .await;
+        last = structured(&r).clone();
+    }
+    last
+}
+
+fn assert_primitive(profile: &str, r: &Value, primitive: &str) {
+    let k = &r["kernel"];
+    assert_eq!(k["available"], true, "{profile}: no kernel evidence: {k}");
+    assert_eq!(
+        k["primitive"], primitive,
+        "{profile}: expected {primitive}; kernel said {} — {}\nresult: {r}",
+        k["primitive"], k["explanation"]
+    );
+    assert_eq!(k["failed"], primitive != "none", "{profile}: {k}");
+}
+
+async fn check(profile: &'static str, steps: &[&str], primitive: &str) {
+    if !root() {
+        return;
+    }
+    let r = under(profile, steps).await;
+    assert_primitive(profile, &r, primitive);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clean_runs_clean() {
+    check(
+        "clean",
+        &["python3 -c 'import json, os; os.makedirs(\"/tmp/clean-ok\", exist_ok=True)'"],
+        "none",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn seccomp_errno() {
+    let dir = scratch("seccomp-errno");
+    check("seccomp-errno", &[&format!("mkdir {dir}")], "seccomp").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn seccomp_kill() {
+    let dir = scratch("seccomp-kill");
+    check("seccomp-kill", &[&format!("mkdir {dir}")], "seccomp").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn seccomp_trap() {
+    check(
+        "seccomp-trap",
+        &["python3 -c 'import socket; socket.socket()'"],
+        "seccomp",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readonly() {
+    let f = scratch("ro");
+    check("readonly", &[&format!("echo data > {f}")], "fs.readonly").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn noexec() {
+    let f = scratch("noexec.sh");
+    check(
+        "noexec",
+        &[&format!(
+            "printf '#!/bin/sh\\necho hi\\n' > {f} && chmod +x {f} && {f}"
+        )],
+        "fs.noexec",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ephemeral_paths_lose_files_between_calls() {
+    let f = scratch("ephemeral");
+    let r = under(
+        "ephemeral",
+        &[&format!("echo state > {f}"), &format!("cat {f}")],
+    )
+    .await;
+    if root() {
+        assert_primitive("ephemeral", &r, "fs.persistence");
+        assert!(
+            !std::path::Path::new(&f).exists(),
+            "the write leaked out of the call's tmpfs"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ephemeral_paths_also_hold_for_the_file_tools() {
+    if !root() {
+        return;
+    }
+    let b = Bridge::stdio(Opts {
+        profile: Some("ephemeral"),
+        probe: true,
+        ..Opts::default()
+    })
+    .await;
+    let f = scratch("ephemeral-tools");
+    let w = b
+        .call("write_file", json!({"path": f, "text": "kept?"}))
+        .await;
+    assert!(!is_error(&w), "{}", text(&w));
+    let r = b.call("read_file", json!({"path": f})).await;
+    assert!(is_error(&r), "the file survived the call");
+    assert_eq!(structured(&r)["errno"], "ENOENT");
+    assert_primitive("ephemeral", structured(&r), "fs.persistence");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn full_disk() {
+    let f = scratch("big");
+    check(
+        "full-disk",
+        &[&format!("head -c 4M /dev/zero > {f}")],
+        "fs.space",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn full_disk_persists_within_the_session() {
+    let f = scratch("small");
+    let r = under(
+        "full-disk",
+        &[&format!("echo kept > {f}"), &format!("cat {f}")],
+    )
+    .await;
+    if root() {
+        assert_eq!(r["stdout"]["text"], "kept\n", "{r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unprivileged() {
+    check(
+        "unprivileged",
+        &["touch /etc/agent-bridge-test-denied"],
+        "fs.permission",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_caps() {
+    check("no-caps", &["unshare -m true"], "caps").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pids_limit() {
+    check(
+        "pids-limit",
+        &["for i in $(seq 40); do sleep 2 & done; wait"],
+        "proc.limit",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_limit() {
+    check(
+        "memory-limit",
+        &["python3 -c 'b = bytearray(300 << 20); print(len(b))'"],
+        "mem.oom",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn address_space() {
+    check(
+        "address-space",
+        &["python3 -c 'b = bytearray(2 << 30)'"],
+        "mem.limit",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_network() {
+    check(
+        "no-network",
+        &["python3 -c 'import socket; socket.create_connection((\"192.0.2.1\", 80), timeout=5)'"],
+        "net.egress",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_network_keeps_loopback() {
+    let r = under(
+        "no-network",
+        &["python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(); c = socket.create_connection(s.getsockname()); print(\"ok\")'"],
+    )
+    .await;
+    if root() {
+        assert_eq!(r["stdout"]["text"], "ok\n", "{r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_tools() {
+    check("no-tools", &["gcc --version"], "exec.missing").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hidden_data() {
+    check(
+        "hidden-data",
+        &["cat /usr/share/common-licenses/GPL-3"],
+        "fs.missing",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cpu_limit() {
+    check("cpu-limit", &["python3 -c 'while True: pass'"], "signal").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deadline() {
+    check("deadline", &["sleep 10"], "timeout").await;
+}

@@ -1,0 +1,101 @@
+//! Independent MCP clients for the bridge: the official Python SDK and the
+//! MCP conformance suite, installed under target/ at pinned versions.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context as _, bail};
+
+use crate::{quiet_ok, run};
+
+const PYTHON_MCP: &str = "mcp==2.3.0";
+/// 0.1.15+ needs Node 22; the machine has Node 20.
+const CONFORMANCE: &str = "@modelcontextprotocol/conformance@0.1.13";
+
+fn venv() -> PathBuf {
+    PathBuf::from("target/mcp-venv")
+}
+
+fn conformance_dir() -> PathBuf {
+    PathBuf::from("target/conformance")
+}
+
+/// Installs the Python SDK in a venv and the conformance suite with npm,
+/// unless they are already there.
+pub fn install() -> anyhow::Result<()> {
+    let python = venv().join("bin/python");
+    if !quiet_ok(Command::new(&python).args(["-c", "import mcp"])) {
+        eprintln!(
+            "xtask: installing the MCP Python SDK ({PYTHON_MCP}) in {}",
+            venv().display()
+        );
+        run(Command::new("python3").args(["-m", "venv"]).arg(venv()))?;
+        run(Command::new(venv().join("bin/pip")).args(["install", "--quiet", PYTHON_MCP]))?;
+    }
+    let suite = conformance_dir().join("node_modules/.bin/conformance");
+    if !suite.exists() {
+        eprintln!("xtask: installing the MCP conformance suite ({CONFORMANCE})");
+        std::fs::create_dir_all(conformance_dir())?;
+        run(Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(conformance_dir())
+            .arg(CONFORMANCE))?;
+    }
+    Ok(())
+}
+
+/// Round trips through the Python SDK over stdio and HTTP.
+pub fn python_sdk(bridge: &Path) -> anyhow::Result<()> {
+    run(Command::new(venv().join("bin/python"))
+        .arg("agent-bridge/tests/sdk/python_client.py")
+        .arg(bridge))
+}
+
+/// A bridge on an ephemeral loopback port, killed on drop.
+struct HttpBridge(Child);
+
+impl Drop for HttpBridge {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_http(bridge: &Path) -> anyhow::Result<(HttpBridge, String)> {
+    let mut child = Command::new(bridge)
+        .args(["serve", "--no-probe", "--http", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting agent-bridge")?;
+    let stderr = child.stderr.take().expect("piped");
+    let guard = HttpBridge(child);
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let Some(line) = lines.next() else {
+            bail!("agent-bridge exited before it listened");
+        };
+        if let Some(url) = line?.split("serving MCP at ").nth(1) {
+            break url.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    Ok((guard, url))
+}
+
+/// The conformance suite against the HTTP transport, with the expected
+/// failures (and their reasons) in agent-bridge/tests/sdk/conformance-baseline.yml.
+pub fn conformance(bridge: &Path) -> anyhow::Result<()> {
+    let (_bridge, url) = start_http(bridge)?;
+    let out = std::env::temp_dir().join(format!("bridge-conformance-{}", std::process::id()));
+    let baseline = Path::new("agent-bridge/tests/sdk/conformance-baseline.yml").canonicalize()?;
+    let result = run(
+        Command::new(conformance_dir().join("node_modules/.bin/conformance"))
+            .args(["server", "--url", &url, "--expected-failures"])
+            .arg(baseline)
+            .arg("-o")
+            .arg(&out),
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    result
+}
