@@ -16,6 +16,8 @@ use serde_json::{Value, json};
 
 const BRIDGE: &str = env!("CARGO_BIN_EXE_agent-bridge");
 const CALLS: usize = 500;
+/// Interleaved rounds the exec calls are split into.
+const ROUNDS: usize = 5;
 const MIB64: usize = 64 << 20;
 
 type Client = RunningService<RoleClient, ()>;
@@ -176,35 +178,32 @@ fn latency(mut ms: Vec<f64>, wall: Duration) -> Latency {
     }
 }
 
-async fn exec_true(b: &Bridge, probe: bool) -> Latency {
-    for _ in 0..20 {
-        call(&b.client, "exec", json!({"argv": ["true"]})).await;
-    }
-    let mut ms = Vec::with_capacity(CALLS);
-    let start = Instant::now();
-    for _ in 0..CALLS {
+/// `n` sequential exec `true` calls; latencies in ms.
+async fn exec_true(b: &Bridge, probe: bool, n: usize) -> Vec<f64> {
+    let mut ms = Vec::with_capacity(n);
+    for _ in 0..n {
         let t = Instant::now();
         let r = call(&b.client, "exec", json!({"argv": ["true"]})).await;
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
         assert_eq!(r["kernel"]["available"], probe, "{}", r["kernel"]);
     }
-    latency(ms, start.elapsed())
+    ms
 }
 
-fn direct_true() -> Latency {
-    let mut ms = Vec::with_capacity(CALLS);
-    let start = Instant::now();
-    for _ in 0..CALLS {
-        let t = Instant::now();
-        let s = Command::new("true")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        assert!(s.status.success());
-        ms.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    latency(ms, start.elapsed())
+/// `n` direct spawns of `true` (fork, exec, wait, pipes); latencies in ms.
+fn direct_true(n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            let s = Command::new("true")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .output()
+                .unwrap();
+            assert!(s.status.success());
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect()
 }
 
 fn vm_hwm_kib(pid: u32) -> u64 {
@@ -273,72 +272,96 @@ async fn main() {
     let mut out = String::from("## agent-bridge\n\n");
     out.push_str(&format!(
         "`cargo bench -p agent-bridge --bench bridge`: {CALLS} sequential `exec {{\"argv\": [\"true\"]}}` calls per row after 20 warm-up calls, \
-         one rmcp client; the baseline spawns `true` directly from the benchmark (fork, exec, wait, pipes) in the same run.\n\n"
+         one rmcp client, in {ROUNDS} interleaved rounds; the baseline spawns `true` directly from the benchmark (fork, exec, wait, pipes) in the same rounds.\n\n"
     ));
-    out.push_str("| exec `true` | p50 ms | p99 ms | calls/s | p50 vs direct spawn |\n|---|---|---|---|---|\n");
-    let base = direct_true();
-    out.push_str(&format!(
-        "| direct spawn (baseline) | {:.2} | {:.2} | {:.0} | 1.00× |\n",
-        base.p50_ms, base.p99_ms, base.per_s
-    ));
-    for (name, probe) in [
-        ("stdio", false),
-        ("stdio", true),
-        ("http", false),
-        ("http", true),
-    ] {
-        let socket = probe.then_some(socket.as_path());
-        let b = if name == "stdio" {
-            stdio(socket).await
-        } else {
-            http(socket).await
-        };
-        let l = exec_true(&b, probe).await;
-        let label = format!(
-            "{name}, {}",
-            if probe { "probe attached" } else { "no probe" }
-        );
+    let only_transfer = std::env::var("BRIDGE_BENCH_PART").is_ok_and(|p| p == "transfer");
+    if !only_transfer {
+        out.push_str("| exec `true` | p50 ms | p99 ms | calls/s | p50 vs direct spawn |\n|---|---|---|---|---|\n");
+        // interleaved rounds: the VM's speed drifts, so every configuration
+        // gets a share of every stretch of time
+        let configs = [
+            ("stdio", false),
+            ("stdio", true),
+            ("http", false),
+            ("http", true),
+        ];
+        let mut bridges = Vec::new();
+        for (name, probe) in configs {
+            let socket = probe.then_some(socket.as_path());
+            let b = if name == "stdio" {
+                stdio(socket).await
+            } else {
+                http(socket).await
+            };
+            exec_true(&b, probe, 20).await; // warm-up
+            bridges.push(b);
+        }
+        let mut samples = vec![Vec::new(); configs.len() + 1];
+        let mut wall = vec![Duration::ZERO; configs.len() + 1];
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            samples[0].extend(direct_true(CALLS / ROUNDS));
+            wall[0] += t.elapsed();
+            for (i, (b, (_, probe))) in bridges.iter().zip(configs).enumerate() {
+                let t = Instant::now();
+                samples[i + 1].extend(exec_true(b, probe, CALLS / ROUNDS).await);
+                wall[i + 1] += t.elapsed();
+            }
+        }
+        drop(bridges);
+        let base = latency(samples[0].clone(), wall[0]);
         out.push_str(&format!(
-            "| {label} | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
-            l.p50_ms,
-            l.p99_ms,
-            l.per_s,
-            l.p50_ms / base.p50_ms
+            "| direct spawn (baseline) | {:.2} | {:.2} | {:.0} | 1.00× |\n",
+            base.p50_ms, base.p99_ms, base.per_s
         ));
-        eprintln!("bench: exec true over {label}: p50 {:.2} ms", l.p50_ms);
-    }
-    // concurrency: 8 HTTP sessions of one bridge at once, probe attached
-    {
-        let b = http(Some(&socket)).await;
-        let url = b.url.clone().unwrap();
-        let start = Instant::now();
-        let mut tasks = Vec::new();
-        for _ in 0..8 {
-            let url = url.clone();
-            tasks.push(tokio::spawn(async move {
-                let client = connect_http(&url).await;
-                let mut ms = Vec::new();
-                for _ in 0..CALLS / 4 {
-                    let t = Instant::now();
-                    call(&client, "exec", json!({"argv": ["true"]})).await;
-                    ms.push(t.elapsed().as_secs_f64() * 1000.0);
-                }
-                ms
-            }));
+        for (i, (name, probe)) in configs.iter().enumerate() {
+            let l = latency(samples[i + 1].clone(), wall[i + 1]);
+            let label = format!(
+                "{name}, {}",
+                if *probe { "probe attached" } else { "no probe" }
+            );
+            out.push_str(&format!(
+                "| {label} | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
+                l.p50_ms,
+                l.p99_ms,
+                l.per_s,
+                l.p50_ms / base.p50_ms
+            ));
+            eprintln!("bench: exec true over {label}: p50 {:.2} ms", l.p50_ms);
         }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await.unwrap());
-        }
-        let l = latency(all, start.elapsed());
-        out.push_str(&format!(
+        // concurrency: 8 HTTP sessions of one bridge at once, probe attached
+        {
+            let b = http(Some(&socket)).await;
+            let url = b.url.clone().unwrap();
+            let start = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..8 {
+                let url = url.clone();
+                tasks.push(tokio::spawn(async move {
+                    let client = connect_http(&url).await;
+                    let mut ms = Vec::new();
+                    for _ in 0..CALLS / 4 {
+                        let t = Instant::now();
+                        call(&client, "exec", json!({"argv": ["true"]})).await;
+                        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    ms
+                }));
+            }
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.unwrap());
+            }
+            let l = latency(all, start.elapsed());
+            out.push_str(&format!(
             "| http, probe attached, 8 concurrent sessions | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
             l.p50_ms,
             l.p99_ms,
             l.per_s,
             l.p50_ms / base.p50_ms
         ));
-        eprintln!("bench: 8 concurrent HTTP sessions: {:.0} calls/s", l.per_s);
+            eprintln!("bench: 8 concurrent HTTP sessions: {:.0} calls/s", l.per_s);
+        }
     }
     let data: Vec<u8> = (0..MIB64).map(|i| (i * 7 + i / 4096) as u8).collect();
     std::fs::write(dir.path().join("raw.bin"), &data).unwrap();

@@ -40,6 +40,38 @@ fn hierarchy(controller: Option<&str>) -> Option<Hierarchy> {
         .then_some(Hierarchy::V1(v1))
 }
 
+/// Removes call cgroups left by bridges that died without cleaning up
+/// (SIGKILL): directories `mcp-PID-…` whose PID is gone. Returns how many.
+pub fn sweep_stale() -> usize {
+    let mut roots: Vec<PathBuf> = v2_root().into_iter().collect();
+    roots.extend(
+        ["memory", "pids"]
+            .iter()
+            .map(|c| Path::new("/sys/fs/cgroup").join(c)),
+    );
+    let mut removed = 0;
+    for root in roots {
+        let Ok(entries) = std::fs::read_dir(root.join(PARENT)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let owner = name.strip_prefix("mcp-").and_then(|r| r.split('-').next());
+            let Some(owner) = owner else { continue };
+            if Path::new("/proc").join(owner).exists() {
+                continue;
+            }
+            let stale = CallCgroups {
+                dirs: vec![e.path()],
+                tracking: Some(e.path()),
+            };
+            drop(stale); // kills what is left, removes the directory
+            removed += usize::from(!e.path().exists());
+        }
+    }
+    removed
+}
+
 /// The cgroups of one call, removed (after killing what is left) on drop.
 #[derive(Debug, Default)]
 pub struct CallCgroups {

@@ -59,22 +59,12 @@ impl Kernel {
         result.map_err(|e| e.to_string())
     }
 
-    /// Blocking: call from a blocking context.
-    pub fn begin(&self, label: &str) -> Span {
-        match self.with_client(|c| c.begin_span(Some(&self.session), label)) {
+    /// Blocking. Opens the call's span with `pid` (waiting before exec)
+    /// attached, in one round trip.
+    pub fn begin(&self, label: &str, pid: u32) -> Span {
+        match self.with_client(|c| c.begin_span_attached(Some(&self.session), label, pid)) {
             Ok(id) => Span::Open(id),
             Err(reason) => Span::Unavailable(reason),
-        }
-    }
-
-    /// Blocking. Attaches `pid` to an open span; on failure the span is
-    /// given up (ended) and the reason returned.
-    pub fn attach(&self, span: &mut Span, pid: u32) {
-        if let Span::Open(id) = *span
-            && let Err(reason) = self.with_client(|c| c.attach(id, pid))
-        {
-            let _ = self.with_client(|c| c.end_span(id, None, None));
-            *span = Span::Unavailable(format!("cannot attach the workload: {reason}"));
         }
     }
 

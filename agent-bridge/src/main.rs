@@ -158,6 +158,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let max_body = agent_bridge::profile::parse_size(&args.max_body)
         .map_err(anyhow::Error::msg)
         .context("--max-body")? as usize;
+    let swept = agent_bridge::cgroup::sweep_stale();
+    if swept > 0 {
+        tracing::info!("removed {swept} call cgroup(s) left by bridges that died");
+    }
     std::fs::create_dir_all(&args.workdir)
         .with_context(|| format!("--workdir {}", args.workdir.display()))?;
     // session disks live where no profile mounts over them (not under /tmp)

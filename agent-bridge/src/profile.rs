@@ -316,7 +316,10 @@ mod tests {
         let default = serde_json::to_value(Profile::default()).unwrap();
         for (knob, value) in default.as_object().unwrap() {
             if knob != "name" {
-                assert_ne!(&example[knob], value, "the docs' example does not show `{knob}`");
+                assert_ne!(
+                    &example[knob], value,
+                    "the docs' example does not show `{knob}`"
+                );
             }
         }
     }

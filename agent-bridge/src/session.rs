@@ -21,7 +21,7 @@ use crate::process::Background;
 use crate::profile::Profile;
 use crate::sandbox::Plan;
 use crate::tools::{self, ArgError, arg_error};
-use crate::workload::{Context, Finished, Spec, Stops};
+use crate::workload::{Context, Finished, Output, Spec, Stops};
 
 /// What every session of one bridge shares.
 pub struct Config {
@@ -219,7 +219,7 @@ impl Session {
         spec: Spec,
         stdin: Option<Vec<u8>>,
         timeout: Duration,
-        cap: u64,
+        output: Output,
         cancel: CancellationToken,
         tick: impl FnMut(Duration) + Send,
     ) -> Result<Finished, Reply> {
@@ -233,7 +233,7 @@ impl Session {
             .await
             .map_err(|e| Reply::error(e.0, json!({})))?;
         Ok(running
-            .run_to_end(stdin, cap as usize, Stops { timeout, cancel }, tick)
+            .run_to_end(stdin, output, Stops { timeout, cancel }, tick)
             .await)
     }
 
@@ -304,10 +304,20 @@ impl Session {
             env: tools::environment(&a.env)?,
             stdin_pipe: false,
         };
-        let cap = output_cap(a.max_output_bytes)?;
+        let cap = output_cap(a.max_output_bytes)? as usize;
         Ok(
             match self
-                .run(spec, stdin, self.timeout(a.timeout_ms), cap, cancel, tick)
+                .run(
+                    spec,
+                    stdin,
+                    self.timeout(a.timeout_ms),
+                    Output {
+                        cap,
+                        stdout_hint: 0,
+                    },
+                    cancel,
+                    tick,
+                )
                 .await
             {
                 Ok(f) => self.exec_reply(f),
@@ -342,11 +352,21 @@ impl Session {
             argv,
             ..Spec::default()
         };
-        let cap = output_cap(a.max_output_bytes)?;
+        let cap = output_cap(a.max_output_bytes)? as usize;
         let stdin = Some(a.code.into_bytes());
         Ok(
             match self
-                .run(spec, stdin, self.timeout(a.timeout_ms), cap, cancel, tick)
+                .run(
+                    spec,
+                    stdin,
+                    self.timeout(a.timeout_ms),
+                    Output {
+                        cap,
+                        stdout_hint: 0,
+                    },
+                    cancel,
+                    tick,
+                )
                 .await
             {
                 Ok(f) => self.exec_reply(f),
@@ -372,9 +392,9 @@ impl Session {
         what: &str,
         args: Vec<OsString>,
         stdin: Option<Vec<u8>>,
-        cap: u64,
+        output: Output,
         cancel: CancellationToken,
-    ) -> Result<(Vec<u8>, Value), Reply> {
+    ) -> Result<(Vec<u8>, Vec<u8>, Value), Reply> {
         let mut argv = vec![
             self.config.self_exe.clone().into_os_string(),
             "worker".into(),
@@ -387,10 +407,10 @@ impl Session {
             ..Spec::default()
         };
         let f = self
-            .run(spec, stdin, self.timeout(None), cap, cancel, |_| {})
+            .run(spec, stdin, self.timeout(None), output, cancel, |_| {})
             .await?;
         if f.exit.success() {
-            return Ok((f.stdout.data, f.kernel));
+            return Ok((f.stdout.data, f.stderr.data, f.kernel));
         }
         let reason = String::from_utf8_lossy(&f.stderr.data).trim().to_string();
         let mut msg = match (&f.exit.signal, reason.is_empty()) {
@@ -458,10 +478,10 @@ impl Session {
         ];
         Ok(
             match self
-                .worker("write_file", argv, Some(data), 4096, cancel)
+                .worker("write_file", argv, Some(data), small(), cancel)
                 .await
             {
-                Ok((out, kernel)) => {
+                Ok((out, _, kernel)) => {
                     let size = serde_json::from_slice::<Value>(&out)
                         .ok()
                         .and_then(|v| v["size"].as_u64());
@@ -491,19 +511,22 @@ impl Session {
             offset.to_string().into(),
             length.to_string().into(),
         ];
-        let (mut out, kernel) = match self
-            .worker("read_file", argv, None, length + 4096, cancel)
-            .await
+        // a size hint (the bridge's own view; the worker's is authoritative)
+        let hint =
+            std::fs::metadata(&path).map_or(0, |m| m.len().saturating_sub(offset).min(length));
+        let output = Output {
+            cap: length as usize,
+            stdout_hint: hint as usize,
+        };
+        let (out, header, kernel) = match self.worker("read_file", argv, None, output, cancel).await
         {
             Ok(x) => x,
             Err(r) => return Ok(r),
         };
-        let header_end = out.iter().position(|&b| b == b'\n').unwrap_or(out.len());
-        let size = serde_json::from_slice::<Value>(&out[..header_end])
+        let size = serde_json::from_slice::<Value>(&header)
             .ok()
             .and_then(|v| v["size"].as_u64())
             .unwrap_or(0);
-        out.drain(..(header_end + 1).min(out.len()));
         let shown = path.to_string_lossy().into_owned();
         let mime = sniff_mime(&out, &shown);
         let sha = sha256_hex(&out);
@@ -549,8 +572,20 @@ impl Session {
         };
         let argv = vec!["list".into(), path.clone(), mode.into()];
         Ok(
-            match self.worker("list_dir", argv, None, 64 << 20, cancel).await {
-                Ok((out, kernel)) => {
+            match self
+                .worker(
+                    "list_dir",
+                    argv,
+                    None,
+                    Output {
+                        cap: 64 << 20,
+                        stdout_hint: 0,
+                    },
+                    cancel,
+                )
+                .await
+            {
+                Ok((out, _, kernel)) => {
                     let mut v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
                     let n = v["entries"].as_array().map_or(0, Vec::len);
                     let names: Vec<String> = v["entries"]
@@ -584,8 +619,8 @@ impl Session {
         let path = tools::path(&a.path, &a.path_base64)?;
         let argv = vec!["stat".into(), path.clone()];
         Ok(
-            match self.worker("stat", argv, None, 1 << 20, cancel).await {
-                Ok((out, kernel)) => {
+            match self.worker("stat", argv, None, small(), cancel).await {
+                Ok((out, _, kernel)) => {
                     let mut v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
                     v["path"] = path.to_string_lossy().into();
                     v["kernel"] = kernel;
@@ -807,6 +842,14 @@ fn label(tool: &str, argv: &[OsString]) -> String {
         s.push('…');
     }
     s
+}
+
+/// Output bounds for a worker that answers one small JSON object.
+fn small() -> Output {
+    Output {
+        cap: 1 << 20,
+        stdout_hint: 0,
+    }
 }
 
 fn output_cap(asked: Option<u64>) -> Result<u64, ArgError> {

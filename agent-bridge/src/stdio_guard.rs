@@ -32,6 +32,113 @@ fn error_line(code: i32, message: String) -> String {
     format!("{v}\n")
 }
 
+/// Lines up to this size are checked whole before rmcp sees them; longer
+/// ones stream through to rmcp while a blocking thread checks them, so the
+/// guard never holds a big request in memory.
+const CHECK_WHOLE: usize = 1 << 20;
+
+/// Checks one complete line: UTF-8, then JSON.
+fn check(line: &[u8]) -> Result<(), String> {
+    let text = std::str::from_utf8(line).map_err(|e| {
+        format!(
+            "the message is not UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        )
+    })?;
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map(drop)
+        .map_err(|e| format!("the message is not JSON: {e}"))
+}
+
+/// Validates a line that arrives in chunks, on a blocking thread.
+struct StreamCheck {
+    chunks: std::sync::mpsc::SyncSender<Vec<u8>>,
+    verdict: tokio::task::JoinHandle<Result<(), String>>,
+    /// The incomplete UTF-8 sequence at the end of the last chunk.
+    utf8_tail: Vec<u8>,
+    offset: usize,
+    utf8_error: Option<usize>,
+}
+
+struct ChunkReader {
+    chunks: std::sync::mpsc::Receiver<Vec<u8>>,
+    current: std::io::Cursor<Vec<u8>>,
+}
+
+impl std::io::Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let n = std::io::Read::read(&mut self.current, buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            match self.chunks.recv() {
+                Ok(next) => self.current = std::io::Cursor::new(next),
+                Err(_) => return Ok(0),
+            }
+        }
+    }
+}
+
+impl StreamCheck {
+    fn start() -> StreamCheck {
+        let (chunks, rx) = std::sync::mpsc::sync_channel(4);
+        let verdict = tokio::task::spawn_blocking(move || {
+            let reader = ChunkReader {
+                chunks: rx,
+                current: Default::default(),
+            };
+            let result = serde_json::from_reader::<_, serde::de::IgnoredAny>(reader)
+                .map(drop)
+                .map_err(|e| format!("the message is not JSON: {e}"));
+            result
+        });
+        StreamCheck {
+            chunks,
+            verdict,
+            utf8_tail: Vec::new(),
+            offset: 0,
+            utf8_error: None,
+        }
+    }
+
+    async fn feed(&mut self, chunk: &[u8]) {
+        if self.utf8_error.is_none() {
+            let mut joined = std::mem::take(&mut self.utf8_tail);
+            joined.extend_from_slice(chunk);
+            match std::str::from_utf8(&joined) {
+                Ok(_) => self.offset += joined.len(),
+                Err(e) if e.error_len().is_none() => {
+                    let ok = e.valid_up_to();
+                    self.offset += ok;
+                    self.utf8_tail = joined[ok..].to_vec();
+                }
+                Err(e) => self.utf8_error = Some(self.offset + e.valid_up_to()),
+            }
+        }
+        let chunks = self.chunks.clone();
+        let chunk = chunk.to_vec();
+        // a full channel blocks: keep that off the async threads
+        let _ = tokio::task::spawn_blocking(move || chunks.send(chunk)).await;
+    }
+
+    async fn finish(self) -> Result<(), String> {
+        drop(self.chunks);
+        if let Some(at) = self.utf8_error {
+            return Err(format!(
+                "the message is not UTF-8 (invalid byte at offset {at})"
+            ));
+        }
+        if !self.utf8_tail.is_empty() {
+            return Err(format!(
+                "the message is not UTF-8 (truncated sequence at offset {})",
+                self.offset
+            ));
+        }
+        self.verdict.await.unwrap_or_else(|e| Err(e.to_string()))
+    }
+}
+
 async fn read_requests(
     input: impl AsyncRead + Unpin,
     mut feed: impl AsyncWrite + Unpin,
@@ -42,8 +149,9 @@ async fn read_requests(
     let mut line = Vec::new();
     loop {
         line.clear();
-        // read one line, but never hold more than max_line of it
-        let mut too_long = 0usize;
+        let mut streaming: Option<StreamCheck> = None;
+        let mut seen = 0usize;
+        let mut too_long = false;
         let ended = loop {
             let buf = match input.fill_buf().await {
                 Ok(b) => b,
@@ -57,36 +165,57 @@ async fn read_requests(
                 None => (buf, false),
             };
             let n = chunk.len();
-            if too_long == 0 && line.len() + n <= max_line + 1 {
-                line.extend_from_slice(chunk);
-            } else {
-                too_long += line.len() + n;
+            seen += n;
+            if seen > max_line + 1 && !too_long {
+                too_long = true;
+                if streaming.take().is_some() {
+                    // end the partial line: rmcp drops it as not JSON
+                    if feed.write_all(b"\n").await.is_err() {
+                        return;
+                    }
+                }
                 line.clear();
+            }
+            if !too_long {
+                let chunk = chunk.to_vec();
+                if let Some(check) = &mut streaming {
+                    check.feed(&chunk).await;
+                    if feed.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                } else {
+                    line.extend_from_slice(&chunk);
+                    if line.len() > CHECK_WHOLE {
+                        let mut check = StreamCheck::start();
+                        check.feed(&line).await;
+                        if feed.write_all(&line).await.is_err() {
+                            return;
+                        }
+                        line = Vec::new();
+                        streaming = Some(check);
+                    }
+                }
             }
             input.consume(n);
             if done {
                 break false;
             }
         };
-        if too_long > 0 {
+        if too_long {
             let msg = format!(
-                "Invalid Request: a message of at least {too_long} bytes is over this server's limit of {max_line} bytes (--max-body)"
+                "Invalid Request: a message of at least {seen} bytes is over this server's limit of {max_line} bytes (--max-body)"
             );
             let _ = errors.send(error_line(-32600, msg));
+        } else if let Some(check) = streaming {
+            if ended && feed.write_all(b"\n").await.is_err() {
+                return;
+            }
+            if let Err(e) = check.finish().await {
+                let _ = errors.send(error_line(-32700, format!("Parse error: {e}")));
+            }
         } else if !line.iter().all(u8::is_ascii_whitespace) {
-            let parsed = std::str::from_utf8(&line)
-                .map_err(|e| {
-                    format!(
-                        "the message is not UTF-8 (invalid byte at offset {})",
-                        e.valid_up_to()
-                    )
-                })
-                .and_then(|text| {
-                    serde_json::from_str::<serde::de::IgnoredAny>(text)
-                        .map_err(|e| format!("the message is not JSON: {e}"))
-                });
-            match parsed {
-                Ok(_) => {
+            match check(&line) {
+                Ok(()) => {
                     if !line.ends_with(b"\n") {
                         line.push(b'\n');
                     }

@@ -3,9 +3,10 @@
 //! exactly like `exec`, so a read-only or ephemeral path behaves the same
 //! for `write_file` as for a shell, and the kernel evidence covers it.
 //!
-//! Protocol (stdout): `read` writes one JSON header line `{"size":N}` and
-//! then the raw bytes; `write`, `list` and `stat` write one JSON object. On
-//! failure: one line on stderr, `ENAME: message`, and exit status 2.
+//! Protocol: `read` writes the raw bytes on stdout and `{"size":N}` (the
+//! file's size) on stderr; `write`, `list` and `stat` write one JSON object
+//! on stdout. On failure: one line on stderr, `ENAME: message`, and exit
+//! status 2.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
@@ -89,8 +90,7 @@ fn read(path: &Path, offset: u64, length: Option<u64>, out: &mut impl io::Write)
     if meta.is_dir() {
         return Err(io::Error::from_raw_os_error(libc::EISDIR));
     }
-    let size = meta.len();
-    writeln!(out, "{}", json!({"size": size}))?;
+    eprintln!("{}", json!({"size": meta.len()}));
     if offset > 0 {
         f.seek(SeekFrom::Start(offset))?;
     }

@@ -108,12 +108,12 @@ impl Context {
         let blocking = tokio::task::spawn_blocking(move || {
             let tree = CallCgroups::create(&name, limits)
                 .map_err(|e| StartError(format!("cannot set up the call's cgroup: {e}")))?;
-            let mut span = kernel.begin(&label);
+            let mut span = Span::Unavailable("the workload never started".into());
             let spawned = probe::spawn::spawn_attached_with(
                 &mut cmd,
                 |pid| {
                     tree.add(pid)?;
-                    kernel.attach(&mut span, pid);
+                    span = kernel.begin(&label, pid);
                     Ok::<(), io::Error>(())
                 },
                 move |report| plan.apply(report, &cwd),
@@ -183,9 +183,22 @@ fn start_failure(cmd: &std::process::Command, e: &io::Error, kernel: &Value) -> 
     msg
 }
 
+/// How much output to keep.
+#[derive(Debug, Clone, Copy)]
+pub struct Output {
+    /// Bytes kept per stream; the rest is counted, not kept.
+    pub cap: usize,
+    /// Expected stdout size (a file being read): allocated once up front
+    /// instead of growing by doubling.
+    pub stdout_hint: usize,
+}
+
 /// Reads `r` to its end, keeping the first `cap` bytes and counting the rest.
-pub async fn capture(mut r: impl AsyncRead + Unpin, cap: usize) -> Captured {
-    let mut out = Captured::default();
+pub async fn capture(mut r: impl AsyncRead + Unpin, cap: usize, hint: usize) -> Captured {
+    let mut out = Captured {
+        data: Vec::with_capacity(hint.min(cap)),
+        total: 0,
+    };
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match r.read(&mut buf).await {
@@ -227,7 +240,7 @@ impl Running {
     pub async fn run_to_end(
         mut self,
         stdin: Option<Vec<u8>>,
-        cap: usize,
+        output: Output,
         stops: Stops,
         mut tick: impl FnMut(Duration),
     ) -> Finished {
@@ -236,8 +249,8 @@ impl Running {
                 let _ = pipe.write_all(&data).await; // EPIPE: the workload did not read it all
             });
         }
-        let out = tokio::spawn(capture(self.stdout, cap));
-        let err = tokio::spawn(capture(self.stderr, cap));
+        let out = tokio::spawn(capture(self.stdout, output.cap, output.stdout_hint));
+        let err = tokio::spawn(capture(self.stderr, output.cap, 0));
         let deadline = tokio::time::sleep(stops.timeout);
         tokio::pin!(deadline);
         let mut ticker = tokio::time::interval_at(

@@ -111,6 +111,20 @@ impl Client {
             .ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
     }
 
+    /// Opens a span and attaches `pid` to it in one round trip.
+    pub fn begin_span_attached(
+        &mut self,
+        session: Option<&str>,
+        label: &str,
+        pid: u32,
+    ) -> Result<u64, ClientError> {
+        let r =
+            self.call(json!({"op": "begin_span", "session": session, "label": label, "pid": pid}))?;
+        r["span_id"]
+            .as_u64()
+            .ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
+    }
+
     pub fn attach(&mut self, span_id: u64, pid: u32) -> Result<(), ClientError> {
         self.call(json!({"op": "attach", "span_id": span_id, "pid": pid}))
             .map(drop)

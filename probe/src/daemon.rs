@@ -60,6 +60,8 @@ enum Command {
     Begin {
         session: Option<String>,
         label: String,
+        /// Attach this process at once (saves the caller a round trip).
+        pid: Option<u32>,
         reply: Reply<u64>,
     },
     Attach {
@@ -270,9 +272,21 @@ impl Core {
             Command::Begin {
                 session,
                 label,
+                pid,
                 reply,
             } => {
-                let _ = reply.send(self.begin(session, label));
+                let begun = self.begin(session, label).and_then(|span| match pid {
+                    None => Ok(span),
+                    Some(pid) => match self.attach(span, pid) {
+                        Ok(()) => Ok(span),
+                        Err(e) => {
+                            // nothing was traced: the span never existed
+                            self.spans.remove(&span);
+                            Err(e)
+                        }
+                    },
+                });
+                let _ = reply.send(begun);
             }
             Command::Attach { span, pid, reply } => {
                 let _ = reply.send(self.attach(span, pid));
@@ -889,10 +903,15 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
         Request::Hello => Ok(
             json!({"protocol": protocol::PROTOCOL_VERSION, "version": env!("CARGO_PKG_VERSION")}),
         ),
-        Request::BeginSpan { session, label } => core
+        Request::BeginSpan {
+            session,
+            label,
+            pid,
+        } => core
             .ask(|reply| Command::Begin {
                 session,
                 label,
+                pid,
                 reply,
             })
             .await

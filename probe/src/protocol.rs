@@ -25,12 +25,15 @@ pub const DEFAULT_DB: &str = "/var/lib/probe/evidence.db";
 pub enum Request {
     /// Protocol version and daemon identity.
     Hello,
-    /// Opens a span; answers `span_id`.
+    /// Opens a span; answers `span_id`. With `pid`, also attaches it
+    /// (as `attach` would), in one round trip.
     BeginSpan {
         #[serde(default)]
         session: Option<String>,
         #[serde(default)]
         label: String,
+        #[serde(default)]
+        pid: Option<u32>,
     },
     /// Traces `pid` (and everything it starts) in the span. Send it while
     /// the child is blocked before exec.
@@ -209,9 +212,15 @@ mod tests {
             r.unwrap(),
             Request::BeginSpan {
                 session: Some("t-1".into()),
-                label: "exec: ls".into()
+                label: "exec: ls".into(),
+                pid: None,
             }
         );
+        let (_, r) = parse_request(br#"{"op": "begin_span", "label": "x", "pid": 42}"#);
+        assert!(matches!(
+            r.unwrap(),
+            Request::BeginSpan { pid: Some(42), .. }
+        ));
         let (_, r) = parse_request(
             br#"{"op": "end_span", "span_id": 3, "exit": {"code": 1, "signal": null}}"#,
         );

@@ -446,6 +446,12 @@ fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
         let mut c = d.client();
         c.begin_span(Some("abandoned"), "x").unwrap();
     }
+    // begin_span with a pid that cannot be attached leaves no span open
+    let e = d
+        .client()
+        .begin_span_attached(Some("s"), "ghost", 4_000_000)
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
     // errors keep the connection usable
     let mut s = UnixStream::connect(&sock).unwrap();
     s.write_all(b"not json\n{\"id\":5,\"op\":\"hello\"}\n")

@@ -129,11 +129,27 @@ impl ClientHandler for Handler {
 
 pub type Client = RunningService<RoleClient, Handler>;
 
+/// A child process killed (and reaped) on drop.
+pub struct Killed(pub Child);
+
+impl Killed {
+    pub fn alive(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A bridge process and an rmcp client connected to it.
 pub struct Bridge {
     pub client: Client,
     pub handler: Handler,
-    child: Option<Child>,
+    child: Option<Killed>,
     tokio_child: Option<tokio::process::Child>,
     pub url: Option<String>,
 }
@@ -198,8 +214,9 @@ impl Bridge {
         }
     }
 
-    /// `agent-bridge serve --http 127.0.0.1:0`; returns the process and its URL.
-    pub fn start_http(o: &Opts) -> (Child, String) {
+    /// `agent-bridge serve --http 127.0.0.1:0`; returns the process (killed
+    /// on drop, even when a test fails) and its URL.
+    pub fn start_http(o: &Opts) -> (Killed, String) {
         let mut child = Command::new(BRIDGE)
             .args(serve_args(o))
             .args(["--http", "127.0.0.1:0"])
@@ -218,7 +235,7 @@ impl Bridge {
         };
         // keep draining stderr so the bridge never blocks on it
         std::thread::spawn(move || for _ in lines {});
-        (child, url)
+        (Killed(child), url)
     }
 
     pub async fn connect_http(url: &str, token: Option<&str>) -> Result<(Client, Handler), String> {
@@ -264,7 +281,7 @@ impl Bridge {
     /// The bridge process is still alive.
     pub fn alive(&mut self) -> bool {
         if let Some(c) = &mut self.child {
-            return c.try_wait().unwrap().is_none();
+            return c.alive();
         }
         self.tokio_child
             .as_mut()
@@ -276,18 +293,9 @@ impl Bridge {
 
     pub fn pid(&self) -> u32 {
         match (&self.child, &self.tokio_child) {
-            (Some(c), _) => c.id(),
+            (Some(c), _) => c.0.id(),
             (_, Some(c)) => c.id().unwrap(),
             _ => unreachable!(),
-        }
-    }
-}
-
-impl Drop for Bridge {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
         }
     }
 }
