@@ -17,7 +17,7 @@ pub mod results;
 pub mod sandbox;
 pub mod server;
 pub mod session;
-pub mod stdio_guard;
+pub mod stdio;
 pub mod tools;
 pub mod worker;
 pub mod workload;

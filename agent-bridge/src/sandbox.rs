@@ -169,7 +169,7 @@ impl Plan {
                     return Err(fail(&m.step));
                 }
                 if let Some(flags) = m.remount {
-                    // the bind's own flags, not the source mount's
+                    // a bind takes its flags only from a remount of itself
                     if libc::mount(
                         std::ptr::null(),
                         m.target.as_ptr(),

@@ -127,11 +127,8 @@ impl ServerHandler for Bridge {
 /// Serves one session on stdin/stdout until the client closes it.
 pub async fn serve_stdio(config: Arc<Config>, max_message: usize) -> anyhow::Result<()> {
     let bridge = Bridge::new(config)?;
-    let (stdin, stdout) = rmcp::transport::stdio();
-    let (input, output) = crate::stdio_guard::guard(stdin, stdout, max_message);
-    // the guard already bounds lines; rmcp's own cap sits just above it
-    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(input, output)
-        .with_max_line_length(max_message + 2);
+    let transport =
+        crate::stdio::StdioTransport::new(tokio::io::stdin(), std::io::stdout(), max_message);
     let running = rmcp::serve_server(bridge, transport).await?;
     running.waiting().await?;
     Ok(())

@@ -248,6 +248,17 @@ pub fn run(bin: &Path, n: u64, runs: usize, write: bool) -> anyhow::Result<()> {
     }
     text.push('\n');
     text.push_str(&String::from_utf8_lossy(&daemon.stdout));
+    eprintln!("bench: bridge (cargo bench -p agent-bridge --bench bridge)");
+    let bridge = Command::new("cargo")
+        .args(["bench", "-q", "-p", "agent-bridge", "--bench", "bridge"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cargo bench")?;
+    if !bridge.status.success() {
+        bail!("the bridge benchmark failed");
+    }
+    text.push('\n');
+    text.push_str(&String::from_utf8_lossy(&bridge.stdout));
     print!("{text}");
     if write {
         std::fs::write("docs/BENCHMARKS.md", &text)?;

@@ -37,8 +37,8 @@ enum Cmd {
     },
     /// Inject real faults and show `probe trace` attributing each.
     Demo,
-    /// Measure overhead against unprobed, strace and bpftrace baselines;
-    /// writes docs/BENCHMARKS.md.
+    /// Measure the probe against unprobed, strace and bpftrace baselines,
+    /// the daemon, and the MCP bridge; writes docs/BENCHMARKS.md.
     Bench {
         /// Syscalls per storm run.
         #[arg(long, default_value_t = 2_000_000)]

@@ -1,19 +1,23 @@
 //! One MCP session: its probe session, its profile plan, its background
-//! processes and session-long disks, and the tools' implementations.
+//! processes and session-long disks; tool dispatch, and the tools that run
+//! commands. The file tools are in [`files`], the background-process tools
+//! in [`processes`].
+
+mod files;
+mod processes;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::model::{ContentBlock, ResourceContents};
+use rmcp::model::ContentBlock;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::bytes::{Payload, sha256_hex, sniff_mime};
+use crate::bytes::Payload;
 use crate::cgroup::Limits;
 use crate::fault::{InterfaceFault, corrupt};
 use crate::kernel::Kernel;
@@ -237,6 +241,26 @@ impl Session {
             .await)
     }
 
+    /// exec and run_code: runs the command and describes how it ended.
+    async fn run_command(
+        &self,
+        spec: Spec,
+        stdin: Option<Vec<u8>>,
+        timeout: Duration,
+        cap: u64,
+        cancel: CancellationToken,
+        tick: impl FnMut(Duration) + Send,
+    ) -> Reply {
+        let output = Output {
+            cap: cap as usize,
+            stdout_hint: 0,
+        };
+        match self.run(spec, stdin, timeout, output, cancel, tick).await {
+            Ok(f) => self.exec_reply(f),
+            Err(r) => r,
+        }
+    }
+
     fn exec_reply(&self, f: Finished) -> Reply {
         let stdout = self.payload(f.stdout.data, f.stdout.total);
         let stderr = self.payload(f.stderr.data, f.stderr.total);
@@ -304,26 +328,11 @@ impl Session {
             env: tools::environment(&a.env)?,
             stdin_pipe: false,
         };
-        let cap = output_cap(a.max_output_bytes)? as usize;
-        Ok(
-            match self
-                .run(
-                    spec,
-                    stdin,
-                    self.timeout(a.timeout_ms),
-                    Output {
-                        cap,
-                        stdout_hint: 0,
-                    },
-                    cancel,
-                    tick,
-                )
-                .await
-            {
-                Ok(f) => self.exec_reply(f),
-                Err(r) => r,
-            },
-        )
+        let cap = output_cap(a.max_output_bytes)?;
+        let timeout = self.timeout(a.timeout_ms);
+        Ok(self
+            .run_command(spec, stdin, timeout, cap, cancel, tick)
+            .await)
     }
 
     async fn run_code(
@@ -352,27 +361,12 @@ impl Session {
             argv,
             ..Spec::default()
         };
-        let cap = output_cap(a.max_output_bytes)? as usize;
+        let cap = output_cap(a.max_output_bytes)?;
         let stdin = Some(a.code.into_bytes());
-        Ok(
-            match self
-                .run(
-                    spec,
-                    stdin,
-                    self.timeout(a.timeout_ms),
-                    Output {
-                        cap,
-                        stdout_hint: 0,
-                    },
-                    cancel,
-                    tick,
-                )
-                .await
-            {
-                Ok(f) => self.exec_reply(f),
-                Err(r) => r,
-            },
-        )
+        let timeout = self.timeout(a.timeout_ms);
+        Ok(self
+            .run_command(spec, stdin, timeout, cap, cancel, tick)
+            .await)
     }
 
     fn cwd(&self, cwd: &Option<String>) -> Result<Option<PathBuf>, ArgError> {
@@ -387,364 +381,6 @@ impl Session {
 
     /// Runs the file worker under the profile and the probe. Ok: its stdout.
     /// Err: a reply naming the failure, with the kernel's attribution.
-    async fn worker(
-        &self,
-        what: &str,
-        args: Vec<OsString>,
-        stdin: Option<Vec<u8>>,
-        output: Output,
-        cancel: CancellationToken,
-    ) -> Result<(Vec<u8>, Vec<u8>, Value), Reply> {
-        let mut argv = vec![
-            self.config.self_exe.clone().into_os_string(),
-            "worker".into(),
-        ];
-        let shown = String::from_utf8_lossy(args[1].as_bytes()).into_owned();
-        argv.extend(args);
-        let spec = Spec {
-            label: format!("{what}: {shown}"),
-            argv,
-            ..Spec::default()
-        };
-        let f = self
-            .run(spec, stdin, self.timeout(None), output, cancel, |_| {})
-            .await?;
-        if f.exit.success() {
-            return Ok((f.stdout.data, f.stderr.data, f.kernel));
-        }
-        let reason = String::from_utf8_lossy(&f.stderr.data).trim().to_string();
-        let mut msg = match (&f.exit.signal, reason.is_empty()) {
-            (Some(s), _) => format!("{what} {shown}: the worker was killed by {s}"),
-            (None, false) => format!("{what} {shown}: {reason}"),
-            (None, true) => format!("{what} {shown}: failed ({})", f.exit.describe()),
-        };
-        if f.kernel["failed"] == Value::Bool(true) {
-            msg.push_str(&format!(
-                "\nkernel: {} — {}",
-                f.kernel["primitive"].as_str().unwrap_or("?"),
-                f.kernel["explanation"].as_str().unwrap_or("")
-            ));
-        }
-        let errno = reason
-            .split(':')
-            .next()
-            .filter(|e| e.starts_with('E'))
-            .map(str::to_owned);
-        Err(Reply::error(
-            msg,
-            json!({"path": shown, "errno": errno, "kernel": f.kernel}),
-        ))
-    }
-
-    async fn write_file(
-        &self,
-        args: Option<rmcp::model::JsonObject>,
-        cancel: CancellationToken,
-    ) -> Result<Reply, ArgError> {
-        let a: tools::WriteFileArgs = tools::parse(args)?;
-        let path = tools::path(&a.path, &a.path_base64)?;
-        let data = tools::content(("content_base64", &a.content_base64), ("text", &a.text))?;
-        let sha = sha256_hex(&data);
-        if let Some(want) = &a.sha256
-            && !want.eq_ignore_ascii_case(&sha)
-        {
-            let what = if a.text.is_some() {
-                "text"
-            } else {
-                "decoded content_base64"
-            };
-            return Err(arg_error(
-                "sha256",
-                format!(
-                    "mismatch: the {what} ({} bytes) hashes to {sha}, not {want}; nothing was written",
-                    data.len()
-                ),
-            ));
-        }
-        let mode = a.mode.as_ref().map(tools::Mode::bits).transpose()?;
-        let mime = sniff_mime(&data, &path.to_string_lossy());
-        let data = corrupt(self.config.fault, data);
-        let written = data.len();
-        let argv = vec![
-            "write".into(),
-            path.clone(),
-            mode.map_or("-".into(), |m| m.to_string()).into(),
-            if a.append == Some(true) {
-                "append"
-            } else {
-                "replace"
-            }
-            .into(),
-        ];
-        Ok(
-            match self
-                .worker("write_file", argv, Some(data), small(), cancel)
-                .await
-            {
-                Ok((out, _, kernel)) => {
-                    let size = serde_json::from_slice::<Value>(&out)
-                        .ok()
-                        .and_then(|v| v["size"].as_u64());
-                    let shown = path.to_string_lossy();
-                    Reply::ok(
-                        format!("wrote {written} bytes to {shown} (sha256 {sha})"),
-                        json!({"path": shown, "size": size, "written": written, "sha256": sha, "mime": mime, "kernel": kernel}),
-                    )
-                }
-                Err(r) => r,
-            },
-        )
-    }
-
-    async fn read_file(
-        &self,
-        args: Option<rmcp::model::JsonObject>,
-        cancel: CancellationToken,
-    ) -> Result<Reply, ArgError> {
-        let a: tools::ReadFileArgs = tools::parse(args)?;
-        let path = tools::path(&a.path, &a.path_base64)?;
-        let offset = a.offset.unwrap_or(0);
-        let length = a.length.unwrap_or(MAX_READ).min(MAX_READ);
-        let argv = vec![
-            "read".into(),
-            path.clone(),
-            offset.to_string().into(),
-            length.to_string().into(),
-        ];
-        // a size hint (the bridge's own view; the worker's is authoritative)
-        let hint =
-            std::fs::metadata(&path).map_or(0, |m| m.len().saturating_sub(offset).min(length));
-        let output = Output {
-            cap: length as usize,
-            stdout_hint: hint as usize,
-        };
-        let (out, header, kernel) = match self.worker("read_file", argv, None, output, cancel).await
-        {
-            Ok(x) => x,
-            Err(r) => return Ok(r),
-        };
-        let size = serde_json::from_slice::<Value>(&header)
-            .ok()
-            .and_then(|v| v["size"].as_u64())
-            .unwrap_or(0);
-        let shown = path.to_string_lossy().into_owned();
-        let mime = sniff_mime(&out, &shown);
-        let sha = sha256_hex(&out);
-        let data = corrupt(self.config.fault, out);
-        let returned = data.len() as u64;
-        let truncated = offset + returned < size && a.length.is_none();
-        let b64 = crate::bytes::base64_encode(&data);
-        drop(data);
-        let uri = format!("file://{}", shown);
-        let mut content = vec![ContentBlock::text(format!(
-            "{shown}: {returned} bytes of {size} from offset {offset}, {mime}, sha256 {sha}"
-        ))];
-        if mime.starts_with("image/") && returned <= IMAGE_CONTENT_MAX {
-            content.push(ContentBlock::image(b64.clone(), mime));
-        }
-        content.push(ContentBlock::resource(
-            ResourceContents::BlobResourceContents {
-                uri,
-                mime_type: Some(mime.into()),
-                blob: b64,
-                meta: None,
-            },
-        ));
-        Ok(Reply {
-            content,
-            structured: json!({"path": shown, "size": size, "offset": offset, "bytes": returned,
-                "sha256": sha, "mime": mime, "truncated": truncated, "kernel": kernel}),
-            is_error: false,
-        })
-    }
-
-    async fn list_dir(
-        &self,
-        args: Option<rmcp::model::JsonObject>,
-        cancel: CancellationToken,
-    ) -> Result<Reply, ArgError> {
-        let a: tools::ListDirArgs = tools::parse(args)?;
-        let path = tools::path(&a.path, &a.path_base64)?;
-        let mode = if a.recursive == Some(true) {
-            "recursive"
-        } else {
-            "flat"
-        };
-        let argv = vec!["list".into(), path.clone(), mode.into()];
-        Ok(
-            match self
-                .worker(
-                    "list_dir",
-                    argv,
-                    None,
-                    Output {
-                        cap: 64 << 20,
-                        stdout_hint: 0,
-                    },
-                    cancel,
-                )
-                .await
-            {
-                Ok((out, _, kernel)) => {
-                    let mut v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
-                    let n = v["entries"].as_array().map_or(0, Vec::len);
-                    let names: Vec<String> = v["entries"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .take(200)
-                        .map(|e| {
-                            format!(
-                                "{} {}",
-                                e["type"].as_str().unwrap_or("?"),
-                                e["name"].as_str().unwrap_or("?")
-                            )
-                        })
-                        .collect();
-                    v["path"] = path.to_string_lossy().into();
-                    v["kernel"] = kernel;
-                    Reply::ok(format!("{n} entries\n{}", names.join("\n")), v)
-                }
-                Err(r) => r,
-            },
-        )
-    }
-
-    async fn stat(
-        &self,
-        args: Option<rmcp::model::JsonObject>,
-        cancel: CancellationToken,
-    ) -> Result<Reply, ArgError> {
-        let a: tools::PathArg = tools::parse(args)?;
-        let path = tools::path(&a.path, &a.path_base64)?;
-        let argv = vec!["stat".into(), path.clone()];
-        Ok(
-            match self.worker("stat", argv, None, small(), cancel).await {
-                Ok((out, _, kernel)) => {
-                    let mut v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
-                    v["path"] = path.to_string_lossy().into();
-                    v["kernel"] = kernel;
-                    Reply::ok(
-                        format!(
-                            "{}: {} of {} bytes, mode {}",
-                            v["path"],
-                            v["type"],
-                            v["size"],
-                            v["mode"].as_str().unwrap_or("?")
-                        ),
-                        v,
-                    )
-                }
-                Err(r) => r,
-            },
-        )
-    }
-
-    async fn start_process(
-        &self,
-        args: Option<rmcp::model::JsonObject>,
-    ) -> Result<Reply, ArgError> {
-        let a: tools::StartProcessArgs = tools::parse(args)?;
-        let argv = tools::command_line(&a.argv, &a.command)?;
-        let spec = Spec {
-            label: label("process", &argv),
-            argv,
-            cwd: self.cwd(&a.cwd)?,
-            env: tools::environment(&a.env)?,
-            stdin_pipe: true,
-        };
-        let running = match self.ctx.start(spec, self.next_call()).await {
-            Ok(r) => r,
-            Err(e) => return Ok(Reply::error(e.0, json!({}))),
-        };
-        let id = self.next_process.fetch_add(1, Ordering::Relaxed);
-        let pid = running.pid;
-        let bg = Background::spawn(running);
-        self.processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, bg);
-        Ok(Reply::ok(
-            format!("started process {id} (pid {pid})"),
-            json!({"id": id, "pid": pid}),
-        ))
-    }
-
-    fn process(&self, id: u64) -> Result<Arc<Background>, ArgError> {
-        self.processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| arg_error("id", format!("no process {id} in this session")))
-    }
-
-    async fn poll_process(&self, args: Option<rmcp::model::JsonObject>) -> Result<Reply, ArgError> {
-        let a: tools::PollProcessArgs = tools::parse(args)?;
-        let p = self.process(a.id)?;
-        let wait = Duration::from_millis(a.wait_ms.unwrap_or(0).min(30_000));
-        let cursors = (a.stdout_cursor.unwrap_or(0), a.stderr_cursor.unwrap_or(0));
-        let snap = p.poll(cursors, wait).await;
-        let mut v = json!({"id": a.id, "pid": p.pid, "running": snap.ended.is_none()});
-        for (name, (data, cursor, truncated)) in [("stdout", snap.stdout), ("stderr", snap.stderr)]
-        {
-            let mut payload = serde_json::to_value(self.payload(data, 0)).unwrap_or_default();
-            payload["cursor"] = cursor.into();
-            payload["buffer_full"] = truncated.into();
-            v[name] = payload;
-        }
-        let summary = match &snap.ended {
-            Some(end) => {
-                v["exit_code"] = json!(end.exit.code);
-                v["signal"] = json!(end.exit.signal);
-                v["duration_ms"] = json!(end.duration.as_secs_f64() * 1000.0);
-                v["kernel"] = end.kernel.clone();
-                format!("process {} {}", a.id, end.exit.describe())
-            }
-            None => format!("process {} is running", a.id),
-        };
-        Ok(Reply::ok(summary, v))
-    }
-
-    async fn write_stdin(&self, args: Option<rmcp::model::JsonObject>) -> Result<Reply, ArgError> {
-        let a: tools::WriteStdinArgs = tools::parse(args)?;
-        let p = self.process(a.id)?;
-        let data = if a.data_base64.is_none() && a.text.is_none() {
-            Vec::new()
-        } else {
-            tools::content(("data_base64", &a.data_base64), ("text", &a.text))?
-        };
-        Ok(match p.write_stdin(&data, a.close == Some(true)).await {
-            Ok(()) => Reply::ok(
-                format!("wrote {} bytes", data.len()),
-                json!({"id": a.id, "written": data.len(), "closed": a.close == Some(true)}),
-            ),
-            Err(e) => Reply::error(format!("process {}: {e}", a.id), json!({"id": a.id})),
-        })
-    }
-
-    async fn kill_process(&self, args: Option<rmcp::model::JsonObject>) -> Result<Reply, ArgError> {
-        let a: tools::KillProcessArgs = tools::parse(args)?;
-        let p = self.process(a.id)?;
-        let name = a.signal.as_deref().unwrap_or("SIGKILL");
-        let full = if name.starts_with("SIG") {
-            name.to_string()
-        } else {
-            format!("SIG{name}")
-        };
-        let sig: nix::sys::signal::Signal = full.parse().map_err(|_| {
-            arg_error(
-                "signal",
-                format!("`{name}` is not a signal name (e.g. SIGTERM)"),
-            )
-        })?;
-        p.signal(sig).await;
-        Ok(Reply::ok(
-            format!("sent {full} to process {}", a.id),
-            json!({"id": a.id, "signal": full}),
-        ))
-    }
-
     async fn kernel_evidence(
         &self,
         args: Option<rmcp::model::JsonObject>,
