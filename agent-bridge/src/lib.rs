@@ -8,6 +8,7 @@
 //! [`bytes`]; [`fault`] corrupts them on purpose when asked.
 
 pub mod bytes;
+pub mod campaign;
 pub mod cgroup;
 pub mod fault;
 pub mod kernel;

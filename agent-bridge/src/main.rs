@@ -45,12 +45,40 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Campaign test suites: generate the default one, validate files, print the schema.
+    #[command(subcommand)]
+    Campaign(CampaignCommand),
     /// (internal) file operations for the file tools, run under the profile.
     #[command(hide = true)]
     Worker {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+}
+
+#[derive(Subcommand)]
+enum CampaignCommand {
+    /// Write a deterministic suite of tests across the ten domains, one JSON file each.
+    Generate {
+        /// How many tests (spread evenly over the domains).
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// The same seed gives the same files, byte for byte.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Directory to write `ID.json` files into (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Check test files (e.g. ones a coding agent wrote): every problem with file, field and reason.
+    Validate {
+        dir: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the JSON Schema of a test file.
+    Schema,
 }
 
 #[derive(clap::Args)]
@@ -98,6 +126,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Worker { args } => agent_bridge::worker::main(&args),
         Command::Profiles { name, json } => report(profiles(name, json)),
+        Command::Campaign(c) => campaign(c),
         Command::Serve(args) => {
             tracing_subscriber::fmt()
                 .with_writer(std::io::stderr)
@@ -121,6 +150,60 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
         Err(e) => {
             eprintln!("agent-bridge: {e:#}");
             ExitCode::from(2)
+        }
+    }
+}
+
+fn campaign(cmd: CampaignCommand) -> ExitCode {
+    use agent_bridge::campaign::{generate, spec, validate};
+    match cmd {
+        CampaignCommand::Schema => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&spec::schema()).expect("JSON")
+            );
+            ExitCode::SUCCESS
+        }
+        CampaignCommand::Generate { count, seed, out } => {
+            let tests = generate::suite(count, seed);
+            report(
+                generate::write_suite(&out, &tests)
+                    .with_context(|| format!("writing {}", out.display()))
+                    .map(|()| eprintln!("wrote {count} tests (seed {seed}) to {}", out.display())),
+            )
+        }
+        CampaignCommand::Validate { dir, json } => {
+            let suite = match validate::load_dir(&dir) {
+                Ok(s) => s,
+                Err(e) => {
+                    return report(Err(anyhow::anyhow!("cannot read {}: {e}", dir.display())));
+                }
+            };
+            if json {
+                let problems: Vec<_> = suite
+                    .problems
+                    .iter()
+                    .map(|p| serde_json::json!({"file": p.file, "field": p.field, "reason": p.reason}))
+                    .collect();
+                let v = serde_json::json!({"files": suite.files, "valid": suite.tests.len(), "problems": problems});
+                println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+            } else {
+                for p in &suite.problems {
+                    println!("{p}");
+                }
+                println!(
+                    "{} files: {} valid, {} with problems ({} problems)",
+                    suite.files,
+                    suite.tests.len(),
+                    suite.files - suite.tests.len(),
+                    suite.problems.len()
+                );
+            }
+            if suite.problems.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
         }
     }
 }
@@ -177,7 +260,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         fault: args.interface_fault,
         workdir: args.workdir,
         results_db: args.results_db,
-        self_exe: std::env::current_exe().context("cannot find this binary for the file worker")?,
+        // through /proc: the binary stays reachable when a profile mounts
+        // over the directory it lives in (e.g. an ephemeral /tmp)
+        self_exe: PathBuf::from("/proc/self/exe"),
         default_timeout: Duration::from_millis(args.timeout_ms),
         run_dir: run_dir.clone(),
     });

@@ -24,6 +24,9 @@ use serde_json::{Value, json};
 pub const LIST_LIMIT: usize = 10_000;
 
 pub fn main(args: &[OsString]) -> ExitCode {
+    // started as /proc/self/exe, the kernel names us `exe`: say who we are
+    // SAFETY: PR_SET_NAME with a NUL-terminated string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"agent-bridge".as_ptr()) };
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,0 +1,879 @@
+//! `campaign generate`: a deterministic suite across the ten domains.
+//! Variety comes from parameters (sizes, byte patterns, depths, counts)
+//! drawn from a seeded generator, not from copies: the same seed gives the
+//! same files, byte for byte.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::spec::{DOMAINS, Expect, Step, TestSpec};
+use crate::bytes::{base64_encode, sha256_hex};
+
+/// splitmix64: small, seedable, stable across platforms and releases.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+}
+
+fn step(tool: &str, arguments: Value, expect: Expect) -> Step {
+    let arguments: BTreeMap<String, Value> = serde_json::from_value(arguments).expect("an object");
+    Step {
+        tool: tool.into(),
+        arguments,
+        expect,
+    }
+}
+
+fn exec(command: String, expect: Expect) -> Step {
+    step(
+        "exec",
+        json!({"command": command, "timeout_ms": 60_000}),
+        expect,
+    )
+}
+
+fn code(language: &str, code: String, expect: Expect) -> Step {
+    step(
+        "run_code",
+        json!({"language": language, "code": code, "timeout_ms": 60_000}),
+        expect,
+    )
+}
+
+fn ok_stdout(text: impl Into<String>) -> Expect {
+    Expect {
+        exit_code: Some(0),
+        stdout_equals: Some(text.into()),
+        ..Expect::default()
+    }
+}
+
+fn exit(code: i32) -> Expect {
+    Expect {
+        exit_code: Some(code),
+        ..Expect::default()
+    }
+}
+
+fn write(path: &str, data: &[u8]) -> Step {
+    let expect = Expect {
+        sha256: Some(sha256_hex(data)),
+        size: Some(data.len() as u64),
+        ..Expect::default()
+    };
+    step(
+        "write_file",
+        json!({"path": path, "content_base64": base64_encode(data), "sha256": sha256_hex(data)}),
+        expect,
+    )
+}
+
+fn read_back(path: &str, data: &[u8]) -> Step {
+    let expect = Expect {
+        sha256: Some(sha256_hex(data)),
+        size: Some(data.len() as u64),
+        ..Expect::default()
+    };
+    step("read_file", json!({"path": path}), expect)
+}
+
+/// One generated test: its title, what it needs, its steps.
+struct Made {
+    title: String,
+    requires: Vec<String>,
+    steps: Vec<Step>,
+}
+
+fn made(title: String, steps: Vec<Step>) -> Made {
+    Made {
+        title,
+        requires: vec![],
+        steps,
+    }
+}
+
+/// A byte pattern of `n` bytes: the encoding cases the seed's bugs broke.
+fn pattern(rng: &mut Rng, n: usize) -> (&'static str, Vec<u8>) {
+    match rng.below(5) {
+        0 => ("random", rng.bytes(n)),
+        1 => ("nul-only", vec![0; n]),
+        2 => ("all-256-values", (0..n).map(|i| i as u8).collect()),
+        3 => (
+            "invalid-utf8",
+            b"\xff\xfe\xc3\x28\x80\xa0\xa1\xe2\x28\xa1"
+                .iter()
+                .copied()
+                .cycle()
+                .take(n)
+                .collect(),
+        ),
+        _ => (
+            "text-with-nul",
+            b"line\0with\0nul\n"
+                .iter()
+                .copied()
+                .cycle()
+                .take(n)
+                .collect(),
+        ),
+    }
+}
+
+fn files(rng: &mut Rng, dir: &str) -> Made {
+    match rng.below(4) {
+        0 => {
+            let n = *rng.pick(&[0usize, 1, 100, 4096, 65_536, 1 << 20]);
+            let data = rng.bytes(n);
+            let path = format!("{dir}/data.bin");
+            let stat = step(
+                "stat",
+                json!({"path": path}),
+                Expect {
+                    size: Some(n as u64),
+                    exists: Some(true),
+                    ..Expect::default()
+                },
+            );
+            made(
+                format!("write {n} random bytes, read them back, stat the size"),
+                vec![write(&path, &data), read_back(&path, &data), stat],
+            )
+        }
+        1 => {
+            let depth = 1 + rng.below(12) as usize;
+            let sub: Vec<String> = (0..depth).map(|i| format!("d{i}")).collect();
+            let path = format!("{dir}/{}/leaf.txt", sub.join("/"));
+            let text = format!("depth {depth}\n");
+            made(
+                format!("write a file {depth} directories deep and find it"),
+                vec![
+                    write(&path, text.as_bytes()),
+                    exec(format!("find {dir} -type f | wc -l"), ok_stdout("1\n")),
+                    step(
+                        "list_dir",
+                        json!({"path": dir, "recursive": true}),
+                        Expect {
+                            exists: Some(true),
+                            ..Expect::default()
+                        },
+                    ),
+                ],
+            )
+        }
+        2 => {
+            let chunks = 2 + rng.below(8) as usize;
+            let path = format!("{dir}/log.txt");
+            let mut all = Vec::new();
+            let mut steps = Vec::new();
+            for i in 0..chunks {
+                let line = format!("entry {i} {}\n", rng.below(1_000_000));
+                all.extend_from_slice(line.as_bytes());
+                steps.push(step(
+                    "write_file",
+                    json!({"path": path, "text": line, "append": true}),
+                    Expect {
+                        size: Some(all.len() as u64),
+                        ..Expect::default()
+                    },
+                ));
+            }
+            steps.push(read_back(&path, &all));
+            made(
+                format!("append {chunks} lines and read the whole file"),
+                steps,
+            )
+        }
+        _ => {
+            let path = format!("{dir}/gone-{}.txt", rng.below(10_000));
+            let n = 1 + rng.below(4096) as usize;
+            let data = rng.bytes(n);
+            made(
+                format!(
+                    "write {} bytes, delete with rm, and find the file absent",
+                    data.len()
+                ),
+                vec![
+                    write(&path, &data),
+                    exec(format!("rm {path}"), exit(0)),
+                    step(
+                        "stat",
+                        json!({"path": path}),
+                        Expect {
+                            is_error: true,
+                            exists: Some(false),
+                            ..Expect::default()
+                        },
+                    ),
+                ],
+            )
+        }
+    }
+}
+
+fn encoding(rng: &mut Rng, dir: &str) -> Made {
+    match rng.below(4) {
+        0 => {
+            let n = *rng.pick(&[1usize, 255, 4096, 100_000, 1 << 20]) + rng.below(64) as usize;
+            let (name, data) = pattern(rng, n);
+            let path = format!("{dir}/{name}.bin");
+            made(
+                format!("round-trip {n} bytes of {name}"),
+                vec![write(&path, &data), read_back(&path, &data)],
+            )
+        }
+        1 => {
+            let n = 1 + rng.below(2048) as usize;
+            let (name, data) = pattern(rng, n);
+            let escaped: String = data.iter().map(|b| format!("\\{b:03o}")).collect();
+            let expect = Expect {
+                exit_code: Some(0),
+                stdout_sha256: Some(sha256_hex(&data)),
+                ..Expect::default()
+            };
+            made(
+                format!("exec prints {} bytes of {name} exactly", data.len()),
+                vec![exec(format!("printf '{escaped}'"), expect)],
+            )
+        }
+        2 => {
+            let stem = *rng.pick(&["café", "日本語", "emoji-😀", "space name", "ünïcödé-ñ"]);
+            let name = format!("{stem}-{}.txt", rng.below(10_000));
+            let path = format!("{dir}/{name}");
+            let text = format!("named {name}\n");
+            made(
+                format!("a file named {name}"),
+                vec![
+                    write(&path, text.as_bytes()),
+                    read_back(&path, text.as_bytes()),
+                ],
+            )
+        }
+        _ => {
+            let (w, h) = (1 + rng.below(64) as u32, 1 + rng.below(64) as u32);
+            let png = png(w, h, rng.next_u64() as u8);
+            let path = format!("{dir}/image.png");
+            let check = code(
+                "python",
+                format!(
+                    "d = open({path:?}, 'rb').read()\nprint(d[:8] == b'\\x89PNG\\r\\n\\x1a\\n', len(d))"
+                ),
+                ok_stdout(format!("True {}\n", png.len())),
+            );
+            made(
+                format!("a {w}x{h} PNG survives the round trip"),
+                vec![write(&path, &png), read_back(&path, &png), check],
+            )
+        }
+    }
+}
+
+/// A valid PNG (RGB, stored deflate blocks): real bytes without a library.
+pub fn png(width: u32, height: u32, seed: u8) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for y in 0..height {
+        raw.push(0); // filter: none
+        for x in 0..width * 3 {
+            raw.push(seed.wrapping_add((x * 7 + y * 3) as u8));
+        }
+    }
+    let mut z = vec![0x78, 0x01];
+    let blocks: Vec<&[u8]> = raw.chunks(65_535).collect();
+    for (i, block) in blocks.iter().enumerate() {
+        z.push(u8::from(i + 1 == blocks.len()));
+        let len = block.len() as u16;
+        z.extend_from_slice(&len.to_le_bytes());
+        z.extend_from_slice(&(!len).to_le_bytes());
+        z.extend_from_slice(block);
+    }
+    let (mut a, mut b) = (1u32, 0u32);
+    for &byte in &raw {
+        a = (a + byte as u32) % 65_521;
+        b = (b + a) % 65_521;
+    }
+    z.extend_from_slice(&((b << 16) | a).to_be_bytes());
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&width.to_be_bytes());
+    ihdr.extend_from_slice(&height.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    for (kind, data) in [(&b"IHDR"[..], &ihdr[..]), (b"IDAT", &z), (b"IEND", &[])] {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let start = out.len();
+        out.extend_from_slice(kind);
+        out.extend_from_slice(data);
+        let crc = crc32(&out[start..]);
+        out.extend_from_slice(&crc.to_be_bytes());
+    }
+    out
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = 0xffff_ffffu32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn process(rng: &mut Rng, _dir: &str) -> Made {
+    match rng.below(4) {
+        0 => {
+            let k = rng.below(126) as i32;
+            made(
+                format!("a shell exits {k}"),
+                vec![exec(format!("exit {k}"), exit(k))],
+            )
+        }
+        1 => {
+            let n = 1 + rng.below(16);
+            let token = rng.below(1_000_000);
+            made(
+                format!("fork {n} children and wait for them ({token})"),
+                vec![exec(
+                    format!("for i in $(seq {n}); do (sleep 0.0$i) & done; wait; echo {token}"),
+                    ok_stdout(format!("{token}\n")),
+                )],
+            )
+        }
+        2 => {
+            let sig = *rng.pick(&["SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP"]);
+            let n = rng.below(100_000);
+            let expect = Expect {
+                signal: Some(sig.into()),
+                stdout_equals: Some(format!("{n}\n")),
+                ..Expect::default()
+            };
+            made(
+                format!("a process prints {n}, then is killed by its own {sig}"),
+                vec![code(
+                    "python",
+                    format!(
+                        "import os, signal, sys\nprint({n}); sys.stdout.flush()\nos.kill(os.getpid(), signal.{sig})"
+                    ),
+                    expect,
+                )],
+            )
+        }
+        _ => {
+            let depth = 1 + rng.below(6) as usize;
+            let token = rng.below(1_000_000);
+            made(
+                format!("exec through {depth} nested shells ({token})"),
+                vec![exec(
+                    format!(
+                        "{}echo {token}{}",
+                        "sh -c '".repeat(depth),
+                        "'".repeat(depth)
+                    ),
+                    ok_stdout(format!("{token}\n")),
+                )],
+            )
+        }
+    }
+}
+
+fn memory(rng: &mut Rng, _dir: &str) -> Made {
+    let mib = 4 + rng.below(252);
+    match rng.below(2) {
+        0 => made(
+            format!("allocate and touch {mib} MiB"),
+            vec![code(
+                "python",
+                format!(
+                    "b = bytearray({mib} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('ok', sum(b[::4096]))"
+                ),
+                ok_stdout(format!("ok {}\n", mib * 256)),
+            )],
+        ),
+        _ => {
+            let n = 10_000 * (1 + rng.below(50));
+            made(
+                format!("{n} small allocations"),
+                vec![code(
+                    "python",
+                    format!("xs = [bytes(64) for _ in range({n})]\nprint(len(xs))"),
+                    ok_stdout(format!("{n}\n")),
+                )],
+            )
+        }
+    }
+}
+
+fn persistence(rng: &mut Rng, dir: &str) -> Made {
+    let n = 1 + rng.below(65_536) as usize;
+    let data = rng.bytes(n);
+    let path = format!("{dir}/state.bin");
+    match rng.below(3) {
+        0 => made(
+            "write_file in one call, read_file in the next".into(),
+            vec![write(&path, &data), read_back(&path, &data)],
+        ),
+        1 => {
+            let token = rng.next_u64();
+            let file = format!("{dir}/token.txt");
+            made(
+                "one exec writes, the next exec reads".into(),
+                vec![
+                    exec(format!("mkdir -p {dir} && echo {token} > {file}"), exit(0)),
+                    exec(format!("cat {file}"), ok_stdout(format!("{token}\n"))),
+                ],
+            )
+        }
+        _ => {
+            let expect = Expect {
+                exit_code: Some(0),
+                stdout_contains: Some(sha256_hex(&data)),
+                ..Expect::default()
+            };
+            made(
+                "a file written by write_file is seen by a later exec".into(),
+                vec![
+                    write(&path, &data),
+                    exec(format!("sha256sum {path}"), expect),
+                ],
+            )
+        }
+    }
+}
+
+fn packages(rng: &mut Rng, dir: &str) -> Made {
+    match rng.below(3) {
+        0 => {
+            let value = rng.below(1_000_000);
+            let module = format!("mod_{}", rng.below(1000));
+            let steps = vec![
+                write(
+                    &format!("{dir}/lib/{module}.py"),
+                    format!("VALUE = {value}\n").as_bytes(),
+                ),
+                exec(
+                    format!(
+                        "PYTHONPATH={dir}/lib python3 -c 'import {module}; print({module}.VALUE)'"
+                    ),
+                    ok_stdout(format!("{value}\n")),
+                ),
+            ];
+            made(
+                format!("install a module into a path and import it ({module})"),
+                steps,
+            )
+        }
+        1 => {
+            let (a, b) = (rng.below(10_000), rng.below(10_000));
+            let src = format!(
+                "#include <stdio.h>\nint main(void) {{ printf(\"%d\\n\", {a} + {b}); return 0; }}\n"
+            );
+            let mut m = made(
+                format!("compile a C program into a directory and run it ({a}+{b})"),
+                vec![
+                    write(&format!("{dir}/src/main.c"), src.as_bytes()),
+                    exec(
+                        format!(
+                            "mkdir -p {dir}/bin && gcc -O1 -o {dir}/bin/sum {dir}/src/main.c && {dir}/bin/sum"
+                        ),
+                        ok_stdout(format!("{}\n", a + b)),
+                    ),
+                ],
+            );
+            m.requires.push("gcc".into());
+            m
+        }
+        _ => {
+            let tool = *rng.pick(&["sh", "python3", "sha256sum", "tar", "gzip", "find"]);
+            let token = rng.below(1_000_000);
+            made(
+                format!("`{tool}` is on PATH ({token})"),
+                vec![exec(
+                    format!("command -v {tool} >/dev/null && echo {token}"),
+                    ok_stdout(format!("{token}\n")),
+                )],
+            )
+        }
+    }
+}
+
+fn network(rng: &mut Rng, _dir: &str) -> Made {
+    match rng.below(5) {
+        0 | 1 => {
+            let n = *rng.pick(&[1usize, 100, 65_536, 1 << 20]);
+            let script = format!(
+                "import socket, threading, hashlib\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n\
+                 def serve():\n    c, _ = s.accept(); d = b''\n    while len(d) < {n}: d += c.recv(65536)\n    c.sendall(hashlib.sha256(d).hexdigest().encode()); c.close()\n\
+                 threading.Thread(target=serve).start()\nc = socket.create_connection(s.getsockname()); c.sendall(bytes(i % 251 for i in range({n})))\n\
+                 print(c.recv(64).decode())"
+            );
+            let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+            made(
+                format!("loopback TCP: send {n} bytes, get their sha256"),
+                vec![code(
+                    "python",
+                    script,
+                    ok_stdout(format!("{}\n", sha256_hex(&data))),
+                )],
+            )
+        }
+        2 => {
+            let n = 1 + rng.below(1000);
+            let script = format!(
+                "import socket\na = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.bind(('127.0.0.1', 0))\n\
+                 b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.sendto(b'x' * {n}, a.getsockname())\nprint(len(a.recv(65536)))"
+            );
+            made(
+                format!("loopback UDP datagram of {n} bytes"),
+                vec![code("python", script, ok_stdout(format!("{n}\n")))],
+            )
+        }
+        3 => {
+            let n = 1 + rng.below(1 << 20);
+            let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+            let script = format!(
+                "import hashlib, http.server, threading, urllib.request\nbody = bytes(i % 253 for i in range({n}))\n\
+                 class H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)\n    def log_message(self, *a): pass\n\
+                 srv = http.server.HTTPServer(('127.0.0.1', 0), H)\nthreading.Thread(target=srv.serve_forever, daemon=True).start()\n\
+                 r = urllib.request.urlopen(f'http://127.0.0.1:{{srv.server_address[1]}}/')\nprint(r.status, hashlib.sha256(r.read()).hexdigest())"
+            );
+            made(
+                format!("download {n} bytes from an HTTP server on loopback"),
+                vec![code(
+                    "python",
+                    script,
+                    ok_stdout(format!("200 {}\n", sha256_hex(&data))),
+                )],
+            )
+        }
+        _ => {
+            // egress: a sandbox usually has none; the campaign records what it found
+            let port = *rng.pick(&[80u16, 443, 53, 8080]);
+            let host = format!("192.0.2.{}", 1 + rng.below(254));
+            made(
+                format!("egress to {host}:{port} (TEST-NET-1)"),
+                vec![code(
+                    "python",
+                    format!(
+                        "import socket\nsocket.create_connection(('{host}', {port}), timeout=3)\nprint('connected')"
+                    ),
+                    ok_stdout("connected\n"),
+                )],
+            )
+        }
+    }
+}
+
+fn compute(rng: &mut Rng, _dir: &str) -> Made {
+    match rng.below(3) {
+        0 => {
+            let n = 1_000 * (1 + rng.below(5_000));
+            made(
+                format!("sum of range({n})"),
+                vec![code(
+                    "python",
+                    format!("print(sum(range({n})))"),
+                    ok_stdout(format!("{}\n", n * (n - 1) / 2)),
+                )],
+            )
+        }
+        1 => {
+            let workers = 2 + rng.below(3);
+            let n = 100 + rng.below(1000);
+            let total: u64 = (0..n).map(|i| i * i).sum();
+            let script = format!(
+                "from multiprocessing import Pool\ndef sq(x): return x * x\nif __name__ == '__main__':\n    with Pool({workers}) as p: print(sum(p.map(sq, range({n}))))"
+            );
+            made(
+                format!("multiprocessing pool of {workers} squares {n} numbers"),
+                vec![code("python", script, ok_stdout(format!("{total}\n")))],
+            )
+        }
+        _ => {
+            let mib = 1 + rng.below(32);
+            let expect = Expect {
+                exit_code: Some(0),
+                stdout_contains: Some(sha256_hex(&vec![0u8; (mib as usize) << 20])),
+                ..Expect::default()
+            };
+            made(
+                format!("sha256 of {mib} MiB of zeros"),
+                vec![exec(
+                    format!("head -c {mib}M /dev/zero | sha256sum"),
+                    expect,
+                )],
+            )
+        }
+    }
+}
+
+fn documents(rng: &mut Rng, dir: &str) -> Made {
+    match rng.below(4) {
+        0 => {
+            let rows = 1 + rng.below(500);
+            let expected: String = (0..rows).map(|i| format!("{i},{}\r\n", i * i)).collect();
+            let path = format!("{dir}/table.csv");
+            made(
+                format!("generate a CSV of {rows} rows and download it"),
+                vec![
+                    code(
+                        "python",
+                        format!(
+                            "import csv, os\nos.makedirs({dir:?}, exist_ok=True)\nw = csv.writer(open({path:?}, 'w', newline=''))\nfor i in range({rows}): w.writerow([i, i * i])"
+                        ),
+                        exit(0),
+                    ),
+                    read_back(&path, expected.as_bytes()),
+                ],
+            )
+        }
+        1 => {
+            let files = 1 + rng.below(20);
+            let path = format!("{dir}/bundle.zip");
+            made(
+                format!("build a ZIP of {files} files and check its magic bytes"),
+                vec![code(
+                    "python",
+                    format!(
+                        "import zipfile, os\nos.makedirs({dir:?}, exist_ok=True)\nwith zipfile.ZipFile({path:?}, 'w') as z:\n    for i in range({files}): z.writestr(f'f{{i}}.txt', 'x' * i)\nprint(open({path:?}, 'rb').read(4) == b'PK\\x03\\x04', len(zipfile.ZipFile({path:?}).namelist()))"
+                    ),
+                    ok_stdout(format!("True {files}\n")),
+                )],
+            )
+        }
+        2 => {
+            let text = format!("Report {}", rng.below(100_000));
+            let pdf = minimal_pdf(&text);
+            let path = format!("{dir}/report.pdf");
+            made(
+                "a PDF round-trips and keeps its magic".into(),
+                vec![
+                    write(&path, &pdf),
+                    read_back(&path, &pdf),
+                    exec(format!("head -c 5 {path}"), ok_stdout("%PDF-")),
+                ],
+            )
+        }
+        _ => {
+            let (w, h) = (8 + rng.below(200) as u32, 8 + rng.below(200) as u32);
+            let png = png(w, h, rng.next_u64() as u8);
+            let path = format!("{dir}/chart.png");
+            made(
+                format!("a {w}x{h} PNG chart is downloaded exactly"),
+                vec![write(&path, &png), read_back(&path, &png)],
+            )
+        }
+    }
+}
+
+fn minimal_pdf(text: &str) -> Vec<u8> {
+    let content = format!("BT /F1 12 Tf 72 720 Td ({text}) Tj ET");
+    format!(
+        "%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n2 0 obj << /Type /Pages /Kids [3 0 R] /Count 1 >> endobj\n\
+         3 0 obj << /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >> endobj\n\
+         4 0 obj << /Length {} >> stream\n{content}\nendstream endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n",
+        content.len()
+    )
+    .into_bytes()
+}
+
+fn browser(rng: &mut Rng, dir: &str) -> Made {
+    const CHROMIUM: &str = "chromium --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update --no-first-run";
+    let n = rng.below(1_000_000);
+    let mut m = match rng.below(2) {
+        0 => {
+            let expect = Expect {
+                exit_code: Some(0),
+                stdout_contains: Some(format!("<h1>page {n}</h1>")),
+                ..Expect::default()
+            };
+            made(
+                format!("render a page and dump its DOM (page {n})"),
+                vec![exec(
+                    format!(
+                        "{CHROMIUM} --user-data-dir={dir}/profile --dump-dom 'data:text/html,<h1>page {n}</h1>'"
+                    ),
+                    expect,
+                )],
+            )
+        }
+        _ => {
+            let shot = format!("{dir}/shot.png");
+            made(
+                format!("take a screenshot of a page (page {n})"),
+                vec![
+                    exec(
+                        format!(
+                            "mkdir -p {dir} && {CHROMIUM} --user-data-dir={dir}/profile --screenshot={shot} --window-size=640,480 'data:text/html,<p>{n}</p>'"
+                        ),
+                        exit(0),
+                    ),
+                    step(
+                        "stat",
+                        json!({"path": shot}),
+                        Expect {
+                            exists: Some(true),
+                            ..Expect::default()
+                        },
+                    ),
+                ],
+            )
+        }
+    };
+    m.requires.push("chromium".into());
+    m
+}
+
+/// `count` tests spread evenly over the domains, deterministically from `seed`.
+pub fn suite(count: usize, seed: u64) -> Vec<TestSpec> {
+    let mut rng = Rng::new(seed);
+    (0..count)
+        .map(|i| {
+            let domain = DOMAINS[i % DOMAINS.len()];
+            let id = format!("{domain}-{:04}", i / DOMAINS.len() + 1);
+            let dir = format!("/tmp/campaign/{id}");
+            let m = match domain {
+                "files" => files(&mut rng, &dir),
+                "encoding" => encoding(&mut rng, &dir),
+                "process" => process(&mut rng, &dir),
+                "memory" => memory(&mut rng, &dir),
+                "persistence" => persistence(&mut rng, &dir),
+                "packages" => packages(&mut rng, &dir),
+                "network" => network(&mut rng, &dir),
+                "compute" => compute(&mut rng, &dir),
+                "documents" => documents(&mut rng, &dir),
+                _ => browser(&mut rng, &dir),
+            };
+            TestSpec {
+                id,
+                domain: domain.into(),
+                title: m.title,
+                requires: m.requires,
+                steps: m.steps,
+            }
+        })
+        .collect()
+}
+
+/// Writes `tests` as `DIR/ID.json`, pretty-printed with a trailing newline.
+pub fn write_suite(dir: &std::path::Path, tests: &[TestSpec]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for t in tests {
+        let mut text = serde_json::to_string_pretty(t).expect("a test is JSON");
+        text.push('\n');
+        std::fs::write(dir.join(format!("{}.json", t.id)), text)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn the_same_seed_gives_the_same_suite_and_another_differs() {
+        let a = suite(200, 7);
+        assert_eq!(a, suite(200, 7));
+        assert_ne!(a, suite(200, 8));
+    }
+
+    #[test]
+    fn a_thousand_tests_cover_every_domain_and_all_validate() {
+        let tests = suite(1000, 1);
+        assert_eq!(tests.len(), 1000);
+        for d in DOMAINS {
+            assert_eq!(tests.iter().filter(|t| t.domain == d).count(), 100, "{d}");
+        }
+        let ids: HashSet<&str> = tests.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids.len(), 1000);
+        // written to disk, every file loads and passes validation
+        let dir = tempfile::tempdir().unwrap();
+        write_suite(dir.path(), &tests).unwrap();
+        let mut loaded = super::super::validate::load_dir(dir.path()).unwrap();
+        assert_eq!(loaded.problems, vec![], "generated tests must validate");
+        loaded.tests.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut tests = tests;
+        tests.sort_by(|a, b| a.id.cmp(&b.id));
+        assert!(
+            loaded.tests == tests,
+            "the files do not read back as written"
+        );
+    }
+
+    #[test]
+    fn variety_comes_from_parameters() {
+        let tests = suite(1000, 3);
+        let distinct: HashSet<String> = tests
+            .iter()
+            .map(|t| serde_json::to_string(&t.steps).unwrap())
+            .collect();
+        assert!(
+            distinct.len() >= 900,
+            "only {} distinct step lists in 1000 tests",
+            distinct.len()
+        );
+        for d in DOMAINS {
+            let kinds: HashSet<String> = tests
+                .iter()
+                .filter(|t| t.domain == d)
+                .map(|t| {
+                    t.title
+                        .split(|c: char| c.is_ascii_digit())
+                        .next()
+                        .unwrap_or("")
+                        .to_string()
+                })
+                .collect();
+            assert!(kinds.len() >= 2, "{d} has one kind of test: {kinds:?}");
+        }
+    }
+
+    #[test]
+    fn the_png_is_a_real_png() {
+        let png = png(5, 3, 9);
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sys, zlib, struct\nd = sys.stdin.buffer.read()\nassert d[:8] == b'\\x89PNG\\r\\n\\x1a\\n'\npos, raw = 8, b''\nwhile pos < len(d):\n    n, = struct.unpack('>I', d[pos:pos+4]); t = d[pos+4:pos+8]; body = d[pos+8:pos+8+n]\n    assert zlib.crc32(t + body) == struct.unpack('>I', d[pos+8+n:pos+12+n])[0], t\n    if t == b'IDAT': raw += body\n    pos += 12 + n\nprint(len(zlib.decompress(raw)))"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write as _;
+                c.stdin.take().unwrap().write_all(&png)?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        assert!(out.status.success());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            (3 * (1 + 5 * 3)).to_string()
+        );
+    }
+}
