@@ -392,16 +392,19 @@ fn process(rng: &mut Rng, _dir: &str) -> Made {
             made(
                 format!("exec through {depth} nested shells ({token})"),
                 vec![exec(
-                    format!(
-                        "{}echo {token}{}",
-                        "sh -c '".repeat(depth),
-                        "'".repeat(depth)
-                    ),
+                    nested_shells(depth, &format!("echo {token}")),
                     ok_stdout(format!("{token}\n")),
                 )],
             )
         }
     }
+}
+
+/// `command` run through `depth` levels of `sh -c`, quoted at each level.
+fn nested_shells(depth: usize, command: &str) -> String {
+    (0..depth).fold(command.to_string(), |inner, _| {
+        format!("sh -c '{}'", inner.replace('\'', "'\\''"))
+    })
 }
 
 fn memory(rng: &mut Rng, _dir: &str) -> Made {
@@ -771,12 +774,16 @@ pub fn suite(count: usize, seed: u64) -> Vec<TestSpec> {
                 "documents" => documents(&mut rng, &dir),
                 _ => browser(&mut rng, &dir),
             };
+            // every test starts from an empty directory of its own, so a
+            // rerun (or --resume) finds no leftovers of an earlier run
+            let mut steps = vec![exec(format!("rm -rf {dir} && mkdir -p {dir}"), exit(0))];
+            steps.extend(m.steps);
             TestSpec {
                 id,
                 domain: domain.into(),
                 title: m.title,
                 requires: m.requires,
-                steps: m.steps,
+                steps,
             }
         })
         .collect()
@@ -853,6 +860,22 @@ mod tests {
                 })
                 .collect();
             assert!(kinds.len() >= 2, "{d} has one kind of test: {kinds:?}");
+        }
+    }
+
+    #[test]
+    fn nested_shells_quote_each_level() {
+        for depth in 1..=6 {
+            let cmd = nested_shells(depth, "echo 'a b'");
+            let out = std::process::Command::new("sh")
+                .args(["-c", &cmd])
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "a b\n",
+                "depth {depth}: {cmd}"
+            );
         }
     }
 
