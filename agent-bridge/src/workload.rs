@@ -87,9 +87,10 @@ impl Context {
         let kernel = self.kernel.clone();
         let limits = self.limits;
         let name = format!("{}-{call}", self.call_prefix);
+        let cwd = spec.cwd.clone().unwrap_or_else(|| self.workdir.clone());
         let mut cmd = std::process::Command::new(&spec.argv[0]);
         cmd.args(&spec.argv[1..])
-            .current_dir(spec.cwd.as_ref().unwrap_or(&self.workdir))
+            .current_dir(&cwd)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .envs(self.profile_env.iter().map(|(k, v)| (k, v)))
             .stdin(if spec.stdin_pipe {
@@ -100,7 +101,7 @@ impl Context {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        let cwd = spec.cwd.clone().unwrap_or_else(|| self.workdir.clone());
+        // entered again after the profile's mounts (see Plan::apply)
         let cwd = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(cwd.as_os_str()))
             .map_err(|_| StartError("the working directory contains a NUL byte".into()))?;
         let label = spec.label.clone();
