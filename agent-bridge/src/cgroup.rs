@@ -144,10 +144,6 @@ impl CallCgroups {
             .collect()
     }
 
-    pub fn is_tracking(&self) -> bool {
-        self.tracking.is_some()
-    }
-
     /// SIGKILLs the whole tree and waits (up to 2 s) until it is gone.
     pub fn kill_all(&self) {
         let Some(dir) = &self.tracking else {
@@ -169,21 +165,6 @@ impl CallCgroups {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-    }
-
-    /// Whether the memory cgroup saw an OOM kill.
-    pub fn oom_killed(&self) -> bool {
-        self.dirs.iter().any(|d| {
-            let events = std::fs::read_to_string(d.join("memory.events")).unwrap_or_default();
-            let v2 = events
-                .lines()
-                .any(|l| l.strip_prefix("oom_kill ").is_some_and(|n| n.trim() != "0"));
-            let oom = std::fs::read_to_string(d.join("memory.oom_control")).unwrap_or_default();
-            let v1 = oom
-                .lines()
-                .any(|l| l.strip_prefix("oom_kill ").is_some_and(|n| n.trim() != "0"));
-            v1 || v2
-        })
     }
 }
 

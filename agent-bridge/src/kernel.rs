@@ -113,6 +113,18 @@ impl Kernel {
     }
 }
 
+/// `kernel: PRIMITIVE — EXPLANATION` for a span that failed, for the
+/// human-readable part of a result.
+pub fn summary_line(kernel: &Value) -> Option<String> {
+    (kernel["failed"] == Value::Bool(true)).then(|| {
+        format!(
+            "kernel: {} — {}",
+            kernel["primitive"].as_str().unwrap_or("?"),
+            kernel["explanation"].as_str().unwrap_or("")
+        )
+    })
+}
+
 pub fn unavailable(reason: &str) -> Value {
     json!({"available": false, "reason": reason})
 }

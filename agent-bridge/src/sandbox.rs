@@ -122,10 +122,6 @@ impl Plan {
         })
     }
 
-    pub fn uid(&self) -> Option<libc::uid_t> {
-        self.ids.map(|(u, _)| u)
-    }
-
     /// Runs in the child, after fork, before exec. Async-signal-safe; on
     /// failure writes what failed to `report`. `cwd` is entered again after
     /// the mounts, so it resolves through them (the earlier chdir kept the

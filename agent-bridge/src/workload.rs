@@ -173,13 +173,8 @@ impl Context {
 fn start_failure(cmd: &std::process::Command, e: &io::Error, kernel: &Value) -> String {
     let program = cmd.get_program().to_string_lossy();
     let mut msg = format!("cannot run `{program}`: {e}");
-    if let Some(expl) = kernel.get("explanation").and_then(Value::as_str)
-        && kernel["failed"] == Value::Bool(true)
-    {
-        msg.push_str(&format!(
-            " (kernel: {} — {expl})",
-            kernel["primitive"].as_str().unwrap_or("?")
-        ));
+    if let Some(line) = crate::kernel::summary_line(kernel) {
+        msg.push_str(&format!(" ({line})"));
     }
     msg
 }

@@ -80,26 +80,25 @@ fn exit(code: i32) -> Expect {
     }
 }
 
-fn write(path: &str, data: &[u8]) -> Step {
-    let expect = Expect {
+/// The bytes moved are exactly `data`.
+fn exactly(data: &[u8]) -> Expect {
+    Expect {
         sha256: Some(sha256_hex(data)),
         size: Some(data.len() as u64),
         ..Expect::default()
-    };
+    }
+}
+
+fn write(path: &str, data: &[u8]) -> Step {
     step(
         "write_file",
         json!({"path": path, "content_base64": base64_encode(data), "sha256": sha256_hex(data)}),
-        expect,
+        exactly(data),
     )
 }
 
 fn read_back(path: &str, data: &[u8]) -> Step {
-    let expect = Expect {
-        sha256: Some(sha256_hex(data)),
-        size: Some(data.len() as u64),
-        ..Expect::default()
-    };
-    step("read_file", json!({"path": path}), expect)
+    step("read_file", json!({"path": path}), exactly(data))
 }
 
 /// One generated test: its title, what it needs, its steps.

@@ -47,12 +47,8 @@ impl Session {
             (None, false) => format!("{what} {shown}: {reason}"),
             (None, true) => format!("{what} {shown}: failed ({})", f.exit.describe()),
         };
-        if f.kernel["failed"] == Value::Bool(true) {
-            msg.push_str(&format!(
-                "\nkernel: {} — {}",
-                f.kernel["primitive"].as_str().unwrap_or("?"),
-                f.kernel["explanation"].as_str().unwrap_or("")
-            ));
+        if let Some(line) = crate::kernel::summary_line(&f.kernel) {
+            msg.push_str(&format!("\n{line}"));
         }
         let errno = reason
             .split(':')

@@ -271,12 +271,8 @@ impl Session {
             (None, Some(s)) => format!("killed by {s}"),
             (None, None) => "ended with an unknown status".into(),
         };
-        if f.kernel["failed"] == Value::Bool(true) {
-            summary.push_str(&format!(
-                "\nkernel: {} — {}",
-                f.kernel["primitive"].as_str().unwrap_or("?"),
-                f.kernel["explanation"].as_str().unwrap_or("")
-            ));
+        if let Some(line) = crate::kernel::summary_line(&f.kernel) {
+            summary.push_str(&format!("\n{line}"));
         }
         for (name, p) in [("stdout", &stdout), ("stderr", &stderr)] {
             match &p.text {
