@@ -79,6 +79,108 @@ enum CampaignCommand {
     },
     /// Print the JSON Schema of a test file.
     Schema,
+    /// Run a suite against a bridge; every step's outcome goes into a SQLite DB.
+    #[command(after_help = "Examples:\n  \
+        agent-bridge campaign run --suite suite --target stdio:'agent-bridge serve --stdio' --db results.db\n  \
+        agent-bridge campaign run --suite suite --target http://127.0.0.1:8765/mcp --workers 8 --db results.db --label clean\n  \
+        agent-bridge campaign run ... --run nightly --shard 2/4      # one of four processes sharing a run\n  \
+        agent-bridge campaign run ... --resume nightly              # continue a run that was killed\n\n\
+        Each test gets its own MCP session (and so its own probe session). A stdio target is started\n\
+        once per test with `sh -c`. Tests run to their first failing step; failures are triaged into\n\
+        interface / sandbox / test with a primitive. Exit status: 0 when this process ran its tests\n\
+        (failing tests are findings, not errors); 2 when the run stopped early or on bad usage.")]
+    Run(RunArgs),
+    /// The runs in a results DB.
+    Runs {
+        #[arg(long, value_name = "FILE")]
+        db: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Report one run: domain × outcome, layer × primitive, top explanations; --html for a file.
+    Report {
+        #[arg(long, value_name = "FILE")]
+        db: PathBuf,
+        /// The run (default: the newest).
+        #[arg(long)]
+        run: Option<String>,
+        /// Also write one self-contained HTML report here.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+        /// The whole report as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Two runs side by side: tests that flipped, primitives that appeared or vanished.
+    Compare {
+        #[arg(long, value_name = "FILE")]
+        db: PathBuf,
+        run_a: String,
+        run_b: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Export a run's tests for other tools: CSV (one row per test) or JSON lines (with steps).
+    Export {
+        #[arg(long, value_name = "FILE")]
+        db: PathBuf,
+        /// The run (default: the newest).
+        #[arg(long)]
+        run: Option<String>,
+        #[arg(long, value_enum, default_value = "csv")]
+        format: ExportFormat,
+        /// Write here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Merge `probe export` files (SQLite or JSONL) into a results DB, so the
+    /// kernel evidence travels with the results (join: spans.session = campaign_tests.mcp_session).
+    Import {
+        #[arg(long, value_name = "FILE")]
+        db: PathBuf,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ExportFormat {
+    Csv,
+    Jsonl,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Directory of test files (`campaign generate` writes one).
+    #[arg(long, value_name = "DIR")]
+    suite: PathBuf,
+    /// stdio:'COMMAND' (a bridge started per test) or http(s)://HOST:PORT/mcp.
+    #[arg(long, value_name = "TARGET", value_parser = clap::value_parser!(agent_bridge::campaign::target::Target))]
+    target: agent_bridge::campaign::target::Target,
+    /// Concurrent workers, each with its own MCP sessions.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Results database (created if missing; several runners may share it).
+    #[arg(long, value_name = "FILE")]
+    db: PathBuf,
+    /// Name of the run (default: LABEL-TIMESTAMP). Shards of one run pass the same name.
+    #[arg(long, value_name = "NAME", conflicts_with = "resume")]
+    run: Option<String>,
+    /// A label for reports, e.g. the profile or sandbox under test.
+    #[arg(long)]
+    label: Option<String>,
+    /// Run only shard I of N (1-based), e.g. 2/4.
+    #[arg(long, value_name = "I/N", value_parser = agent_bridge::campaign::run::parse_shard)]
+    shard: Option<(usize, usize)>,
+    /// Continue RUN: run only the tests it has not recorded.
+    #[arg(long, value_name = "RUN")]
+    resume: Option<String>,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Plain progress lines even on a terminal.
+    #[arg(long)]
+    no_bar: bool,
 }
 
 #[derive(clap::Args)]
@@ -155,8 +257,34 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
 }
 
 fn campaign(cmd: CampaignCommand) -> ExitCode {
+    // `campaign export | head` ends quietly, like other CLI tools
+    // SAFETY: setting a signal disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     use agent_bridge::campaign::{generate, spec, validate};
     match cmd {
+        CampaignCommand::Run(a) => report(campaign_run(a)),
+        CampaignCommand::Runs { db, json } => report(campaign_runs(&db, json)),
+        CampaignCommand::Report {
+            db,
+            run,
+            html,
+            json,
+        } => report(campaign_report(&db, run.as_deref(), html, json)),
+        CampaignCommand::Compare {
+            db,
+            run_a,
+            run_b,
+            json,
+        } => report(campaign_compare(&db, &run_a, &run_b, json)),
+        CampaignCommand::Export {
+            db,
+            run,
+            format,
+            out,
+        } => report(campaign_export(&db, run.as_deref(), format, out)),
+        CampaignCommand::Import { db, files } => report(campaign_import(&db, &files)),
         CampaignCommand::Schema => {
             println!(
                 "{}",
@@ -206,6 +334,157 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
             }
         }
     }
+}
+
+fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
+    use agent_bridge::campaign::run;
+    let opts = run::Options {
+        suite: a.suite,
+        target: a.target,
+        workers: a.workers,
+        db: a.db,
+        run: a.run,
+        label: a.label,
+        shard: a.shard,
+        resume: a.resume,
+        quiet: a.no_bar,
+    };
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let s = rt.block_on(run::run(opts))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        println!(
+            "run {}: {} recorded here ({} passed, {} failed) in {:.1} s; {} of {} suite tests recorded in all{}",
+            s.run,
+            s.recorded,
+            s.passed,
+            s.failed,
+            s.wall_s,
+            s.already_recorded + s.recorded,
+            s.suite_tests,
+            if s.complete { " — complete" } else { "" }
+        );
+        if s.steps_without_kernel > 0 {
+            eprintln!(
+                "warning: {} steps ran without kernel evidence ({}); their failures cannot be placed on a sandbox primitive",
+                s.steps_without_kernel,
+                s.kernel_unavailable_reason.as_deref().unwrap_or("?")
+            );
+        }
+    }
+    Ok(())
+}
+
+fn campaign_runs(db: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    use agent_bridge::campaign::{db as rdb, report};
+    let conn = rdb::open_existing(db)?;
+    let mut all = Vec::new();
+    for run in rdb::runs(&conn)? {
+        all.push(report::report(&conn, &run)?.run);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(());
+    }
+    println!(
+        "{:<36} {:<12} {:>9} {:>6} {:>6}  TARGET",
+        "RUN", "LABEL", "RECORDED", "TOTAL", "DONE"
+    );
+    for r in all {
+        println!(
+            "{:<36} {:<12} {:>9} {:>6} {:>6}  {}",
+            r.id,
+            r.label,
+            r.recorded,
+            r.tests_total,
+            if r.complete { "yes" } else { "no" },
+            r.target
+        );
+    }
+    Ok(())
+}
+
+fn campaign_report(
+    db: &std::path::Path,
+    run: Option<&str>,
+    html: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<()> {
+    use agent_bridge::campaign::{db as rdb, report};
+    let conn = rdb::open_existing(db)?;
+    let run = report::pick_run(&conn, run)?;
+    let r = report::report(&conn, &run)?;
+    if let Some(path) = &html {
+        std::fs::write(path, report::html(&r))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", report::text(&r));
+        if let Some(path) = &html {
+            println!("\nHTML report: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn campaign_compare(db: &std::path::Path, a: &str, b: &str, json: bool) -> anyhow::Result<()> {
+    use agent_bridge::campaign::{db as rdb, report};
+    let conn = rdb::open_existing(db)?;
+    let (a, b) = (
+        report::pick_run(&conn, Some(a))?,
+        report::pick_run(&conn, Some(b))?,
+    );
+    let c = report::compare(&conn, &a, &b)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&c)?);
+    } else {
+        print!("{}", report::compare_text(&c));
+    }
+    Ok(())
+}
+
+fn campaign_export(
+    db: &std::path::Path,
+    run: Option<&str>,
+    format: ExportFormat,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    use agent_bridge::campaign::{db as rdb, report};
+    let conn = rdb::open_existing(db)?;
+    let run = report::pick_run(&conn, run)?;
+    let text = match format {
+        ExportFormat::Csv => report::csv(&conn, &run.id)?,
+        ExportFormat::Jsonl => report::jsonl(&conn, &run.id)?,
+    };
+    match out {
+        Some(p) => std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+fn campaign_import(db: &std::path::Path, files: &[PathBuf]) -> anyhow::Result<()> {
+    let mut store = probe::store::Store::open(db)?;
+    for f in files {
+        let n = store
+            .import(f)
+            .with_context(|| format!("importing {}", f.display()))?;
+        println!("{}: {n} spans imported", f.display());
+    }
+    let linked: i64 = store.connection().query_row(
+        "SELECT COUNT(*) FROM campaign_steps s JOIN campaign_tests t USING (run, test_id)
+         JOIN spans p ON p.session = t.mcp_session AND p.id = s.span_id",
+        [],
+        |r| r.get(0),
+    )?;
+    println!(
+        "{linked} campaign steps now have their kernel spans in {}",
+        db.display()
+    );
+    Ok(())
 }
 
 fn profiles(name: Option<String>, json: bool) -> anyhow::Result<()> {

@@ -71,6 +71,11 @@ pub struct Attribution {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
     pub decisive: Option<KernelEvent>,
+    /// A span that exited 0 in which a child process failed on a sandbox
+    /// primitive (e.g. `find` in `find | wc -l`): the failure the exit
+    /// status hid. Never set on failed spans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_failure: Option<HiddenFailure>,
     pub events: Vec<KernelEvent>,
     /// Events seen per kind (before retention).
     pub counts: BTreeMap<String, u64>,
@@ -80,6 +85,14 @@ pub struct Attribution {
     /// the machine-wide PSI `some` time (where PSI exists).
     #[serde(default)]
     pub memory: MemoryStall,
+}
+
+/// See [`Attribution::hidden_failure`].
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HiddenFailure {
+    pub primitive: Primitive,
+    pub confidence: f64,
+    pub explanation: String,
 }
 
 /// Memory-pressure figures of a span.
@@ -118,6 +131,15 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
         success_verdict(span)
     };
     let layer = failed.then(|| verdict.primitive.layer());
+    let hidden_failure = if failed {
+        None
+    } else {
+        strongest_failure(span, outcome, false).map(|v| HiddenFailure {
+            primitive: v.primitive,
+            confidence: (v.confidence * 100.0).round() / 100.0,
+            explanation: v.explanation,
+        })
+    };
     let events = if outcome.all_events {
         span.events.iter().cloned().collect()
     } else {
@@ -137,6 +159,7 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
             .then(|| hint(verdict.primitive).to_string())
             .filter(|h| !h.is_empty()),
         decisive: verdict.decisive,
+        hidden_failure,
         events,
         counts: span
             .counts
@@ -313,7 +336,7 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
     }
 
     // a seccomp denial or a hard limit outranks a shell's "not found"
-    match strongest_failure(span, outcome) {
+    match strongest_failure(span, outcome, true) {
         Some(v) if v.confidence >= 0.95 => return v,
         strongest => {
             if let Some(v) = command_not_found(span, outcome).or(strongest) {
@@ -504,7 +527,10 @@ fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
     })
 }
 
-fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
+/// `with_root`: the span's root process counts as failing (it does when
+/// the span failed; otherwise only children that exited non-zero count,
+/// and the root only for lost state).
+fn strongest_failure(span: &SpanEvidence, outcome: &Outcome, with_root: bool) -> Option<Verdict> {
     let failing = |pid: u32| {
         Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed())
     };
@@ -518,6 +544,11 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
         let Some((primitive, weight)) = score(span, events, i, &execs) else {
             continue;
         };
+        // a root that exited 0 coped with its failures, except losing
+        // state an earlier call wrote: that is never the workload's intent
+        if !with_root && Some(ev.pid) == span.root_pid && primitive != Primitive::FsPersistence {
+            continue;
+        }
         // strictly greater: among equals, the latest (seen first) wins
         if best.is_none_or(|(_, _, w)| weight > w) {
             best = Some((i, primitive, weight));
@@ -843,6 +874,40 @@ mod tests {
         assert_eq!(
             a.explanation,
             "mkdir(\"/tmp/out\") was denied by the seccomp filter (EPERM; the syscall never ran) in w (pid 10)"
+        );
+    }
+
+    #[test]
+    fn a_child_failure_hidden_by_a_pipeline_is_reported_but_not_blamed() {
+        // `find GONE | wc -l`: find exits 1 on EROFS, the span exits 0
+        let events = vec![
+            failed(11, 1, "mkdir", libc::EROFS, "/ro/x"),
+            exit(11, 2, 1),
+            exit(10, 3, 0),
+        ];
+        let a = attribute(&span(events), &outcome(0));
+        assert!(!a.failed);
+        assert_eq!(a.primitive, Primitive::None);
+        let h = a.hidden_failure.expect("the child's failure is reported");
+        assert_eq!(h.primitive, Primitive::FsReadonly);
+        assert!(h.explanation.contains("w (pid 11)"), "{}", h.explanation);
+        // the root's own coped-with failures are not hidden failures…
+        let events = vec![failed(10, 1, "mkdir", libc::EROFS, "/ro/x"), exit(10, 3, 0)];
+        assert_eq!(attribute(&span(events), &outcome(0)).hidden_failure, None);
+        // …except state an earlier call wrote being gone
+        let mut gone = failed(10, 1, "mkdir", libc::ENOENT, "/tmp/work");
+        gone.written_earlier = Some(crate::sessions::WrittenEarlier {
+            span: 1,
+            pid: 9,
+            comm: "w".into(),
+            syscall: "openat".into(),
+            at_ms: 0,
+            mount_ns: None,
+        });
+        let a = attribute(&span(vec![gone, exit(10, 3, 0)]), &outcome(0));
+        assert_eq!(
+            a.hidden_failure.map(|h| h.primitive),
+            Some(Primitive::FsPersistence)
         );
     }
 

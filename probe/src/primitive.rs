@@ -194,8 +194,8 @@ pub struct Rule {
 }
 
 use libc::{
-    EACCES, EAGAIN, ECONNREFUSED, EDQUOT, EFBIG, EHOSTUNREACH, EMFILE, ENETUNREACH, ENFILE, ENOENT,
-    ENOMEM, ENOSPC, ENOTDIR, EPERM, EROFS, ETIMEDOUT,
+    EACCES, EAGAIN, ECONNREFUSED, EDQUOT, EFBIG, EHOSTUNREACH, EINPROGRESS, EMFILE, ENETUNREACH,
+    ENFILE, ENOENT, ENOMEM, ENOSPC, ENOTDIR, EPERM, EROFS, ETIMEDOUT,
 };
 
 /// The errno/syscall → primitive table. First match wins; anything that
@@ -262,6 +262,14 @@ pub const RULES: &[Rule] = &[
         ],
         primitive: Primitive::NetEgress,
         weight: 0.9,
+    },
+    // a non-blocking connect still pending: the caller's own timeout gave
+    // up on it (python's create_connection(timeout=…), curl --connect-timeout)
+    Rule {
+        class: SyscallClass::Connect,
+        errnos: &[EINPROGRESS],
+        primitive: Primitive::NetEgress,
+        weight: 0.5,
     },
     Rule {
         class: SyscallClass::Privileged,

@@ -35,6 +35,9 @@ pub struct WrittenEarlier {
 #[derive(Default)]
 struct Session {
     writes: HashMap<String, WrittenEarlier>,
+    /// Directories above written paths, so an ENOENT on the directory of a
+    /// written file (`mkdir -p` after the tmpfs was replaced) counts too.
+    dirs: HashMap<String, WrittenEarlier>,
     order: VecDeque<String>,
     last_used: u64,
 }
@@ -89,6 +92,14 @@ impl Sessions {
                     at_ms: crate::clock::now_ms(),
                     mount_ns: mount_ns(ev.pid),
                 };
+                if s.dirs.len() > MAX_PATHS_PER_SESSION * 4 {
+                    s.dirs.clear();
+                }
+                let mut dir = path.as_str();
+                while let Some(i) = dir.rfind('/').filter(|&i| i > 0) {
+                    dir = &dir[..i];
+                    s.dirs.insert(dir.to_string(), record.clone());
+                }
                 if s.writes.insert(path.clone(), record).is_none() {
                     s.order.push_back(path);
                     if s.order.len() > MAX_PATHS_PER_SESSION
@@ -105,6 +116,12 @@ impl Sessions {
                 let Some(path) = ev.path.as_deref().and_then(|p| absolute(p, ev.pid)) else {
                     return;
                 };
+                // a directory holding files an earlier span wrote
+                if let Some(w) = s.dirs.get(&path).filter(|w| w.span != span) {
+                    ev.written_earlier = Some(w.clone());
+                    ev.mount_ns = mount_ns(ev.pid);
+                    return;
+                }
                 // the path itself, or a directory above it, written by an earlier span
                 let mut probe_path = path.as_str();
                 loop {
@@ -172,5 +189,13 @@ mod tests {
         let mut under = ev(Kind::SyscallFailed, "/mnt/work/result.json", Some("ENOENT"));
         s.observe("t-1", 4, &mut under);
         assert_eq!(under.written_earlier.map(|w| w.span), Some(3));
+        // the directory of a file the session wrote (`mkdir -p` again after it vanished)
+        let mut parent = ev(Kind::SyscallFailed, "/mnt/data", Some("ENOENT"));
+        s.observe("t-1", 5, &mut parent);
+        assert_eq!(parent.written_earlier.map(|w| w.span), Some(1));
+        // a sibling that was never written is not
+        let mut sibling = ev(Kind::SyscallFailed, "/mnt/other", Some("ENOENT"));
+        s.observe("t-1", 5, &mut sibling);
+        assert!(sibling.written_earlier.is_none());
     }
 }

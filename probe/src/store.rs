@@ -740,6 +740,12 @@ impl Store {
     }
 
     /// The raw connection, for tests and ad-hoc queries.
+    /// The connection, for callers that keep their own tables in this DB
+    /// (the campaign's results).
+    pub fn into_connection(self) -> Connection {
+        self.conn
+    }
+
     pub fn connection(&self) -> &Connection {
         &self.conn
     }

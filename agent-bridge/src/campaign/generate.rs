@@ -347,7 +347,36 @@ fn crc32(data: &[u8]) -> u32 {
 }
 
 fn process(rng: &mut Rng, _dir: &str) -> Made {
-    match rng.below(4) {
+    match rng.below(6) {
+        4 => {
+            let n = 30 + rng.below(30);
+            let token = rng.below(1_000_000);
+            made(
+                format!("a pool of {n} concurrent processes ({token})"),
+                vec![exec(
+                    format!("for i in $(seq {n}); do sleep 0.5 & done; wait; echo {token}"),
+                    ok_stdout(format!("{token}\n")),
+                )],
+            )
+        }
+        5 => {
+            let token = rng.below(1_000_000);
+            let (what, cmd) = *rng.pick(&[
+                ("a private mount namespace", "unshare -m true"),
+                ("a private UTS namespace", "unshare -u true"),
+                (
+                    "a tmpfs mount in a private namespace",
+                    "unshare -m sh -c 'mount -t tmpfs none /mnt'",
+                ),
+            ]);
+            made(
+                format!("privileged: {what} ({token})"),
+                vec![exec(
+                    format!("{cmd} && echo {token}"),
+                    ok_stdout(format!("{token}\n")),
+                )],
+            )
+        }
         0 => {
             let k = rng.below(126) as i32;
             made(
@@ -408,7 +437,18 @@ fn nested_shells(depth: usize, command: &str) -> String {
 
 fn memory(rng: &mut Rng, _dir: &str) -> Made {
     let mib = 4 + rng.below(252);
-    match rng.below(2) {
+    match rng.below(3) {
+        2 => {
+            let gib = 2 + rng.below(3);
+            made(
+                format!("reserve {gib} GiB of address space without touching it"),
+                vec![code(
+                    "python",
+                    format!("import mmap\nm = mmap.mmap(-1, {gib} << 30)\nprint(len(m) >> 30)"),
+                    ok_stdout(format!("{gib}\n")),
+                )],
+            )
+        }
         0 => made(
             format!("allocate and touch {mib} MiB"),
             vec![code(
@@ -594,7 +634,20 @@ fn network(rng: &mut Rng, _dir: &str) -> Made {
 }
 
 fn compute(rng: &mut Rng, _dir: &str) -> Made {
-    match rng.below(3) {
+    match rng.below(5) {
+        3 => {
+            let ms = 2000 + rng.below(1000);
+            made(
+                format!("CPU-bound loop for {ms} ms of CPU time"),
+                vec![code(
+                    "python",
+                    format!(
+                        "import time\nt = time.process_time()\nn = 0\nwhile time.process_time() - t < {ms} / 1000: n += 1\nprint('done')"
+                    ),
+                    ok_stdout("done\n"),
+                )],
+            )
+        }
         0 => {
             let n = 1_000 * (1 + rng.below(5_000));
             made(
@@ -637,7 +690,26 @@ fn compute(rng: &mut Rng, _dir: &str) -> Made {
 }
 
 fn documents(rng: &mut Rng, dir: &str) -> Made {
-    match rng.below(4) {
+    match rng.below(5) {
+        4 => {
+            let (tz, offset) = *rng.pick(&[
+                ("Europe/Paris", "1:00:00"),
+                ("Asia/Tokyo", "9:00:00"),
+                ("America/New_York", "-1 day, 19:00:00"),
+                ("Australia/Sydney", "11:00:00"),
+            ]);
+            let day = 10 + rng.below(15);
+            made(
+                format!("stamp a report with a {tz} time (timezone data) on January {day}"),
+                vec![code(
+                    "python",
+                    format!(
+                        "from datetime import datetime\nfrom zoneinfo import ZoneInfo\nprint(datetime(2024, 1, {day}, 12, tzinfo=ZoneInfo({tz:?})).utcoffset())"
+                    ),
+                    ok_stdout(format!("{offset}\n")),
+                )],
+            )
+        }
         0 => {
             let rows = 1 + rng.below(500);
             let expected: String = (0..rows).map(|i| format!("{i},{}\r\n", i * i)).collect();

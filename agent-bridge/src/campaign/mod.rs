@@ -3,7 +3,18 @@
 //! - [`spec`]: the test format (one JSON file per test) and its schema.
 //! - [`validate`]: loading test files, with every problem explained.
 //! - [`generate`]: the deterministic default suite.
+//! - [`target`]: one MCP session with the bridge under test.
+//! - [`verdict`]: one step's result against its expectations.
+//! - [`triage`]: a failed test's layer and primitive.
+//! - [`db`]: results in SQLite; [`run`]: workers, shards, resume.
+//! - [`report`]: tables, JSON, CSV, HTML, and comparisons of runs.
 
+pub mod db;
 pub mod generate;
+pub mod report;
+pub mod run;
 pub mod spec;
+pub mod target;
+pub mod triage;
 pub mod validate;
+pub mod verdict;

@@ -1,0 +1,423 @@
+//! `campaign run`: N workers, each opening one MCP session per test (so
+//! each test has its own probe session and its own bridge-side cleanup),
+//! send their records to one writer that stores them in SQLite.
+//!
+//! Data flows one way: suite → queue → workers → channel → writer (DB and
+//! progress). A runner killed at any point leaves only whole tests behind;
+//! `--resume RUN` runs the rest.
+
+use std::collections::VecDeque;
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::db::{self, RunRow, TestRecord};
+use super::spec::TestSpec;
+use super::target::{CallError, Target};
+use super::triage;
+use super::validate;
+use super::verdict::{self, Sent};
+
+pub struct Options {
+    pub suite: PathBuf,
+    pub target: Target,
+    pub workers: usize,
+    pub db: PathBuf,
+    /// Name of the run (shards of one run share it).
+    pub run: Option<String>,
+    pub label: Option<String>,
+    /// (i, n): this process runs the tests whose index is i-1 modulo n.
+    pub shard: Option<(usize, usize)>,
+    /// Continue this run: only tests without a row are run.
+    pub resume: Option<String>,
+    /// Print the plain progress lines even on a terminal.
+    pub quiet: bool,
+}
+
+/// What a runner process did.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Summary {
+    pub run: String,
+    pub suite_tests: usize,
+    pub skipped_files: usize,
+    pub already_recorded: usize,
+    pub this_process: usize,
+    pub recorded: usize,
+    pub passed: usize,
+    pub failed: usize,
+    pub complete: bool,
+    pub wall_s: f64,
+    /// Steps the bridge ran without kernel evidence, and the first reason it gave.
+    pub steps_without_kernel: usize,
+    pub kernel_unavailable_reason: Option<String>,
+}
+
+/// Parses `i/n` (1-based).
+pub fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let (i, n) = s
+        .split_once('/')
+        .ok_or_else(|| format!("`{s}`: a shard is I/N, e.g. 2/4"))?;
+    let (i, n): (usize, usize) = (
+        i.trim()
+            .parse()
+            .map_err(|_| format!("`{s}`: I is not a number"))?,
+        n.trim()
+            .parse()
+            .map_err(|_| format!("`{s}`: N is not a number"))?,
+    );
+    if n == 0 || i == 0 || i > n {
+        return Err(format!("`{s}`: need 1 <= I <= N"));
+    }
+    Ok((i, n))
+}
+
+/// A digest of the suite's tests, so a resume or a shard runs the same suite.
+fn digest(tests: &[TestSpec]) -> String {
+    let mut h = Sha256::new();
+    for t in tests {
+        h.update(serde_json::to_vec(t).expect("JSON"));
+        h.update(b"\n");
+    }
+    crate::bytes::sha256_hex(&h.finalize())
+}
+
+pub async fn run(o: Options) -> anyhow::Result<Summary> {
+    let started = Instant::now();
+    let suite = validate::load_dir(&o.suite)
+        .with_context(|| format!("cannot read the suite {}", o.suite.display()))?;
+    for p in &suite.problems {
+        eprintln!("skipped: {p}");
+    }
+    if suite.tests.is_empty() {
+        bail!(
+            "{}: no valid test files ({} problems)",
+            o.suite.display(),
+            suite.problems.len()
+        );
+    }
+    let mut conn = db::open(&o.db)?;
+    let wanted = RunRow {
+        id: match (&o.resume, &o.run) {
+            (Some(r), _) | (None, Some(r)) => r.clone(),
+            (None, None) if o.shard.is_some() => {
+                bail!("the shards of one run need the same --run NAME")
+            }
+            (None, None) => format!(
+                "{}-{}",
+                o.label.as_deref().unwrap_or("run"),
+                chrono::Utc::now().format("%Y%m%dT%H%M%S")
+            ),
+        },
+        label: o.label.clone().unwrap_or_else(|| "run".into()),
+        target: o.target.to_string(),
+        suite: o.suite.display().to_string(),
+        suite_digest: digest(&suite.tests),
+        tests_total: suite.tests.len() as i64,
+        started_ms: probe::clock::now_ms() as i64,
+        finished_ms: None,
+    };
+    let run = if let Some(id) = &o.resume {
+        db::run(&conn, id)?
+            .with_context(|| format!("--resume {id}: no such run in {}", o.db.display()))?
+    } else {
+        let (run, created) = db::create_run(&conn, &wanted)?;
+        if !created && o.shard.is_none() {
+            bail!(
+                "run `{}` already exists in {}: continue it with --resume {0}, or pick another --run",
+                run.id,
+                o.db.display()
+            );
+        }
+        run
+    };
+    if run.suite_digest != wanted.suite_digest {
+        bail!(
+            "run `{}` was made from a different suite ({} tests, digest {}…); this one has {} tests, digest {}…",
+            run.id,
+            run.tests_total,
+            &run.suite_digest[..12],
+            wanted.tests_total,
+            &wanted.suite_digest[..12]
+        );
+    }
+    let done = db::recorded(&conn, &run.id)?;
+    let todo: VecDeque<TestSpec> = suite
+        .tests
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| o.shard.is_none_or(|(k, n)| i % n == k - 1))
+        .filter(|(_, t)| !done.contains(&t.id))
+        .map(|(_, t)| t.clone())
+        .collect();
+    let mut summary = Summary {
+        run: run.id.clone(),
+        suite_tests: suite.tests.len(),
+        skipped_files: suite.files - suite.tests.len(),
+        already_recorded: done.len(),
+        this_process: todo.len(),
+        ..Summary::default()
+    };
+    eprintln!(
+        "run {}: {} tests in the suite, {} already recorded, {} to run here with {} workers against {}",
+        run.id,
+        suite.tests.len(),
+        done.len(),
+        todo.len(),
+        o.workers,
+        o.target
+    );
+    if !todo.is_empty() {
+        // fail fast when the bridge cannot start at all
+        o.target
+            .connect()
+            .await
+            .map_err(anyhow::Error::msg)
+            .context("the target does not answer")?
+            .close()
+            .await;
+    }
+
+    let total = todo.len();
+    let queue = Arc::new(Mutex::new(todo));
+    let stop = CancellationToken::new();
+    let (tx, rx) = std::sync::mpsc::channel::<TestRecord>();
+    let progress = Progress::new(total, o.quiet);
+    let writer = {
+        let (run_id, stop) = (run.id.clone(), stop.clone());
+        std::thread::spawn(move || write_all(&mut conn, &run_id, rx, &stop, progress))
+    };
+    let interrupted = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => { r.is_ok() && { stop.cancel(); true } }
+                () = stop.cancelled() => false,
+            }
+        })
+    };
+    let mut workers = Vec::new();
+    for w in 0..o.workers.max(1) {
+        let (queue, tx, stop, target) = (queue.clone(), tx.clone(), stop.clone(), o.target.clone());
+        let runner = format!("{}/w{w}", std::process::id());
+        workers.push(tokio::spawn(async move {
+            loop {
+                let Some(test) = queue.lock().unwrap().pop_front() else {
+                    break;
+                };
+                let record = tokio::select! {
+                    r = run_test(&target, &test, &runner) => r,
+                    () = stop.cancelled() => break,
+                };
+                if tx.send(record).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    drop(tx);
+    for w in workers {
+        let _ = w.await;
+    }
+    let written = writer.join().expect("the writer thread does not panic");
+    let was_interrupted = stop.is_cancelled() && {
+        stop.cancel();
+        interrupted.await.unwrap_or(false)
+    };
+    stop.cancel();
+    let counts = written?;
+    summary.recorded = counts.recorded;
+    summary.steps_without_kernel = counts.without_kernel;
+    summary.kernel_unavailable_reason = counts.kernel_reason;
+    summary.passed = counts.passed;
+    summary.failed = counts.recorded - counts.passed;
+    let conn = db::open(&o.db)?;
+    summary.complete = db::finish_if_complete(&conn, &run.id)?;
+    summary.wall_s = started.elapsed().as_secs_f64();
+    if was_interrupted {
+        bail!(
+            "interrupted: {} tests recorded in this process; continue with --resume {}",
+            summary.recorded,
+            run.id
+        );
+    }
+    Ok(summary)
+}
+
+#[derive(Default)]
+struct Counts {
+    recorded: usize,
+    passed: usize,
+    without_kernel: usize,
+    kernel_reason: Option<String>,
+}
+
+/// The one writer: stores each record, stops the run on a DB error
+/// (everything committed before it stays).
+fn write_all(
+    conn: &mut rusqlite::Connection,
+    run: &str,
+    rx: std::sync::mpsc::Receiver<TestRecord>,
+    stop: &CancellationToken,
+    progress: Progress,
+) -> anyhow::Result<Counts> {
+    let mut counts = Counts::default();
+    for record in rx {
+        if let Err(e) = db::insert(conn, run, &record) {
+            stop.cancel();
+            progress.finish();
+            bail!(
+                "cannot record test {} ({e}); the run stopped, the {} tests recorded before it are kept: continue with --resume {run}",
+                record.test_id,
+                counts.recorded
+            );
+        }
+        counts.recorded += 1;
+        for o in record.steps.iter().filter_map(|(_, _, o)| o.as_ref()) {
+            if let Some(reason) = &o.kernel_unavailable {
+                counts.without_kernel += 1;
+                counts.kernel_reason.get_or_insert_with(|| reason.clone());
+            }
+        }
+        if record.triage.is_none() {
+            counts.passed += 1;
+        }
+        progress.tick(&record, counts.recorded - counts.passed);
+    }
+    progress.finish();
+    Ok(counts)
+}
+
+/// Runs one test in its own MCP session.
+pub async fn run_test(target: &Target, test: &TestSpec, runner: &str) -> TestRecord {
+    let started = Instant::now();
+    let mut steps: Vec<(String, Value, Option<verdict::StepOutcome>)> = test
+        .steps
+        .iter()
+        .map(|s| (s.tool.clone(), verdict::stored_request(s), None))
+        .collect();
+    let mut outcomes = Vec::new();
+    let mut session = None;
+    match target.connect().await {
+        Err(e) => {
+            // the bridge would not start or answer: the test's first step failed on it
+            let error = CallError::Transport(e);
+            let o = verdict::judge(
+                &test.steps[0],
+                Err(error),
+                started.elapsed(),
+                &mut Sent::default(),
+            );
+            outcomes.push(o.clone());
+            steps[0].2 = Some(o);
+        }
+        Ok(conn) => {
+            let mut sent = Sent::default();
+            for (i, step) in test.steps.iter().enumerate() {
+                let wait = Duration::from_millis(
+                    step.arguments
+                        .get("timeout_ms")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(60_000)
+                        + 30_000,
+                );
+                let args: serde_json::Map<String, Value> =
+                    step.arguments.clone().into_iter().collect();
+                let t0 = Instant::now();
+                let answer = conn
+                    .call(&step.tool, args, wait)
+                    .await
+                    .map(|r| serde_json::to_value(r).unwrap_or(Value::Null));
+                let o = verdict::judge(step, answer, t0.elapsed(), &mut sent);
+                if session.is_none() {
+                    session = o
+                        .kernel
+                        .as_ref()
+                        .and_then(|k| k["session"].as_str().map(String::from));
+                }
+                let stop = !o.passed();
+                outcomes.push(o.clone());
+                steps[i].2 = Some(o);
+                if stop {
+                    break;
+                }
+            }
+            conn.close().await;
+        }
+    }
+    TestRecord {
+        test_id: test.id.clone(),
+        domain: test.domain.clone(),
+        title: test.title.clone(),
+        triage: triage::triage(&outcomes),
+        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+        runner: runner.to_string(),
+        mcp_session: session,
+        steps,
+    }
+}
+
+/// A bar on a terminal; otherwise a line every 10 % or 10 s.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    total: usize,
+    done: AtomicUsize,
+    started: Instant,
+    last_line: Mutex<Instant>,
+}
+
+impl Progress {
+    fn new(total: usize, quiet: bool) -> Progress {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let b = indicatif::ProgressBar::new(total as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{elapsed_precise} [{bar:40}] {pos}/{len} {per_sec} eta {eta} {msg}",
+                )
+                .expect("template")
+                .progress_chars("=> "),
+            );
+            b
+        });
+        Progress {
+            bar,
+            total,
+            done: AtomicUsize::new(0),
+            started: Instant::now(),
+            last_line: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn tick(&self, r: &TestRecord, failed: usize) {
+        let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(b) = &self.bar {
+            b.inc(1);
+            b.set_message(format!("{failed} failed"));
+            return;
+        }
+        let mut last = self.last_line.lock().unwrap();
+        let step = (self.total / 10).max(1);
+        if done.is_multiple_of(step) || done == self.total || last.elapsed() >= Duration::from_secs(10) {
+            *last = Instant::now();
+            let secs = self.started.elapsed().as_secs_f64();
+            eprintln!(
+                "progress: {done}/{} tests, {failed} failed, {secs:.0} s ({:.1} tests/s), last {}",
+                self.total,
+                done as f64 / secs.max(0.001),
+                r.test_id
+            );
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish();
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The bridge a campaign runs against, and one MCP session with it.
+//!
+//! `stdio:CMD` starts CMD (through `sh -c`) for every session, so a bridge
+//! that dies takes one test with it and the next session starts afresh.
+//! An `http(s)://` URL opens a new Streamable HTTP session on one server.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig};
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt as _};
+use serde_json::Value;
+use tokio::io::AsyncReadExt as _;
+
+/// Largest single message the runner accepts from a bridge.
+const MAX_MESSAGE: usize = 512 << 20;
+/// How much of a stdio bridge's stderr is kept to explain its death.
+const STDERR_TAIL: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    Stdio(String),
+    Http(String),
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Target, String> {
+        if let Some(cmd) = s.strip_prefix("stdio:") {
+            if cmd.trim().is_empty() {
+                return Err(
+                    "`stdio:` needs a command, e.g. stdio:'agent-bridge serve --stdio'".into(),
+                );
+            }
+            Ok(Target::Stdio(cmd.to_string()))
+        } else if s.starts_with("http://") || s.starts_with("https://") {
+            Ok(Target::Http(s.to_string()))
+        } else {
+            Err(format!(
+                "`{s}`: a target is stdio:'COMMAND' or an http(s):// MCP URL"
+            ))
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Stdio(cmd) => write!(f, "stdio:{cmd}"),
+            Target::Http(url) => f.write_str(url),
+        }
+    }
+}
+
+/// One MCP session with the bridge.
+pub struct Connection {
+    client: RunningService<RoleClient, ClientConfig>,
+    child: Option<tokio::process::Child>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+/// Why a call got no tool result.
+#[derive(Debug, Clone)]
+pub enum CallError {
+    /// The bridge answered with a JSON-RPC error.
+    Protocol(String),
+    /// The connection broke (the bridge died, the socket closed, …).
+    Transport(String),
+    /// No answer in time.
+    Timeout(Duration),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Protocol(m) => write!(f, "JSON-RPC error: {m}"),
+            CallError::Transport(m) => write!(f, "transport: {m}"),
+            CallError::Timeout(d) => write!(f, "no answer in {} s", d.as_secs()),
+        }
+    }
+}
+
+fn client_info() -> ClientConfig {
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        rmcp::model::Implementation::new("agent-bridge-campaign", env!("CARGO_PKG_VERSION")),
+    )
+}
+
+impl Target {
+    /// Opens a session (starting the bridge for a stdio target).
+    pub async fn connect(&self) -> Result<Connection, String> {
+        match self {
+            Target::Stdio(cmd) => {
+                let mut child = tokio::process::Command::new("sh")
+                    .args(["-c", cmd])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .map_err(|e| format!("cannot start `{cmd}`: {e}"))?;
+                let stderr = Arc::new(Mutex::new(Vec::new()));
+                let mut pipe = child.stderr.take().expect("piped");
+                let tail = stderr.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = pipe.read(&mut buf).await {
+                        let mut t = tail.lock().unwrap();
+                        t.extend_from_slice(&buf[..n]);
+                        let excess = t.len().saturating_sub(STDERR_TAIL);
+                        t.drain(..excess);
+                    }
+                });
+                let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(
+                    child.stdout.take().expect("piped"),
+                    child.stdin.take().expect("piped"),
+                )
+                .with_max_line_length(MAX_MESSAGE);
+                let client = match client_info().serve(transport).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = child.kill().await;
+                        let tail = String::from_utf8_lossy(&stderr.lock().unwrap()).into_owned();
+                        return Err(format!(
+                            "MCP handshake with `{cmd}` failed: {e}; stderr: {}",
+                            tail.trim()
+                        ));
+                    }
+                };
+                Ok(Connection {
+                    client,
+                    child: Some(child),
+                    stderr,
+                })
+            }
+            Target::Http(url) => {
+                use rmcp::transport::StreamableHttpClientTransport;
+                use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.clone())
+                    .max_sse_event_size(MAX_MESSAGE)
+                    .max_json_response_size(MAX_MESSAGE);
+                if let Ok(token) = std::env::var("AGENT_BRIDGE_TOKEN") {
+                    config = config.auth_header(token);
+                }
+                let client = client_info()
+                    .serve(StreamableHttpClientTransport::from_config(config))
+                    .await
+                    .map_err(|e| format!("MCP handshake with {url} failed: {e}"))?;
+                Ok(Connection {
+                    client,
+                    child: None,
+                    stderr: Arc::default(),
+                })
+            }
+        }
+    }
+}
+
+impl Connection {
+    pub async fn call(
+        &self,
+        tool: &str,
+        arguments: serde_json::Map<String, Value>,
+        wait: Duration,
+    ) -> Result<CallToolResult, CallError> {
+        let params = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments);
+        match tokio::time::timeout(wait, self.client.call_tool(params)).await {
+            Err(_) => Err(CallError::Timeout(wait)),
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(rmcp::ServiceError::McpError(e))) => Err(CallError::Protocol(format!(
+                "{} (code {})",
+                e.message, e.code.0
+            ))),
+            Ok(Err(e)) => Err(CallError::Transport(self.explain(e.to_string()))),
+        }
+    }
+
+    /// Adds what a dead stdio bridge said last, or its exit status.
+    fn explain(&self, error: String) -> String {
+        let tail = String::from_utf8_lossy(&self.stderr.lock().unwrap())
+            .trim()
+            .to_string();
+        if tail.is_empty() {
+            error
+        } else {
+            format!("{error}; bridge stderr: {tail}")
+        }
+    }
+
+    /// Ends the session; a stdio bridge is given a moment, then killed.
+    pub async fn close(mut self) {
+        let _ = self.client.close_with_timeout(Duration::from_secs(2)).await;
+        if let Some(mut child) = self.child.take()
+            && tokio::time::timeout(Duration::from_secs(2), child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+    }
+}

@@ -1,0 +1,213 @@
+//! Triage: which layer a failed test belongs to, on which primitive.
+//!
+//! Interface evidence (a broken transport, a JSON-RPC error, bytes that did
+//! not survive the trip) outranks the kernel; then the probe's attribution
+//! of the failing step (or of an earlier step that failed unexpectedly);
+//! a failure with neither is the test's own.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::verdict::StepOutcome;
+
+/// The primitives of the interface layer (the kernel taxonomy has the sandbox's).
+pub const INTERFACE_PRIMITIVES: [(&str, &str); 3] = [
+    (
+        "interface.transport",
+        "the bridge died, closed the connection, or did not answer in time",
+    ),
+    (
+        "interface.protocol",
+        "a JSON-RPC error, or a result without the promised structure",
+    ),
+    (
+        "interface.bytes",
+        "bytes that came back differ from what was sent or from their own digest",
+    ),
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Triage {
+    pub layer: &'static str,
+    pub primitive: String,
+    pub confidence: f64,
+    pub explanation: String,
+    /// The step, the failed expectations, the interface and kernel evidence.
+    pub evidence: Value,
+}
+
+/// `None` when every step passed.
+pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
+    let (failed_at, failing) = steps.iter().enumerate().find(|(_, s)| !s.passed())?;
+    let mut evidence = json!({
+        "step": failed_at,
+        "failures": failing.failures,
+        "interface": failing.interface,
+    });
+    if let Some(k) = &failing.kernel {
+        evidence["kernel"] = k.clone();
+    }
+    if let Some((i, s)) = steps
+        .iter()
+        .enumerate()
+        .find(|(_, s)| !s.interface.is_empty())
+    {
+        let (primitive, confidence) = s.interface_primitive.unwrap_or(("interface.bytes", 0.8));
+        evidence["interface_step"] = i.into();
+        return Some(Triage {
+            layer: "interface",
+            primitive: primitive.into(),
+            confidence,
+            explanation: format!("step {i}: {}", s.interface.join("; ")),
+            evidence,
+        });
+    }
+    // the failing step's own attribution, else an earlier unexpected one
+    let kernel = std::iter::once((failed_at, failing, 1.0)).chain(
+        steps[..failed_at]
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, s)| !s.expects_failure)
+            .map(|(i, s)| (i, s, 0.8)),
+    );
+    for (i, s, weight) in kernel {
+        if let Some((primitive, confidence, why)) = s.kernel_failure()
+            && primitive != "none"
+        {
+            if i != failed_at {
+                evidence["kernel_step"] = i.into();
+                evidence["kernel"] = s.kernel.clone().unwrap_or_default();
+            }
+            return Some(Triage {
+                layer: "sandbox",
+                primitive: primitive.into(),
+                confidence: confidence * weight,
+                explanation: format!("step {i}: {why}"),
+                evidence,
+            });
+        }
+    }
+    if let Some((primitive, confidence, why)) = failing.hidden_failure() {
+        return Some(Triage {
+            layer: "sandbox",
+            primitive: primitive.into(),
+            confidence: confidence * 0.8,
+            explanation: format!("step {failed_at}: the call exited 0, but {why}"),
+            evidence,
+        });
+    }
+    Some(Triage {
+        layer: "test",
+        primitive: "none".into(),
+        confidence: if failing.kernel.is_some() { 0.7 } else { 0.4 },
+        explanation: format!(
+            "step {failed_at}: {} (no interface or kernel evidence)",
+            failing.failures.join("; ")
+        ),
+        evidence,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> StepOutcome {
+        StepOutcome {
+            kernel: Some(json!({"available": true, "failed": false, "primitive": "none"})),
+            ..StepOutcome::default()
+        }
+    }
+
+    fn kernel_fail(primitive: &str) -> StepOutcome {
+        StepOutcome {
+            kernel: Some(
+                json!({"available": true, "failed": true, "primitive": primitive, "confidence": 0.9, "explanation": "why"}),
+            ),
+            ..StepOutcome::default()
+        }
+    }
+
+    fn failing(mut s: StepOutcome) -> StepOutcome {
+        s.failures
+            .push("expected exit code 0, got exit code 1".into());
+        s
+    }
+
+    #[test]
+    fn a_passing_test_has_no_triage() {
+        assert_eq!(triage(&[ok(), ok()]), None);
+    }
+
+    #[test]
+    fn the_failing_steps_kernel_attribution_is_the_sandbox_cause() {
+        let t = triage(&[ok(), failing(kernel_fail("fs.readonly"))]).unwrap();
+        assert_eq!((t.layer, t.primitive.as_str()), ("sandbox", "fs.readonly"));
+        assert_eq!(t.evidence["step"], 1);
+    }
+
+    #[test]
+    fn an_earlier_unexpected_kernel_failure_is_blamed_with_less_confidence() {
+        let mut expected = kernel_fail("fs.missing");
+        expected.expects_failure = true;
+        let t = triage(&[kernel_fail("net.egress"), expected, failing(ok())]).unwrap();
+        assert_eq!((t.layer, t.primitive.as_str()), ("sandbox", "net.egress"));
+        assert!(t.confidence < 0.9);
+        assert_eq!(t.evidence["kernel_step"], 0);
+    }
+
+    #[test]
+    fn an_expected_kernel_failure_is_not_blamed() {
+        let mut expected = kernel_fail("fs.missing");
+        expected.expects_failure = true;
+        let t = triage(&[expected, failing(ok())]).unwrap();
+        assert_eq!((t.layer, t.primitive.as_str()), ("test", "none"));
+    }
+
+    #[test]
+    fn interface_evidence_outranks_the_kernel() {
+        let mut s = failing(kernel_fail("fs.readonly"));
+        s.interface
+            .push("stdout: the bytes came back as `crlf` would leave them".into());
+        s.interface_primitive = Some(("interface.bytes", 0.95));
+        let t = triage(&[s]).unwrap();
+        assert_eq!(
+            (t.layer, t.primitive.as_str()),
+            ("interface", "interface.bytes")
+        );
+        assert!(t.confidence >= 0.95);
+    }
+
+    #[test]
+    fn a_lost_transport_is_interface_transport() {
+        let s = StepOutcome {
+            interface: vec!["transport: closed".into()],
+            call_error: Some("transport: closed".into()),
+            interface_primitive: Some(("interface.transport", 0.95)),
+            transport_lost: true,
+            ..StepOutcome::default()
+        };
+        let t = triage(&[ok(), s]).unwrap();
+        assert_eq!(t.primitive, "interface.transport");
+    }
+
+    #[test]
+    fn a_failure_hidden_by_a_pipeline_is_the_sandbox_cause() {
+        let mut s = failing(ok());
+        s.kernel.as_mut().unwrap()["hidden_failure"] = json!({"primitive": "fs.persistence", "confidence": 0.95, "explanation": "find failed"});
+        let t = triage(&[ok(), s]).unwrap();
+        assert_eq!(
+            (t.layer, t.primitive.as_str()),
+            ("sandbox", "fs.persistence")
+        );
+        assert!(t.explanation.contains("exited 0, but find failed"));
+    }
+
+    #[test]
+    fn neither_evidence_means_the_test() {
+        let t = triage(&[failing(StepOutcome::default())]).unwrap();
+        assert_eq!((t.layer, t.primitive.as_str()), ("test", "none"));
+        assert!(t.explanation.contains("expected exit code 0"));
+    }
+}

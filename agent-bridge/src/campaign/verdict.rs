@@ -1,0 +1,621 @@
+//! One step's verdict: the tool result checked against the step's
+//! expectations, plus the interface evidence found on the way (payloads
+//! whose bytes do not hash to what they claim, bytes that came back as a
+//! known corruption of what was sent, protocol and transport errors).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use clap::ValueEnum as _;
+use serde_json::{Value, json};
+
+use super::spec::{Expect, Step};
+use super::target::CallError;
+use crate::bytes::{base64_decode, sha256_hex};
+use crate::fault::InterfaceFault;
+
+/// What one step did and how it was judged.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutcome {
+    /// Expectations that did not hold, each with what was expected and seen.
+    pub failures: Vec<String>,
+    /// Evidence that the interface (bridge encoding, protocol, transport) is at fault.
+    pub interface: Vec<String>,
+    /// The interface primitive the evidence points at, and how surely.
+    pub interface_primitive: Option<(&'static str, f64)>,
+    /// The call got no tool result.
+    pub call_error: Option<String>,
+    /// The connection is gone: the test cannot go on in this session.
+    pub transport_lost: bool,
+    pub is_error: Option<bool>,
+    /// The step expects a failure (an error, an absent path, a non-zero
+    /// exit, a signal): its kernel attribution is the test's intent, not a cause.
+    pub expects_failure: bool,
+    /// The probe's attribution for the call (events left out).
+    pub kernel: Option<Value>,
+    /// Why the bridge had no kernel evidence for this call, when it had none.
+    pub kernel_unavailable: Option<String>,
+    pub response_sha256: Option<String>,
+    pub response_bytes: Option<u64>,
+    pub duration_ms: f64,
+}
+
+impl StepOutcome {
+    /// Records interface evidence; the surest primitive is kept.
+    fn blame(&mut self, primitive: &'static str, confidence: f64, message: String) {
+        if self.interface_primitive.is_none_or(|(_, c)| c < confidence) {
+            self.interface_primitive = Some((primitive, confidence));
+        }
+        self.interface.push(message);
+    }
+
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty() && self.interface.is_empty() && self.call_error.is_none()
+    }
+
+    /// The kernel attribution says the call failed, and on what.
+    pub fn kernel_failure(&self) -> Option<(&str, f64, &str)> {
+        let k = self.kernel.as_ref()?;
+        (k["failed"] == Value::Bool(true)).then(|| {
+            (
+                k["primitive"].as_str().unwrap_or("none"),
+                k["confidence"].as_f64().unwrap_or(0.0),
+                k["explanation"].as_str().unwrap_or(""),
+            )
+        })
+    }
+
+    /// The call exited 0, but a child failed on a sandbox primitive (a
+    /// pipeline hid it): what the kernel saw.
+    pub fn hidden_failure(&self) -> Option<(&str, f64, &str)> {
+        let h = &self.kernel.as_ref()?["hidden_failure"];
+        Some((
+            h["primitive"].as_str()?,
+            h["confidence"].as_f64().unwrap_or(0.0),
+            h["explanation"].as_str().unwrap_or(""),
+        ))
+    }
+}
+
+/// The bytes a test sent so far, by sha256: what came back is compared
+/// against them.
+#[derive(Default)]
+pub struct Sent(HashMap<String, Vec<u8>>);
+
+impl Sent {
+    fn remember(&mut self, data: Vec<u8>) -> String {
+        let sha = sha256_hex(&data);
+        self.0.insert(sha.clone(), data);
+        sha
+    }
+}
+
+/// The content a write_file step sends.
+fn sent_content(step: &Step) -> Option<Vec<u8>> {
+    if step.tool != "write_file" {
+        return None;
+    }
+    match (
+        step.arguments.get("text"),
+        step.arguments.get("content_base64"),
+    ) {
+        (Some(Value::String(t)), _) => Some(t.as_bytes().to_vec()),
+        (_, Some(Value::String(b))) => base64_decode(b).ok(),
+        _ => None,
+    }
+}
+
+/// Judges one step from the bridge's answer.
+pub fn judge(
+    step: &Step,
+    answer: Result<Value, CallError>,
+    took: Duration,
+    sent: &mut Sent,
+) -> StepOutcome {
+    let mut out = StepOutcome {
+        duration_ms: took.as_secs_f64() * 1000.0,
+        expects_failure: step.expect.is_error
+            || step.expect.exists == Some(false)
+            || step.expect.exit_code.is_some_and(|c| c != 0)
+            || step.expect.signal.is_some(),
+        ..StepOutcome::default()
+    };
+    let result = match answer {
+        Ok(r) => r,
+        Err(e) => {
+            out.transport_lost = !matches!(e, CallError::Protocol(_));
+            let primitive = if out.transport_lost {
+                "interface.transport"
+            } else {
+                "interface.protocol"
+            };
+            out.blame(primitive, 0.95, e.to_string());
+            out.call_error = Some(e.to_string());
+            return out;
+        }
+    };
+    let raw = serde_json::to_vec(&result).unwrap_or_default();
+    out.response_sha256 = Some(sha256_hex(&raw));
+    out.response_bytes = Some(raw.len() as u64);
+    out.is_error = Some(result["isError"] == Value::Bool(true));
+    let Some(s) = result.get("structuredContent").filter(|s| s.is_object()) else {
+        out.blame(
+            "interface.protocol",
+            0.9,
+            "the result has no structuredContent object".into(),
+        );
+        return out;
+    };
+    match s.get("kernel") {
+        Some(k) if k["available"] == Value::Bool(true) => {
+            let mut k = k.clone();
+            if let Some(o) = k.as_object_mut() {
+                o.remove("events");
+            }
+            out.kernel = Some(k);
+        }
+        Some(k) => {
+            let reason = k["reason"].as_str().unwrap_or("no reason given");
+            out.kernel_unavailable = Some(reason.to_string());
+        }
+        None => {}
+    }
+    let e = &step.expect;
+    let is_error = out.is_error == Some(true);
+    let message = || s["error"]["message"].as_str().unwrap_or("").to_string();
+    match e.exists {
+        Some(true) if is_error => out
+            .failures
+            .push(format!("expected the path to exist: {}", message())),
+        Some(false) if !is_error => out
+            .failures
+            .push("expected the path to be absent, but it exists".into()),
+        Some(false) if s["errno"] != "ENOENT" => out
+            .failures
+            .push(format!("expected ENOENT, got: {}", message())),
+        _ if e.exists.is_none() && is_error != e.is_error => out.failures.push(if is_error {
+            format!("unexpected tool error: {}", message())
+        } else {
+            "expected a tool error, the call succeeded".into()
+        }),
+        _ => {}
+    }
+    payloads(step, &result, s, sent, &mut out);
+    if let Some(data) = sent_content(step) {
+        let len = data.len() as u64;
+        let sha = sent.remember(data);
+        // the bridge reports what it wrote: it must be what was sent
+        if !is_error && s["written"].as_u64().is_some_and(|w| w != len) {
+            out.blame(
+                "interface.bytes",
+                0.95,
+                format!(
+                    "write_file sent {len} bytes (sha256 {sha}), the bridge wrote {}",
+                    s["written"]
+                ),
+            );
+        }
+    }
+    scalar_checks(e, s, &mut out);
+    if let Some(max) = e.max_duration_ms
+        && out.duration_ms > max as f64
+    {
+        out.failures.push(format!(
+            "took {:.0} ms, more than max_duration_ms {max}",
+            out.duration_ms
+        ));
+    }
+    out
+}
+
+fn scalar_checks(e: &Expect, s: &Value, out: &mut StepOutcome) {
+    if let Some(want) = e.exit_code
+        && s["exit_code"].as_i64() != Some(want as i64)
+    {
+        let got = match (&s["exit_code"], &s["signal"]) {
+            (Value::Number(n), _) => format!("exit code {n}"),
+            (_, Value::String(sig)) => format!("killed by {sig}"),
+            _ if s["timed_out"] == Value::Bool(true) => "a timeout".into(),
+            _ => "no exit code".into(),
+        };
+        out.failures
+            .push(format!("expected exit code {want}, got {got}"));
+    }
+    if let Some(want) = &e.signal
+        && s["signal"].as_str() != Some(want)
+    {
+        out.failures.push(format!(
+            "expected death by {want}, got signal {}",
+            s["signal"]
+        ));
+    }
+    if let Some(want) = e.size
+        && s["size"].as_u64() != Some(want)
+    {
+        out.failures
+            .push(format!("expected size {want}, got {}", s["size"]));
+    }
+}
+
+/// Checks every payload's own integrity and the byte expectations.
+fn payloads(step: &Step, result: &Value, s: &Value, sent: &Sent, out: &mut StepOutcome) {
+    let e = &step.expect;
+    let stdout = decode_payload("stdout", &s["stdout"], out);
+    let stderr = decode_payload("stderr", &s["stderr"], out);
+    if let Some(stdout) = &stdout {
+        if let Some(want) = &e.stdout_equals
+            && stdout != want.as_bytes()
+        {
+            out.failures.push(format!(
+                "stdout: expected {}, got {}",
+                preview(want.as_bytes()),
+                preview(stdout)
+            ));
+            corruption("stdout", want.as_bytes(), stdout, out);
+        }
+        if let Some(want) = &e.stdout_contains
+            && !contains(stdout, want.as_bytes())
+        {
+            out.failures.push(format!(
+                "stdout does not contain {}: got {}",
+                preview(want.as_bytes()),
+                preview(stdout)
+            ));
+        }
+        if let Some(want) = &e.stdout_sha256 {
+            compare_sha("stdout", want, stdout, sent, out);
+        }
+    } else if e.stdout_equals.is_some() || e.stdout_contains.is_some() || e.stdout_sha256.is_some()
+    {
+        out.failures
+            .push("expected stdout, the result has none".into());
+    }
+    if let Some(want) = &e.stderr_contains
+        && !stderr
+            .as_deref()
+            .is_some_and(|b| contains(b, want.as_bytes()))
+    {
+        out.failures.push(format!(
+            "stderr does not contain {}: got {}",
+            preview(want.as_bytes()),
+            preview(stderr.as_deref().unwrap_or_default())
+        ));
+    }
+    if step.tool == "read_file" && out.is_error == Some(false) {
+        let blob = result["content"].as_array().and_then(|c| {
+            c.iter()
+                .find_map(|b| b["resource"]["blob"].as_str())
+                .map(base64_decode)
+        });
+        match blob {
+            Some(Ok(data)) => {
+                let said = s["sha256"].as_str().unwrap_or("");
+                let got = sha256_hex(&data);
+                if got != said {
+                    out.blame(
+                        "interface.bytes",
+                        0.95,
+                        format!(
+                            "read_file: the {} bytes carried hash to {got}, the bridge says {said}",
+                            data.len()
+                        ),
+                    );
+                }
+                if let Some(want) = &e.sha256 {
+                    compare_sha("read_file bytes", want, &data, sent, out);
+                }
+            }
+            Some(Err(err)) => out.blame(
+                "interface.protocol",
+                0.9,
+                format!("read_file: the resource blob is not base64: {err}"),
+            ),
+            None => out.blame(
+                "interface.protocol",
+                0.9,
+                "read_file: the result carries no resource blob".into(),
+            ),
+        }
+    } else if let Some(want) = &e.sha256
+        && out.is_error == Some(false)
+        && s["sha256"].as_str() != Some(want.as_str())
+    {
+        out.failures.push(format!(
+            "expected sha256 {want}, the bridge reports {}",
+            s["sha256"]
+        ));
+    }
+}
+
+/// Decodes a `{text|base64, bytes, sha256}` payload and checks it against
+/// its own length and digest.
+fn decode_payload(name: &str, p: &Value, out: &mut StepOutcome) -> Option<Vec<u8>> {
+    if p.is_null() {
+        return None;
+    }
+    let data = match (&p["text"], &p["base64"]) {
+        (Value::String(t), _) => t.as_bytes().to_vec(),
+        (_, Value::String(b)) => match base64_decode(b) {
+            Ok(d) => d,
+            Err(e) => {
+                out.blame("interface.protocol", 0.9, format!("{name}: {e}"));
+                return None;
+            }
+        },
+        _ => {
+            out.blame(
+                "interface.protocol",
+                0.9,
+                format!("{name}: a payload without text or base64"),
+            );
+            return None;
+        }
+    };
+    let got = sha256_hex(&data);
+    if p["sha256"].as_str() != Some(got.as_str()) || p["bytes"].as_u64() != Some(data.len() as u64)
+    {
+        out.blame(
+            "interface.bytes",
+            0.95,
+            format!(
+                "{name}: carries {} bytes hashing to {got}, but says {} bytes, sha256 {}",
+                data.len(),
+                p["bytes"],
+                p["sha256"]
+            ),
+        );
+    }
+    Some(data)
+}
+
+fn compare_sha(what: &str, want: &str, got: &[u8], sent: &Sent, out: &mut StepOutcome) {
+    let sha = sha256_hex(got);
+    if sha.eq_ignore_ascii_case(want) {
+        return;
+    }
+    out.failures.push(format!(
+        "{what}: expected sha256 {want}, got {sha} ({} bytes)",
+        got.len()
+    ));
+    if let Some(original) = sent.0.get(&want.to_ascii_lowercase()) {
+        out.blame(
+            "interface.bytes",
+            0.8,
+            format!(
+                "{what}: {} bytes were sent, {} came back different",
+                original.len(),
+                got.len()
+            ),
+        );
+        corruption(what, original, got, out);
+    }
+}
+
+/// Names the interface bug when `got` is a known corruption of `want`
+/// (the seed's: lossy UTF-8, cut at NUL, CRLF, trimmed, tail dropped).
+fn corruption(what: &str, want: &[u8], got: &[u8], out: &mut StepOutcome) {
+    for f in InterfaceFault::value_variants() {
+        if f.corrupt(want.to_vec()) == got {
+            out.blame(
+                "interface.bytes",
+                0.95,
+                format!(
+                    "{what}: the bytes came back as `{}` would leave them",
+                    f.name()
+                ),
+            );
+            return;
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty() || hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A short, escaped view of bytes for an assertion diff.
+fn preview(b: &[u8]) -> String {
+    const MAX: usize = 120;
+    let s = String::from_utf8_lossy(&b[..b.len().min(MAX)]);
+    let more = if b.len() > MAX {
+        format!("… ({} bytes)", b.len())
+    } else {
+        String::new()
+    };
+    format!("{:?}{more}", s)
+}
+
+/// The arguments as stored: strings over 4 KiB replaced by their length and digest.
+pub fn stored_request(step: &Step) -> Value {
+    let args = step
+        .arguments
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Value::String(s) if s.len() > 4096 => {
+                    json!({"elided_bytes": s.len(), "sha256": sha256_hex(s.as_bytes())})
+                }
+                v => v.clone(),
+            };
+            (k.clone(), v)
+        })
+        .collect::<serde_json::Map<_, _>>();
+    json!({"tool": step.tool, "arguments": args})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn step(tool: &str, args: Value, expect: Value) -> Step {
+        Step {
+            tool: tool.into(),
+            arguments: serde_json::from_value::<BTreeMap<String, Value>>(args).unwrap(),
+            expect: serde_json::from_value(expect).unwrap(),
+        }
+    }
+
+    fn payload(data: &[u8]) -> Value {
+        serde_json::to_value(crate::bytes::Payload::new(data, data.len() as u64)).unwrap()
+    }
+
+    fn exec_result(stdout: &[u8], code: i32) -> Value {
+        json!({"content": [], "isError": false, "structuredContent": {
+            "exit_code": code, "stdout": payload(stdout), "stderr": payload(b""),
+            "kernel": {"available": true, "failed": code != 0, "primitive": "fs.readonly", "confidence": 0.9, "explanation": "EROFS", "events": [1,2]}}})
+    }
+
+    #[test]
+    fn a_matching_result_passes_and_keeps_the_kernel_without_events() {
+        let s = step(
+            "exec",
+            json!({"argv": ["echo"]}),
+            json!({"exit_code": 0, "stdout_equals": "hi\n"}),
+        );
+        let o = judge(
+            &s,
+            Ok(exec_result(b"hi\n", 0)),
+            Duration::from_millis(3),
+            &mut Sent::default(),
+        );
+        assert!(o.passed(), "{o:?}");
+        assert!(o.kernel.as_ref().unwrap().get("events").is_none());
+        let mut r = exec_result(b"hi\n", 0);
+        r["structuredContent"]["kernel"] = json!({"available": false, "reason": "no daemon"});
+        let o = judge(&s, Ok(r), Duration::ZERO, &mut Sent::default());
+        assert_eq!(o.kernel_unavailable.as_deref(), Some("no daemon"));
+        assert_eq!(o.kernel_failure(), None);
+    }
+
+    #[test]
+    fn a_crlf_corruption_is_interface_evidence() {
+        let s = step(
+            "exec",
+            json!({"argv": ["echo"]}),
+            json!({"stdout_equals": "a\nb\n"}),
+        );
+        let o = judge(
+            &s,
+            Ok(exec_result(b"a\r\nb\r\n", 0)),
+            Duration::ZERO,
+            &mut Sent::default(),
+        );
+        assert_eq!(o.failures.len(), 1, "{o:?}");
+        assert!(o.interface[0].contains("`crlf`"), "{o:?}");
+    }
+
+    #[test]
+    fn an_unrelated_mismatch_is_only_a_failed_expectation() {
+        let s = step(
+            "exec",
+            json!({"argv": ["echo"]}),
+            json!({"exit_code": 0, "stdout_equals": "yes"}),
+        );
+        let o = judge(
+            &s,
+            Ok(exec_result(b"no", 1)),
+            Duration::ZERO,
+            &mut Sent::default(),
+        );
+        assert_eq!(o.failures.len(), 2, "{o:?}");
+        assert!(o.interface.is_empty(), "{o:?}");
+        assert_eq!(o.kernel_failure().unwrap().0, "fs.readonly");
+    }
+
+    #[test]
+    fn a_payload_that_lies_about_its_digest_is_interface_evidence() {
+        let mut r = exec_result(b"hi", 0);
+        r["structuredContent"]["stdout"]["text"] = json!("ho");
+        let s = step("exec", json!({"argv": ["x"]}), json!({}));
+        let o = judge(&s, Ok(r), Duration::ZERO, &mut Sent::default());
+        assert!(
+            o.interface[0].starts_with("stdout: carries 2 bytes"),
+            "{o:?}"
+        );
+    }
+
+    #[test]
+    fn bytes_read_back_are_compared_with_what_was_written() {
+        let data = b"\x89PNG\r\n\x1a\n\xff\xfe";
+        let sha = sha256_hex(data);
+        let mut sent = Sent::default();
+        let w = step(
+            "write_file",
+            json!({"path": "/tmp/x", "content_base64": crate::bytes::base64_encode(data)}),
+            json!({"sha256": sha}),
+        );
+        let wrote = json!({"isError": false, "structuredContent": {"sha256": sha, "written": data.len(), "size": data.len()}});
+        assert!(judge(&w, Ok(wrote), Duration::ZERO, &mut sent).passed());
+        let lossy = String::from_utf8_lossy(data).into_owned().into_bytes();
+        let r = step(
+            "read_file",
+            json!({"path": "/tmp/x"}),
+            json!({"sha256": sha}),
+        );
+        let read = json!({"isError": false, "content": [{"type": "resource", "resource": {"uri": "file:///tmp/x", "blob": crate::bytes::base64_encode(&lossy)}}],
+            "structuredContent": {"sha256": sha, "size": data.len()}});
+        let o = judge(&r, Ok(read), Duration::ZERO, &mut sent);
+        assert!(!o.passed());
+        assert!(
+            o.interface.iter().any(|i| i.contains("the bridge says")),
+            "{o:?}"
+        );
+        assert!(
+            o.interface.iter().any(|i| i.contains("`lossy-utf8`")),
+            "{o:?}"
+        );
+    }
+
+    #[test]
+    fn a_short_write_is_interface_evidence() {
+        let w = step(
+            "write_file",
+            json!({"path": "/tmp/x", "text": "a\u{0}b"}),
+            json!({}),
+        );
+        let wrote = json!({"isError": false, "structuredContent": {"written": 1}});
+        let o = judge(&w, Ok(wrote), Duration::ZERO, &mut Sent::default());
+        assert!(o.interface[0].contains("sent 3 bytes"), "{o:?}");
+    }
+
+    #[test]
+    fn protocol_and_transport_errors() {
+        let s = step("exec", json!({"argv": ["x"]}), json!({}));
+        let o = judge(
+            &s,
+            Err(CallError::Protocol("bad".into())),
+            Duration::ZERO,
+            &mut Sent::default(),
+        );
+        assert!(!o.passed() && !o.transport_lost);
+        let o = judge(
+            &s,
+            Err(CallError::Transport("closed".into())),
+            Duration::ZERO,
+            &mut Sent::default(),
+        );
+        assert!(o.transport_lost);
+    }
+
+    #[test]
+    fn absent_paths_need_enoent() {
+        let s = step("stat", json!({"path": "/x"}), json!({"exists": false}));
+        let gone = json!({"isError": true, "structuredContent": {"errno": "ENOENT", "error": {"message": "no"}}});
+        assert!(judge(&s, Ok(gone), Duration::ZERO, &mut Sent::default()).passed());
+        let denied = json!({"isError": true, "structuredContent": {"errno": "EACCES", "error": {"message": "denied"}}});
+        assert!(!judge(&s, Ok(denied), Duration::ZERO, &mut Sent::default()).passed());
+    }
+
+    #[test]
+    fn big_request_strings_are_elided() {
+        let s = step(
+            "write_file",
+            json!({"path": "/x", "text": "a".repeat(5000)}),
+            json!({}),
+        );
+        let r = stored_request(&s);
+        assert_eq!(r["arguments"]["text"]["elided_bytes"], 5000);
+        assert_eq!(r["arguments"]["path"], "/x");
+    }
+}
