@@ -120,6 +120,19 @@ enum CampaignCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Confusion matrix: for every run with an injected fault, where its newly failing tests were attributed.
+    Matrix {
+        #[arg(long, value_name = "FILE")]
+        db: PathBuf,
+        /// The run without injected faults that the others are compared to.
+        #[arg(long)]
+        baseline: String,
+        /// A Markdown table (for docs/) instead of the text table.
+        #[arg(long, conflicts_with = "json")]
+        markdown: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Export a run's tests for other tools: CSV (one row per test) or JSON lines (with steps).
     Export {
         #[arg(long, value_name = "FILE")]
@@ -278,6 +291,12 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
             run_b,
             json,
         } => report(campaign_compare(&db, &run_a, &run_b, json)),
+        CampaignCommand::Matrix {
+            db,
+            baseline,
+            markdown,
+            json,
+        } => report(campaign_matrix(&db, &baseline, markdown, json)),
         CampaignCommand::Export {
             db,
             run,
@@ -442,6 +461,48 @@ fn campaign_compare(db: &std::path::Path, a: &str, b: &str, json: bool) -> anyho
         println!("{}", serde_json::to_string_pretty(&c)?);
     } else {
         print!("{}", report::compare_text(&c));
+    }
+    Ok(())
+}
+
+fn campaign_matrix(
+    db: &std::path::Path,
+    baseline: &str,
+    markdown: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    use agent_bridge::campaign::{db as rdb, report};
+    let conn = rdb::open_existing(db)?;
+    let base = report::pick_run(&conn, Some(baseline))?;
+    let m = report::matrix(&conn, &base)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&m)?);
+    } else if markdown {
+        print!("{}", report::matrix_markdown(&m));
+    } else {
+        println!("baseline {}", m.baseline);
+        println!(
+            "{:<16} {:<16} {:>7} {:>9} {:>12}  ATTRIBUTED",
+            "RUN", "INJECTED", "NEWLY", "ACCURACY", "WRONG-BLAME"
+        );
+        for r in &m.rows {
+            let attributed: Vec<String> = r
+                .attributed
+                .iter()
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect();
+            println!(
+                "{:<16} {:<16} {:>7} {:>9} {:>6} of {:<3}  {}",
+                r.label,
+                r.injected,
+                r.newly_failed,
+                r.accuracy
+                    .map_or("-".into(), |a| format!("{:.1}%", a * 100.0)),
+                r.wrongly_blamed,
+                r.failed_in_both,
+                attributed.join(", ")
+            );
+        }
     }
     Ok(())
 }

@@ -9,6 +9,8 @@ CREATE TABLE campaign_runs (
     suite        TEXT NOT NULL,  -- the suite directory, as given
     suite_digest TEXT NOT NULL,  -- sha256 over the test files: a resume must match it
     tests_total  INTEGER NOT NULL,
+    profile      TEXT,           -- the bridge's profile (from sandbox_info)
+    injected     TEXT,           -- the fault it injects: a primitive, `interface`, or NULL for none
     started_ms   INTEGER NOT NULL,
     finished_ms  INTEGER         -- set when every test of the suite is recorded
 );

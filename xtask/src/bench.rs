@@ -216,7 +216,8 @@ fn wait_with_rusage(mut child: Child) -> anyhow::Result<(std::process::ExitStatu
     ))
 }
 
-pub fn run(bin: &Path, n: u64, runs: usize, write: bool) -> anyhow::Result<()> {
+/// Runs the probe, daemon and bridge benchmarks; returns their Markdown.
+pub fn run(bin: &Path, n: u64, runs: usize) -> anyhow::Result<String> {
     let dir = std::env::temp_dir().join(format!("probe-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let src = dir.join("storm.c");
@@ -260,11 +261,7 @@ pub fn run(bin: &Path, n: u64, runs: usize, write: bool) -> anyhow::Result<()> {
     text.push('\n');
     text.push_str(&String::from_utf8_lossy(&bridge.stdout));
     print!("{text}");
-    if write {
-        std::fs::write("docs/BENCHMARKS.md", &text)?;
-        eprintln!("xtask: wrote docs/BENCHMARKS.md");
-    }
-    Ok(())
+    Ok(text)
 }
 
 fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {

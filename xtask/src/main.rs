@@ -10,6 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod campaign;
 mod clients;
 mod demo;
 
@@ -35,8 +36,28 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// The main job: start the probe daemon and bridges, run the generated
+    /// campaign against the clean sandbox and a faulty one, print the reports
+    /// and the comparison, write HTML (target/campaign/).
+    Demo {
+        /// Tests in the generated suite.
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// The built-in fault profile of the second run.
+        #[arg(long, default_value = "ephemeral")]
+        fault: String,
+    },
     /// Inject real faults and show `probe trace` attributing each.
-    Demo,
+    ProbeDemo,
+    /// Run the suite under every fault profile and interface fault; write
+    /// the confusion matrix to docs/CONFUSION.md.
+    Confusion {
+        #[arg(long, default_value_t = 200)]
+        count: usize,
+        /// Do not rewrite docs/CONFUSION.md.
+        #[arg(long)]
+        no_write: bool,
+    },
     /// Measure the probe against unprobed, strace and bpftrace baselines,
     /// the daemon, and the MCP bridge; writes docs/BENCHMARKS.md.
     Bench {
@@ -49,6 +70,12 @@ enum Cmd {
         /// Do not rewrite docs/BENCHMARKS.md.
         #[arg(long)]
         no_write: bool,
+        /// Only the campaign benchmark (its section of docs/BENCHMARKS.md is replaced).
+        #[arg(long, value_parser = ["campaign"])]
+        only: Option<String>,
+        /// Tests in the campaign benchmark.
+        #[arg(long, default_value_t = 1000)]
+        campaign_tests: usize,
     },
     /// Regenerate docs/PRIMITIVES.md from the taxonomy in the code.
     Docs,
@@ -64,13 +91,46 @@ fn main() -> anyhow::Result<()> {
             setup()?;
             test(&args)
         }
-        Cmd::Demo => {
+        Cmd::Demo { count, fault } => {
+            setup()?;
+            campaign::main_job(count, &fault)
+        }
+        Cmd::ProbeDemo => {
             setup()?;
             demo::run(&build_probe()?)
         }
-        Cmd::Bench { n, runs, no_write } => {
+        Cmd::Confusion { count, no_write } => {
             setup()?;
-            bench::run(&build_probe_release()?, n, runs, !no_write)
+            campaign::confusion(count, !no_write)
+        }
+        Cmd::Bench {
+            n,
+            runs,
+            no_write,
+            only,
+            campaign_tests,
+        } => {
+            setup()?;
+            let mut text = if only.is_some() {
+                let old = std::fs::read_to_string("docs/BENCHMARKS.md").unwrap_or_default();
+                old.split("## Campaign")
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            } else {
+                bench::run(&build_probe_release()?, n, runs)?
+            };
+            let section = campaign::bench(campaign_tests)?;
+            print!("{section}");
+            if !text.ends_with("\n\n") {
+                text.push('\n');
+            }
+            text.push_str(&section);
+            if !no_write {
+                std::fs::write("docs/BENCHMARKS.md", &text)?;
+                eprintln!("xtask: wrote docs/BENCHMARKS.md");
+            }
+            Ok(())
         }
         Cmd::Docs => docs(),
     }

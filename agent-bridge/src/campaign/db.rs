@@ -50,13 +50,15 @@ pub struct RunRow {
     pub suite: String,
     pub suite_digest: String,
     pub tests_total: i64,
+    pub profile: Option<String>,
+    pub injected: Option<String>,
     pub started_ms: i64,
     pub finished_ms: Option<i64>,
 }
 
 pub fn run(conn: &Connection, id: &str) -> rusqlite::Result<Option<RunRow>> {
     conn.query_row(
-        "SELECT id, label, target, suite, suite_digest, tests_total, started_ms, finished_ms
+        "SELECT id, label, target, suite, suite_digest, tests_total, profile, injected, started_ms, finished_ms
          FROM campaign_runs WHERE id = ?1",
         [id],
         |r| {
@@ -67,8 +69,10 @@ pub fn run(conn: &Connection, id: &str) -> rusqlite::Result<Option<RunRow>> {
                 suite: r.get(3)?,
                 suite_digest: r.get(4)?,
                 tests_total: r.get(5)?,
-                started_ms: r.get(6)?,
-                finished_ms: r.get(7)?,
+                profile: r.get(6)?,
+                injected: r.get(7)?,
+                started_ms: r.get(8)?,
+                finished_ms: r.get(9)?,
             })
         },
     )
@@ -89,9 +93,9 @@ pub fn runs(conn: &Connection) -> rusqlite::Result<Vec<RunRow>> {
 /// Creates the run, or returns the existing one of that id.
 pub fn create_run(conn: &Connection, r: &RunRow) -> rusqlite::Result<(RunRow, bool)> {
     let created = conn.execute(
-        "INSERT INTO campaign_runs (id, label, target, suite, suite_digest, tests_total, started_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
-        params![r.id, r.label, r.target, r.suite, r.suite_digest, r.tests_total, r.started_ms],
+        "INSERT INTO campaign_runs (id, label, target, suite, suite_digest, tests_total, profile, injected, started_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO NOTHING",
+        params![r.id, r.label, r.target, r.suite, r.suite_digest, r.tests_total, r.profile, r.injected, r.started_ms],
     )? == 1;
     Ok((run(conn, &r.id)?.expect("just inserted"), created))
 }

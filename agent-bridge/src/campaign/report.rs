@@ -636,3 +636,145 @@ pre{{white-space:pre-wrap;background:#f8f8f8;padding:6px;margin:0;font-size:12px
     );
     h
 }
+
+/// One row of the confusion matrix: a run with an injected fault against
+/// the baseline run.
+#[derive(Debug, Serialize)]
+pub struct MatrixRow {
+    pub run: String,
+    pub label: String,
+    pub injected: String,
+    /// Tests that passed in the baseline and failed here.
+    pub newly_failed: i64,
+    /// `layer/primitive` → newly failed tests attributed there.
+    pub attributed: BTreeMap<String, i64>,
+    /// Share of the newly failed tests attributed to the injected fault.
+    pub accuracy: Option<f64>,
+    /// Tests that failed in the baseline too.
+    pub failed_in_both: i64,
+    /// Of those, the ones blamed on the injected fault here but not in the baseline.
+    pub wrongly_blamed: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Matrix {
+    pub baseline: String,
+    pub columns: Vec<String>,
+    pub rows: Vec<MatrixRow>,
+}
+
+fn attributed_to(injected: &str, f: &Failure) -> bool {
+    if injected == "interface" {
+        f.layer == "interface"
+    } else {
+        f.primitive == injected
+    }
+}
+
+/// Injected fault × attributed layer/primitive, over every run of the DB
+/// that injects one, against `baseline` (a run that injects nothing).
+pub fn matrix(conn: &Connection, baseline: &RunRow) -> anyhow::Result<Matrix> {
+    let base = report(conn, baseline)?;
+    let base_failed: BTreeMap<&str, &Failure> = base
+        .failures
+        .iter()
+        .map(|f| (f.test_id.as_str(), f))
+        .collect();
+    let base_passed: BTreeSet<String> = {
+        let mut stmt =
+            conn.prepare("SELECT test_id FROM campaign_tests WHERE run = ?1 AND outcome = 'pass'")?;
+        let rows = stmt.query_map([&baseline.id], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    let mut rows = Vec::new();
+    let mut columns = BTreeSet::new();
+    let mut runs = db::runs(conn)?;
+    runs.sort_by(|a, b| a.injected.cmp(&b.injected).then(a.label.cmp(&b.label)));
+    for run in runs.iter().filter(|r| r.id != baseline.id) {
+        let Some(injected) = run.injected.clone() else {
+            continue;
+        };
+        let r = report(conn, run)?;
+        let mut row = MatrixRow {
+            run: run.id.clone(),
+            label: run.label.clone(),
+            injected: injected.clone(),
+            newly_failed: 0,
+            attributed: BTreeMap::new(),
+            accuracy: None,
+            failed_in_both: 0,
+            wrongly_blamed: 0,
+        };
+        let mut right = 0;
+        for f in &r.failures {
+            if base_passed.contains(&f.test_id) {
+                row.newly_failed += 1;
+                let key = format!("{}/{}", f.layer, f.primitive);
+                columns.insert(key.clone());
+                *row.attributed.entry(key).or_default() += 1;
+                right += i64::from(attributed_to(&injected, f));
+            } else if let Some(b) = base_failed.get(f.test_id.as_str()) {
+                row.failed_in_both += 1;
+                if attributed_to(&injected, f) && !attributed_to(&injected, b) {
+                    row.wrongly_blamed += 1;
+                }
+            }
+        }
+        row.accuracy = (row.newly_failed > 0).then(|| right as f64 / row.newly_failed as f64);
+        rows.push(row);
+    }
+    Ok(Matrix {
+        baseline: baseline.id.clone(),
+        columns: columns.into_iter().collect(),
+        rows,
+    })
+}
+
+/// The matrix as a Markdown table (for docs/).
+pub fn matrix_markdown(m: &Matrix) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "| run | injected | newly failing | {} | accuracy | failing in both: blamed on it |",
+        m.columns
+            .iter()
+            .map(|c| format!("`{c}`"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let _ = writeln!(
+        o,
+        "|---|---|---:|{}---:|---:|",
+        "---:|".repeat(m.columns.len())
+    );
+    for r in &m.rows {
+        let cells: Vec<String> = m
+            .columns
+            .iter()
+            .map(|c| {
+                r.attributed.get(c).map_or(String::new(), |n| {
+                    if c.ends_with(&format!("/{}", r.injected))
+                        || (r.injected == "interface" && c.starts_with("interface/"))
+                    {
+                        format!("**{n}**")
+                    } else {
+                        n.to_string()
+                    }
+                })
+            })
+            .collect();
+        let _ = writeln!(
+            o,
+            "| {} | `{}` | {} | {} | {} | {} of {} |",
+            r.label,
+            r.injected,
+            r.newly_failed,
+            cells.join(" | "),
+            r.accuracy
+                .map_or("–".into(), |a| format!("{:.1}%", a * 100.0)),
+            r.wrongly_blamed,
+            r.failed_in_both
+        );
+    }
+    o
+}

@@ -54,6 +54,9 @@ pub struct Summary {
     pub failed: usize,
     pub complete: bool,
     pub wall_s: f64,
+    /// This runner process's own CPU time and peak RSS (not the bridges').
+    pub runner_cpu_s: f64,
+    pub runner_max_rss_mib: f64,
     /// Steps the bridge ran without kernel evidence, and the first reason it gave.
     pub steps_without_kernel: usize,
     pub kernel_unavailable_reason: Option<String>,
@@ -103,6 +106,18 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
         );
     }
     let mut conn = db::open(&o.db)?;
+    // fail fast when the bridge cannot start at all; learn what it injects
+    let probe = o
+        .target
+        .connect()
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("the target does not answer")?;
+    let (profile, injected) = probe
+        .sandbox()
+        .await
+        .map_err(|e| anyhow::anyhow!("sandbox_info: {e}"))?;
+    probe.close().await;
     let wanted = RunRow {
         id: match (&o.resume, &o.run) {
             (Some(r), _) | (None, Some(r)) => r.clone(),
@@ -120,6 +135,8 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
         suite: o.suite.display().to_string(),
         suite_digest: digest(&suite.tests),
         tests_total: suite.tests.len() as i64,
+        profile,
+        injected,
         started_ms: probe::clock::now_ms() as i64,
         finished_ms: None,
     };
@@ -173,16 +190,6 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
         o.workers,
         o.target
     );
-    if !todo.is_empty() {
-        // fail fast when the bridge cannot start at all
-        o.target
-            .connect()
-            .await
-            .map_err(anyhow::Error::msg)
-            .context("the target does not answer")?
-            .close()
-            .await;
-    }
 
     let total = todo.len();
     let queue = Arc::new(Mutex::new(todo));
@@ -240,6 +247,10 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
     let conn = db::open(&o.db)?;
     summary.complete = db::finish_if_complete(&conn, &run.id)?;
     summary.wall_s = started.elapsed().as_secs_f64();
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
+    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    summary.runner_cpu_s = secs(usage.user_time()) + secs(usage.system_time());
+    summary.runner_max_rss_mib = usage.max_rss() as f64 / 1024.0;
     if was_interrupted {
         bail!(
             "interrupted: {} tests recorded in this process; continue with --resume {}",
@@ -403,7 +414,10 @@ impl Progress {
         }
         let mut last = self.last_line.lock().unwrap();
         let step = (self.total / 10).max(1);
-        if done.is_multiple_of(step) || done == self.total || last.elapsed() >= Duration::from_secs(10) {
+        if done.is_multiple_of(step)
+            || done == self.total
+            || last.elapsed() >= Duration::from_secs(10)
+        {
             *last = Instant::now();
             let secs = self.started.elapsed().as_secs_f64();
             eprintln!(

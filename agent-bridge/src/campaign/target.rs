@@ -178,6 +178,29 @@ impl Connection {
         }
     }
 
+    /// The bridge's `sandbox_info`: (profile name, injected fault) where
+    /// the injected fault is the profile's primitive or `interface`.
+    pub async fn sandbox(&self) -> Result<(Option<String>, Option<String>), CallError> {
+        let r = self
+            .call(
+                "sandbox_info",
+                serde_json::Map::new(),
+                Duration::from_secs(30),
+            )
+            .await?;
+        let s = r.structured_content.unwrap_or_default();
+        let profile = s["profile"]["name"].as_str().map(String::from);
+        let injected = if s["interface_fault"].is_string() {
+            Some("interface".to_string())
+        } else {
+            s["profile"]["reproduces"]
+                .as_str()
+                .filter(|p| *p != "none")
+                .map(String::from)
+        };
+        Ok((profile, injected))
+    }
+
     /// Adds what a dead stdio bridge said last, or its exit status.
     fn explain(&self, error: String) -> String {
         let tail = String::from_utf8_lossy(&self.stderr.lock().unwrap())
@@ -197,8 +220,8 @@ impl Connection {
             && tokio::time::timeout(Duration::from_secs(2), child.wait())
                 .await
                 .is_err()
-            {
-                let _ = child.kill().await;
-            }
+        {
+            let _ = child.kill().await;
+        }
     }
 }

@@ -1,0 +1,351 @@
+//! The campaign jobs: the main job (`cargo xtask demo`), the confusion
+//! matrix (`cargo xtask confusion`) and the campaign benchmark. Each starts
+//! a probe daemon and bridges over Streamable HTTP on loopback, and drives
+//! `agent-bridge campaign …` as a user would.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+/// A child process killed on drop.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// CPU seconds and peak RSS (MiB) of a live process, from /proc.
+fn usage(pid: u32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // fields after the command name: utime is the 14th field, stime the 15th
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let cpu = (ticks(11) + ticks(12)) / hz;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (cpu, hwm_kib / 1024.0)
+}
+
+pub struct Lab {
+    bin: PathBuf,
+    pub dir: PathBuf,
+    socket: PathBuf,
+    probe: Guard,
+}
+
+impl Lab {
+    /// A fresh directory under target/, a release build and a probe daemon.
+    pub fn start(name: &str) -> anyhow::Result<Lab> {
+        crate::run(Command::new("cargo").args([
+            "build",
+            "--release",
+            "-p",
+            "probe",
+            "-p",
+            "agent-bridge",
+            "--bins",
+        ]))?;
+        let bin = crate::workspace_root().join("target/release");
+        let dir = crate::workspace_root().join("target").join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("probe.sock");
+        let probe = Guard(
+            Command::new(bin.join("probe"))
+                .args(["run", "--socket"])
+                .arg(&socket)
+                .arg("--db")
+                .arg(dir.join("evidence.db"))
+                .stderr(std::fs::File::create(dir.join("probe.log"))?)
+                .spawn()
+                .context("starting the probe daemon")?,
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let up = Command::new(bin.join("probe"))
+                .args(["status", "--socket"])
+                .arg(&socket)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()?
+                .success();
+            if up {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the probe daemon did not come up; see {}",
+                    dir.join("probe.log").display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(Lab {
+            bin,
+            dir,
+            socket,
+            probe,
+        })
+    }
+
+    pub fn bridge_bin(&self) -> PathBuf {
+        self.bin.join("agent-bridge")
+    }
+
+    /// `agent-bridge campaign ARGS…`, its stdout returned, stderr shown.
+    pub fn campaign(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(self.bridge_bin())
+            .arg("campaign")
+            .args(args)
+            .stderr(Stdio::inherit())
+            .output()?;
+        if !out.status.success() {
+            bail!("agent-bridge campaign {} failed", args.join(" "));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn generate(&self, count: usize) -> anyhow::Result<PathBuf> {
+        let suite = self.dir.join("suite");
+        self.campaign(&[
+            "generate",
+            "--count",
+            &count.to_string(),
+            "--seed",
+            "1",
+            "--out",
+            suite.to_str().unwrap(),
+        ])?;
+        Ok(suite)
+    }
+
+    /// Serves a bridge with `args` over HTTP on loopback, runs the suite
+    /// against it, and stops it. Returns the runner's summary plus the
+    /// bridge's and the daemon's CPU and peak RSS.
+    pub fn run(
+        &self,
+        suite: &Path,
+        db: &Path,
+        name: &str,
+        bridge_args: &[&str],
+        workers: usize,
+    ) -> anyhow::Result<Value> {
+        let mut child = Command::new(self.bridge_bin())
+            .args(["serve", "--http", "127.0.0.1:0", "--probe-socket"])
+            .arg(&self.socket)
+            .args(bridge_args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting agent-bridge")?;
+        let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+        let bridge = Guard(child);
+        let url = loop {
+            let Some(line) = lines.next() else {
+                bail!(
+                    "agent-bridge {} exited before serving",
+                    bridge_args.join(" ")
+                );
+            };
+            let line = line?;
+            if let Some(rest) = line.split("serving MCP at ").nth(1) {
+                break rest.trim().to_string();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        let probe_before = usage(self.probe.0.id());
+        let out = self.campaign(&[
+            "run",
+            "--suite",
+            suite.to_str().unwrap(),
+            "--target",
+            &url,
+            "--db",
+            db.to_str().unwrap(),
+            "--run",
+            name,
+            "--label",
+            name,
+            "--workers",
+            &workers.to_string(),
+            "--json",
+            "--no-bar",
+        ])?;
+        let mut summary: Value = serde_json::from_str(&out).context("runner summary")?;
+        let (cpu, rss) = usage(bridge.0.id());
+        let probe_after = usage(self.probe.0.id());
+        summary["bridge_cpu_s"] = cpu.into();
+        summary["bridge_max_rss_mib"] = rss.into();
+        summary["probe_cpu_s"] = (probe_after.0 - probe_before.0).into();
+        summary["probe_max_rss_mib"] = probe_after.1.into();
+        drop(bridge);
+        Ok(summary)
+    }
+}
+
+/// `cargo xtask demo`: the main job. 1,000 generated tests against the
+/// clean sandbox and against one with a fault (an ephemeral /tmp), the
+/// reports, the comparison and the HTML files.
+pub fn main_job(count: usize, fault: &str) -> anyhow::Result<()> {
+    let lab = Lab::start("campaign")?;
+    let suite = lab.generate(count)?;
+    let db = lab.dir.join("results.db");
+    eprintln!("\n== campaign: {count} tests, clean profile, 8 workers");
+    let clean = lab.run(&suite, &db, "clean", &[], 8)?;
+    eprintln!("\n== campaign: {count} tests, profile `{fault}`, 8 workers");
+    let faulty = lab.run(&suite, &db, fault, &["--profile", fault], 8)?;
+    let dbs = db.to_str().unwrap();
+    for (run, s) in [("clean", &clean), (fault, &faulty)] {
+        let html = lab.dir.join(format!("{run}.html"));
+        println!(
+            "\n{}",
+            lab.campaign(&[
+                "report",
+                "--db",
+                dbs,
+                "--run",
+                run,
+                "--html",
+                html.to_str().unwrap()
+            ])?
+        );
+        println!(
+            "runner: {:.1} s wall, {:.1} tests/s, {:.1} s CPU, {:.0} MiB peak RSS; bridge: {:.1} s CPU, {:.0} MiB peak RSS",
+            s["wall_s"].as_f64().unwrap_or(0.0),
+            s["recorded"].as_f64().unwrap_or(0.0) / s["wall_s"].as_f64().unwrap_or(1.0),
+            s["runner_cpu_s"].as_f64().unwrap_or(0.0),
+            s["runner_max_rss_mib"].as_f64().unwrap_or(0.0),
+            s["bridge_cpu_s"].as_f64().unwrap_or(0.0),
+            s["bridge_max_rss_mib"].as_f64().unwrap_or(0.0),
+        );
+    }
+    println!("\n== clean vs {fault}\n");
+    println!(
+        "{}",
+        lab.campaign(&["compare", "--db", dbs, "clean", fault])?
+    );
+    println!(
+        "results: {}\nHTML:    {}  {}\nmore:    agent-bridge campaign --help",
+        db.display(),
+        lab.dir.join("clean.html").display(),
+        lab.dir.join(format!("{fault}.html")).display()
+    );
+    Ok(())
+}
+
+/// `cargo xtask confusion`: the suite against the clean profile, every
+/// built-in fault profile and every interface fault; writes the matrix to
+/// docs/CONFUSION.md.
+pub fn confusion(count: usize, write: bool) -> anyhow::Result<()> {
+    let lab = Lab::start("confusion")?;
+    let suite = lab.generate(count)?;
+    let db = lab.dir.join("results.db");
+    let profiles: Value = serde_json::from_slice(
+        &Command::new(lab.bridge_bin())
+            .args(["profiles", "--json"])
+            .output()?
+            .stdout,
+    )?;
+    lab.run(&suite, &db, "clean", &[], 8)?;
+    let mut runs: Vec<(String, Vec<String>)> = Vec::new();
+    for p in profiles.as_array().context("profiles --json")? {
+        let name = p["name"].as_str().unwrap_or_default().to_string();
+        if name != "clean" {
+            runs.push((name.clone(), vec!["--profile".into(), name]));
+        }
+    }
+    for f in ["lossy-utf8", "nul-truncate", "crlf", "trim", "drop-tail"] {
+        runs.push((f.to_string(), vec!["--interface-fault".into(), f.into()]));
+    }
+    for (name, args) in &runs {
+        eprintln!("\n== {name}");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        lab.run(&suite, &db, name, &args, 8)?;
+    }
+    let dbs = db.to_str().unwrap();
+    let table = lab.campaign(&["matrix", "--db", dbs, "--baseline", "clean", "--markdown"])?;
+    let clean = lab.campaign(&["report", "--db", dbs, "--run", "clean"])?;
+    println!("{clean}\n{table}");
+    if write {
+        let text = format!(
+            "# Confusion matrix: injected fault × attributed layer/primitive\n\n\
+             Regenerate with `cargo xtask confusion` (about {} minutes; {count} generated tests, seed 1, \
+             8 workers, one bridge per row over Streamable HTTP, probe attached).\n\n\
+             Each row is one built-in fault profile or interface fault. *Newly failing* are the tests that \
+             passed in the clean run and failed under the fault; the columns say where the triage put them \
+             (bold: the injected fault). *Accuracy* is the share attributed to the injected primitive \
+             (for interface faults: to the `interface` layer). The last column counts tests that fail in \
+             the clean run too and that the fault run blames on the injected primitive although the clean \
+             run did not (they should be 0).\n\n{table}\n\
+             The clean run these rows are compared against:\n\n```\n{clean}```\n",
+            (runs.len() + 1) * count / 600 + 1
+        );
+        std::fs::write("docs/CONFUSION.md", text)?;
+        eprintln!("xtask: wrote docs/CONFUSION.md");
+    }
+    Ok(())
+}
+
+/// The campaign benchmark: the clean suite with 8 workers, probe attached.
+/// Returns the Markdown section for docs/BENCHMARKS.md.
+pub fn bench(count: usize) -> anyhow::Result<String> {
+    let lab = Lab::start("campaign-bench")?;
+    let suite = lab.generate(count)?;
+    let db = lab.dir.join("results.db");
+    let s = lab.run(&suite, &db, "bench", &[], 8)?;
+    let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+    let db_mib = std::fs::metadata(&db).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64)
+        + std::fs::metadata(db.with_extension("db-wal"))
+            .map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
+    let wall = f("wall_s");
+    Ok(format!(
+        "## Campaign\n\n\
+         `cargo xtask bench` (or `cargo xtask bench --only campaign`): {count} generated tests (seed 1), \
+         8 workers, one bridge over Streamable HTTP on loopback, probe daemon attached, release build, \
+         this 2-vCPU VM. Targets: the whole clean campaign in ≤ 10 minutes, runner RSS ≤ 200 MiB.\n\n\
+         | measure | value | target |\n|---|---:|---|\n\
+         | wall time | {wall:.1} s ({:.1} min) | ≤ 10 min: {} |\n\
+         | tests/s | {:.1} | |\n\
+         | tests passed / failed | {} / {} | |\n\
+         | runner CPU | {:.1} s | |\n\
+         | runner peak RSS | {:.0} MiB | ≤ 200 MiB: {} |\n\
+         | bridge CPU (its own, not the workloads') | {:.1} s | |\n\
+         | bridge peak RSS | {:.0} MiB | |\n\
+         | probe daemon CPU during the run | {:.1} s | |\n\
+         | results DB size | {db_mib:.1} MiB | |\n",
+        wall / 60.0,
+        if wall <= 600.0 { "met" } else { "MISSED" },
+        f("recorded") / wall.max(0.001),
+        s["passed"],
+        s["failed"],
+        f("runner_cpu_s"),
+        f("runner_max_rss_mib"),
+        if f("runner_max_rss_mib") <= 200.0 {
+            "met"
+        } else {
+            "MISSED"
+        },
+        f("bridge_cpu_s"),
+        f("bridge_max_rss_mib"),
+        f("probe_cpu_s"),
+    ))
+}
