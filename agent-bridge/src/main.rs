@@ -69,6 +69,10 @@ enum CampaignCommand {
         /// Directory to write `ID.json` files into (created if missing).
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
+        /// Where the tests work, in the sandbox: each test empties and uses BASE/ID.
+        /// Campaigns that run at the same time on one machine need different bases.
+        #[arg(long, default_value = agent_bridge::campaign::generate::DEFAULT_BASE, value_name = "DIR")]
+        base: String,
     },
     /// Check test files (e.g. ones a coding agent wrote): every problem with file, field and reason.
     Validate {
@@ -311,8 +315,13 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        CampaignCommand::Generate { count, seed, out } => {
-            let tests = generate::suite(count, seed);
+        CampaignCommand::Generate {
+            count,
+            seed,
+            out,
+            base,
+        } => {
+            let tests = generate::suite(count, seed, &base);
             report(
                 generate::write_suite(&out, &tests)
                     .with_context(|| format!("writing {}", out.display()))
@@ -482,8 +491,8 @@ fn campaign_matrix(
     } else {
         println!("baseline {}", m.baseline);
         println!(
-            "{:<16} {:<16} {:>7} {:>9} {:>12}  ATTRIBUTED",
-            "RUN", "INJECTED", "NEWLY", "ACCURACY", "WRONG-BLAME"
+            "{:<16} {:<16} {:>7} {:>9} {:>5} {:>9} {:>9}  ATTRIBUTED",
+            "RUN", "INJECTED", "NEWLY", "ACCURACY", "BOTH", "PREEMPTED", "SAME-STEP"
         );
         for r in &m.rows {
             let attributed: Vec<String> = r
@@ -492,14 +501,15 @@ fn campaign_matrix(
                 .map(|(k, n)| format!("{k}={n}"))
                 .collect();
             println!(
-                "{:<16} {:<16} {:>7} {:>9} {:>6} of {:<3}  {}",
+                "{:<16} {:<16} {:>7} {:>9} {:>5} {:>9} {:>9}  {}",
                 r.label,
                 r.injected,
                 r.newly_failed,
                 r.accuracy
                     .map_or("-".into(), |a| format!("{:.1}%", a * 100.0)),
-                r.wrongly_blamed,
                 r.failed_in_both,
+                r.preempted,
+                r.wrongly_blamed,
                 attributed.join(", ")
             );
         }

@@ -268,6 +268,8 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         "bridge",
         "--test",
         "profiles",
+        "--test",
+        "campaign",
     ]))?;
     let mut cmd = Command::new("cargo");
     cmd.args([

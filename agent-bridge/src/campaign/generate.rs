@@ -251,7 +251,7 @@ fn encoding(rng: &mut Rng, dir: &str) -> Made {
             let escaped: String = data.iter().map(|b| format!("\\{b:03o}")).collect();
             let expect = Expect {
                 exit_code: Some(0),
-                stdout_sha256: Some(sha256_hex(&data)),
+                stdout_base64: Some(base64_encode(&data)),
                 ..Expect::default()
             };
             made(
@@ -826,13 +826,17 @@ fn browser(rng: &mut Rng, dir: &str) -> Made {
 }
 
 /// `count` tests spread evenly over the domains, deterministically from `seed`.
-pub fn suite(count: usize, seed: u64) -> Vec<TestSpec> {
+/// Where generated tests keep their files by default (`ID/` below it).
+pub const DEFAULT_BASE: &str = "/tmp/campaign";
+
+/// `count` tests from `seed`; each works in `BASE/ID`.
+pub fn suite(count: usize, seed: u64, base: &str) -> Vec<TestSpec> {
     let mut rng = Rng::new(seed);
     (0..count)
         .map(|i| {
             let domain = DOMAINS[i % DOMAINS.len()];
             let id = format!("{domain}-{:04}", i / DOMAINS.len() + 1);
-            let dir = format!("/tmp/campaign/{id}");
+            let dir = format!("{}/{id}", base.trim_end_matches('/'));
             let m = match domain {
                 "files" => files(&mut rng, &dir),
                 "encoding" => encoding(&mut rng, &dir),
@@ -878,14 +882,14 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_suite_and_another_differs() {
-        let a = suite(200, 7);
-        assert_eq!(a, suite(200, 7));
-        assert_ne!(a, suite(200, 8));
+        let a = suite(200, 7, DEFAULT_BASE);
+        assert_eq!(a, suite(200, 7, DEFAULT_BASE));
+        assert_ne!(a, suite(200, 8, DEFAULT_BASE));
     }
 
     #[test]
     fn a_thousand_tests_cover_every_domain_and_all_validate() {
-        let tests = suite(1000, 1);
+        let tests = suite(1000, 1, DEFAULT_BASE);
         assert_eq!(tests.len(), 1000);
         for d in DOMAINS {
             assert_eq!(tests.iter().filter(|t| t.domain == d).count(), 100, "{d}");
@@ -908,7 +912,7 @@ mod tests {
 
     #[test]
     fn variety_comes_from_parameters() {
-        let tests = suite(1000, 3);
+        let tests = suite(1000, 3, DEFAULT_BASE);
         let distinct: HashSet<String> = tests
             .iter()
             .map(|t| serde_json::to_string(&t.steps).unwrap())

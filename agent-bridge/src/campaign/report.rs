@@ -652,7 +652,12 @@ pub struct MatrixRow {
     pub accuracy: Option<f64>,
     /// Tests that failed in the baseline too.
     pub failed_in_both: i64,
-    /// Of those, the ones blamed on the injected fault here but not in the baseline.
+    /// Of those, blamed on the injected fault at an earlier step than the
+    /// baseline failed at: the fault struck first (e.g. a read-only /tmp
+    /// before the step that needs a browser).
+    pub preempted: i64,
+    /// Of those, blamed on the injected fault at the step where the
+    /// baseline failed for another reason.
     pub wrongly_blamed: i64,
 }
 
@@ -703,6 +708,7 @@ pub fn matrix(conn: &Connection, baseline: &RunRow) -> anyhow::Result<Matrix> {
             attributed: BTreeMap::new(),
             accuracy: None,
             failed_in_both: 0,
+            preempted: 0,
             wrongly_blamed: 0,
         };
         let mut right = 0;
@@ -716,7 +722,12 @@ pub fn matrix(conn: &Connection, baseline: &RunRow) -> anyhow::Result<Matrix> {
             } else if let Some(b) = base_failed.get(f.test_id.as_str()) {
                 row.failed_in_both += 1;
                 if attributed_to(&injected, f) && !attributed_to(&injected, b) {
-                    row.wrongly_blamed += 1;
+                    let step = |x: &Failure| x.evidence["step"].as_i64().unwrap_or(0);
+                    if step(f) < step(b) {
+                        row.preempted += 1;
+                    } else {
+                        row.wrongly_blamed += 1;
+                    }
                 }
             }
         }
@@ -735,7 +746,7 @@ pub fn matrix_markdown(m: &Matrix) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "| run | injected | newly failing | {} | accuracy | failing in both: blamed on it |",
+        "| run | injected | newly failing | {} | accuracy | failing in both | of those, fault struck first | of those, blamed at the same step |",
         m.columns
             .iter()
             .map(|c| format!("`{c}`"))
@@ -744,7 +755,7 @@ pub fn matrix_markdown(m: &Matrix) -> String {
     );
     let _ = writeln!(
         o,
-        "|---|---|---:|{}---:|---:|",
+        "|---|---|---:|{}---:|---:|---:|---:|",
         "---:|".repeat(m.columns.len())
     );
     for r in &m.rows {
@@ -765,15 +776,16 @@ pub fn matrix_markdown(m: &Matrix) -> String {
             .collect();
         let _ = writeln!(
             o,
-            "| {} | `{}` | {} | {} | {} | {} of {} |",
+            "| {} | `{}` | {} | {} | {} | {} | {} | {} |",
             r.label,
             r.injected,
             r.newly_failed,
             cells.join(" | "),
             r.accuracy
                 .map_or("–".into(), |a| format!("{:.1}%", a * 100.0)),
+            r.failed_in_both,
+            r.preempted,
             r.wrongly_blamed,
-            r.failed_in_both
         );
     }
     o

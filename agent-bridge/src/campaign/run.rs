@@ -130,7 +130,11 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
                 chrono::Utc::now().format("%Y%m%dT%H%M%S")
             ),
         },
-        label: o.label.clone().unwrap_or_else(|| "run".into()),
+        label: o
+            .label
+            .clone()
+            .or_else(|| o.run.clone())
+            .unwrap_or_else(|| "run".into()),
         target: o.target.to_string(),
         suite: o.suite.display().to_string(),
         suite_digest: digest(&suite.tests),

@@ -70,6 +70,10 @@ pub struct Expect {
     /// exec/run_code: stderr contains this text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr_contains: Option<String>,
+    /// exec/run_code: stdout is exactly these bytes (standard base64), for
+    /// binary output; a mismatch is compared with known corruptions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_base64: Option<String>,
     /// exec/run_code: sha256 (hex) of stdout's exact bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdout_sha256: Option<String>,

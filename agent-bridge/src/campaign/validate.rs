@@ -184,6 +184,7 @@ fn check_step(step: &Step) -> Vec<(String, String)> {
         ("stdout_contains", e.stdout_contains.is_some()),
         ("stderr_contains", e.stderr_contains.is_some()),
         ("stdout_sha256", e.stdout_sha256.is_some()),
+        ("stdout_base64", e.stdout_base64.is_some()),
     ] {
         if given && !runs {
             out.push((
@@ -200,6 +201,11 @@ fn check_step(step: &Step) -> Vec<(String, String)> {
                 step.tool
             ),
         ));
+    }
+    if let Some(b) = &e.stdout_base64
+        && let Err(why) = crate::bytes::base64_decode(b)
+    {
+        out.push(("expect.stdout_base64".into(), why));
     }
     for (name, hex) in [("sha256", &e.sha256), ("stdout_sha256", &e.stdout_sha256)] {
         if let Some(h) = hex

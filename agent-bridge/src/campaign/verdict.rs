@@ -262,10 +262,26 @@ fn payloads(step: &Step, result: &Value, s: &Value, sent: &Sent, out: &mut StepO
                 preview(stdout)
             ));
         }
+        if let Some(want) = e.stdout_base64.as_deref().map(base64_decode) {
+            let want = want.unwrap_or_default();
+            if stdout != &want {
+                out.failures.push(format!(
+                    "stdout: expected {} bytes {}, got {} bytes {}",
+                    want.len(),
+                    preview(&want),
+                    stdout.len(),
+                    preview(stdout)
+                ));
+                corruption("stdout", &want, stdout, out);
+            }
+        }
         if let Some(want) = &e.stdout_sha256 {
             compare_sha("stdout", want, stdout, sent, out);
         }
-    } else if e.stdout_equals.is_some() || e.stdout_contains.is_some() || e.stdout_sha256.is_some()
+    } else if e.stdout_equals.is_some()
+        || e.stdout_contains.is_some()
+        || e.stdout_sha256.is_some()
+        || e.stdout_base64.is_some()
     {
         out.failures
             .push("expected stdout, the result has none".into());

@@ -1,0 +1,582 @@
+//! The campaign runner end to end: the real CLI, real bridges (stdio and
+//! HTTP) with the probe attached, real SQLite files.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{BRIDGE, Bridge, Opts, probe_socket, root};
+use serde_json::Value;
+
+fn campaign(args: &[&str]) -> Output {
+    Command::new(BRIDGE)
+        .arg("campaign")
+        .args(args)
+        .output()
+        .expect("run agent-bridge campaign")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = campaign(args);
+    assert!(
+        out.status.success(),
+        "campaign {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn stdio_target(extra: &str) -> String {
+    format!(
+        "stdio:{BRIDGE} serve --stdio --probe-socket {} {extra}",
+        probe_socket().display()
+    )
+}
+
+/// Generates `count` tests and keeps those of `domains` (all when empty).
+fn suite(dir: &Path, count: usize, domains: &[&str]) -> (PathBuf, usize) {
+    let suite = dir.join("suite");
+    ok(&[
+        "generate",
+        "--count",
+        &count.to_string(),
+        "--out",
+        suite.to_str().unwrap(),
+        // tests of this binary run at once: each works in its own directory
+        "--base",
+        &format!(
+            "/tmp/campaign-test-{}",
+            dir.file_name().unwrap().to_string_lossy()
+        ),
+    ]);
+    if !domains.is_empty() {
+        for e in std::fs::read_dir(&suite).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if !domains.iter().any(|d| name.starts_with(&format!("{d}-"))) {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+    }
+    let n = std::fs::read_dir(&suite).unwrap().count();
+    (suite, n)
+}
+
+fn db(path: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(path).unwrap()
+}
+
+fn count(conn: &rusqlite::Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+/// Every (run, test) has one row, with all its steps or none.
+fn assert_whole(conn: &rusqlite::Connection, run: &str, suite: &Path, total: usize) {
+    let rows = count(
+        conn,
+        &format!("SELECT COUNT(*) FROM campaign_tests WHERE run = '{run}'"),
+    );
+    let distinct = count(
+        conn,
+        &format!("SELECT COUNT(DISTINCT test_id) FROM campaign_tests WHERE run = '{run}'"),
+    );
+    assert_eq!(
+        (rows, distinct),
+        (total as i64, total as i64),
+        "lost or duplicated tests"
+    );
+    // every valid test of the suite, with all its steps
+    let valid = agent_bridge::campaign::validate::load_dir(suite)
+        .unwrap()
+        .tests;
+    assert_eq!(valid.len(), total);
+    for t in valid {
+        let steps = count(
+            conn,
+            &format!(
+                "SELECT COUNT(*) FROM campaign_steps WHERE run = '{run}' AND test_id = '{}'",
+                t.id
+            ),
+        );
+        assert_eq!(steps as usize, t.steps.len(), "{}: partial steps", t.id);
+    }
+}
+
+#[test]
+fn a_stdio_campaign_records_every_test_and_reports_it() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, n) = suite(dir.path(), 40, &[]);
+    // a file a coding agent got wrong: reported with file, field and reason, then skipped
+    std::fs::write(
+        suite.join("bad-0001.json"),
+        r#"{"id":"bad-0001","domain":"files","title":"t","steps":[{"tool":"exec","arguments":{"argv":["true"],"timeout_ms":"soon"}}]}"#,
+    )
+    .unwrap();
+    let results = dir.path().join("results.db");
+    let out = campaign(&[
+        "run",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--target",
+        &stdio_target(""),
+        "--db",
+        results.to_str().unwrap(),
+        "--workers",
+        "4",
+        "--run",
+        "clean",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("bad-0001.json: steps[0].arguments.timeout_ms:"),
+        "{stderr}"
+    );
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["recorded"], n as u64);
+    assert_eq!(s["skipped_files"], 1);
+    assert_eq!(s["complete"], true);
+    assert_eq!(s["steps_without_kernel"], 0, "the probe was attached");
+    let conn = db(&results);
+    assert_whole(&conn, "clean", &suite, n);
+    // every failure is triaged; on this machine the clean failures are
+    // the absent browser and egress, each on its primitive
+    let mut stmt = conn
+        .prepare("SELECT test_id, domain, layer, primitive FROM campaign_tests WHERE run = 'clean' AND outcome = 'fail'")
+        .unwrap();
+    let failures: Vec<(String, String, String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let chromium = which::which("chromium").is_ok() || which::which("chromium-browser").is_ok();
+    for (id, domain, layer, primitive) in &failures {
+        match domain.as_str() {
+            "browser" if !chromium => assert_eq!(primitive, "exec.missing", "{id}"),
+            "network" => assert_eq!(primitive, "net.egress", "{id}"),
+            _ => panic!("{id} failed on the clean profile: {layer}/{primitive}"),
+        }
+        assert_eq!(layer, "sandbox", "{id}");
+    }
+    // reports: JSON, text, HTML, CSV, JSONL, and a run compared with itself
+    let html = dir.path().join("report.html");
+    let r: Value = serde_json::from_str(&ok(&[
+        "report",
+        "--db",
+        results.to_str().unwrap(),
+        "--json",
+        "--html",
+        html.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(
+        r["passed"].as_u64().unwrap() + r["failed"].as_u64().unwrap(),
+        n as u64
+    );
+    assert_eq!(r["failed"].as_u64().unwrap() as usize, failures.len());
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!doctype html>") && page.trim_end().ends_with("</html>"));
+    for (id, ..) in &failures {
+        assert!(page.contains(id.as_str()), "{id} missing from the HTML");
+    }
+    let text = ok(&["report", "--db", results.to_str().unwrap()]);
+    assert!(
+        text.contains("DOMAIN") && text.contains("complete"),
+        "{text}"
+    );
+    let csv = ok(&["export", "--db", results.to_str().unwrap()]);
+    assert_eq!(csv.lines().count(), n + 1);
+    let jsonl = ok(&[
+        "export",
+        "--db",
+        results.to_str().unwrap(),
+        "--format",
+        "jsonl",
+    ]);
+    let first: Value = serde_json::from_str(jsonl.lines().next().unwrap()).unwrap();
+    assert!(first["steps"][0]["span_id"].is_u64(), "{first}");
+    let same: Value = serde_json::from_str(&ok(&[
+        "compare",
+        "--db",
+        results.to_str().unwrap(),
+        "clean",
+        "clean",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (
+            same["broke"].as_array().unwrap().len(),
+            same["fixed"].as_array().unwrap().len()
+        ),
+        (0, 0)
+    );
+    // a second run of the same name is refused, not mixed in
+    let again = campaign(&[
+        "run",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--target",
+        &stdio_target(""),
+        "--db",
+        results.to_str().unwrap(),
+        "--run",
+        "clean",
+    ]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--resume clean"));
+}
+
+#[test]
+fn four_shards_a_kill_9_and_a_resume_lose_and_duplicate_nothing() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, n) = suite(
+        dir.path(),
+        80,
+        &[
+            "files",
+            "encoding",
+            "process",
+            "compute",
+            "persistence",
+            "memory",
+            "documents",
+            "packages",
+        ],
+    );
+    let (_bridge, url) = Bridge::start_http(&Opts {
+        probe: true,
+        ..Opts::default()
+    });
+    let results = dir.path().join("results.db");
+    let shard = |i: usize| {
+        Command::new(BRIDGE)
+            .args([
+                "campaign",
+                "run",
+                "--suite",
+                suite.to_str().unwrap(),
+                "--target",
+                &url,
+            ])
+            .args([
+                "--db",
+                results.to_str().unwrap(),
+                "--run",
+                "sharded",
+                "--workers",
+                "2",
+            ])
+            .args(["--shard", &format!("{i}/4"), "--no-bar"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut runners: Vec<_> = (1..=4).map(shard).collect();
+    // kill -9 shard 4 once it has recorded something
+    let victim = runners[3].id();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let recorded = if results.exists() {
+            rusqlite::Connection::open(&results)
+                .and_then(|c| {
+                    c.query_row(
+                        "SELECT COUNT(*) FROM campaign_tests WHERE runner LIKE ?1",
+                        [format!("{victim}/%")],
+                        |r| r.get::<_, i64>(0),
+                    )
+                })
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        if recorded >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "shard 4 recorded nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim as i32),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    for r in &mut runners {
+        r.wait().unwrap();
+    }
+    let conn = db(&results);
+    let before_resume = count(
+        &conn,
+        "SELECT COUNT(*) FROM campaign_tests WHERE run = 'sharded'",
+    );
+    assert!(
+        before_resume < n as i64,
+        "the killed shard left tests undone"
+    );
+    let kept_from_victim = count(
+        &conn,
+        &format!("SELECT COUNT(*) FROM campaign_tests WHERE runner LIKE '{victim}/%'"),
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM campaign_runs WHERE id = 'sharded' AND finished_ms IS NULL"
+        ),
+        1
+    );
+    let s: Value = serde_json::from_str(&ok(&[
+        "run",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--target",
+        &url,
+        "--db",
+        results.to_str().unwrap(),
+        "--resume",
+        "sharded",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(s["already_recorded"].as_i64().unwrap(), before_resume);
+    assert_eq!(s["recorded"].as_i64().unwrap(), n as i64 - before_resume);
+    assert_eq!(s["complete"], true);
+    assert_whole(&conn, "sharded", &suite, n);
+    // what the killed runner recorded stayed, and was not run again
+    assert_eq!(
+        count(
+            &conn,
+            &format!("SELECT COUNT(*) FROM campaign_tests WHERE runner LIKE '{victim}/%'")
+        ),
+        kept_from_victim
+    );
+    // a resume of another suite is refused
+    std::fs::remove_file(
+        std::fs::read_dir(&suite)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path(),
+    )
+    .unwrap();
+    let other = campaign(&[
+        "run",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--target",
+        &url,
+        "--db",
+        results.to_str().unwrap(),
+        "--resume",
+        "sharded",
+    ]);
+    assert!(!other.status.success());
+    assert!(String::from_utf8_lossy(&other.stderr).contains("different suite"));
+}
+
+#[test]
+fn injected_faults_land_on_their_layer_and_primitive() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, _) = suite(
+        dir.path(),
+        100,
+        &["files", "encoding", "packages", "persistence"],
+    );
+    let results = dir.path().join("results.db");
+    for (name, extra) in [
+        ("clean", ""),
+        ("crlf", "--interface-fault crlf"),
+        ("lossy", "--interface-fault lossy-utf8"),
+        ("noexec", "--profile noexec"),
+        ("ephemeral", "--profile ephemeral"),
+    ] {
+        ok(&[
+            "run",
+            "--suite",
+            suite.to_str().unwrap(),
+            "--target",
+            &stdio_target(extra),
+            "--db",
+            results.to_str().unwrap(),
+            "--run",
+            name,
+            "--workers",
+            "4",
+            "--no-bar",
+        ]);
+    }
+    let m: Value = serde_json::from_str(&ok(&[
+        "matrix",
+        "--db",
+        results.to_str().unwrap(),
+        "--baseline",
+        "clean",
+        "--json",
+    ]))
+    .unwrap();
+    let rows = m["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{m}");
+    for row in rows {
+        let newly = row["newly_failed"].as_i64().unwrap();
+        assert!(newly >= 3, "{row}: the fault broke too few tests to judge");
+        assert!(row["accuracy"].as_f64().unwrap() >= 0.95, "{row}");
+        assert_eq!(row["wrongly_blamed"], 0, "{row}");
+        assert_eq!(row["preempted"], 0, "{row}");
+        let expected = match row["label"].as_str().unwrap() {
+            "crlf" | "lossy" => "interface",
+            "noexec" => "fs.noexec",
+            _ => "fs.persistence",
+        };
+        assert_eq!(row["injected"], expected, "{row}");
+    }
+}
+
+#[test]
+fn a_bridge_that_dies_mid_test_is_an_interface_failure_and_the_worker_goes_on() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite");
+    std::fs::create_dir(&suite).unwrap();
+    let test = |id: &str, command: &str| {
+        let t = serde_json::json!({"id": id, "domain": "process", "title": id, "steps": [
+            {"tool": "exec", "arguments": {"command": command}, "expect": {"exit_code": 0}},
+            {"tool": "exec", "arguments": {"command": "echo after"}, "expect": {"stdout_equals": "after\n"}}]});
+        std::fs::write(suite.join(format!("{id}.json")), t.to_string()).unwrap();
+    };
+    test("a-dies", "kill -9 $PPID; sleep 5");
+    test("b-lives", "true");
+    test("c-lives", "echo fine");
+    let results = dir.path().join("results.db");
+    ok(&[
+        "run",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--target",
+        &stdio_target(""),
+        "--db",
+        results.to_str().unwrap(),
+        "--run",
+        "r",
+        "--workers",
+        "1",
+    ]);
+    let conn = db(&results);
+    let (outcome, layer, primitive): (String, String, String) = conn
+        .query_row(
+            "SELECT outcome, layer, primitive FROM campaign_tests WHERE test_id = 'a-dies'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (outcome.as_str(), layer.as_str(), primitive.as_str()),
+        ("fail", "interface", "interface.transport")
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM campaign_steps WHERE test_id = 'a-dies' AND verdict = 'not-run'"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM campaign_tests WHERE outcome = 'pass'"
+        ),
+        2
+    );
+}
+
+#[test]
+fn a_locked_database_stops_the_run_and_keeps_what_was_recorded() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, n) = suite(dir.path(), 60, &["files", "process", "compute"]);
+    let results = dir.path().join("results.db");
+    let runner = Command::new(BRIDGE)
+        .args([
+            "campaign",
+            "run",
+            "--suite",
+            suite.to_str().unwrap(),
+            "--target",
+            &stdio_target(""),
+        ])
+        .args([
+            "--db",
+            results.to_str().unwrap(),
+            "--run",
+            "locked",
+            "--workers",
+            "1",
+            "--no-bar",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // once a few tests are in, another process takes the write lock for longer than the busy timeout
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let locker = loop {
+        if let Ok(c) = rusqlite::Connection::open(&results)
+            && c.query_row("SELECT COUNT(*) FROM campaign_tests", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .unwrap_or(0)
+                >= 3
+        {
+            c.execute_batch("BEGIN EXCLUSIVE").unwrap();
+            break c;
+        }
+        assert!(Instant::now() < deadline, "nothing recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = runner.wait_with_output().unwrap();
+    locker.execute_batch("ROLLBACK").unwrap();
+    drop(locker);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the run went on with a locked DB: {stderr}"
+    );
+    assert!(
+        stderr.contains("cannot record test") && stderr.contains("--resume locked"),
+        "{stderr}"
+    );
+    let conn = db(&results);
+    let kept = count(
+        &conn,
+        "SELECT COUNT(*) FROM campaign_tests WHERE run = 'locked'",
+    );
+    assert!(kept >= 3 && kept < n as i64, "{kept}");
+    ok(&[
+        "run",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--target",
+        &stdio_target(""),
+        "--db",
+        results.to_str().unwrap(),
+        "--resume",
+        "locked",
+    ]);
+    assert_whole(&conn, "locked", &suite, n);
+}
