@@ -28,6 +28,31 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `campaign run --suite SUITE --target TARGET --db DB MORE…`
+fn run(suite: &Path, target: &str, db: &Path, more: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--target",
+        target,
+        "--db",
+        db.to_str().unwrap(),
+    ];
+    args.extend(more);
+    campaign(&args)
+}
+
+fn run_ok(suite: &Path, target: &str, db: &Path, more: &[&str]) -> String {
+    let out = run(suite, target, db, more);
+    assert!(
+        out.status.success(),
+        "campaign run {more:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn stdio_target(extra: &str) -> String {
     format!(
         "stdio:{BRIDGE} serve --stdio --probe-socket {} {extra}",
@@ -118,20 +143,12 @@ fn a_stdio_campaign_records_every_test_and_reports_it() {
     )
     .unwrap();
     let results = dir.path().join("results.db");
-    let out = campaign(&[
-        "run",
-        "--suite",
-        suite.to_str().unwrap(),
-        "--target",
+    let out = run(
+        &suite,
         &stdio_target(""),
-        "--db",
-        results.to_str().unwrap(),
-        "--workers",
-        "4",
-        "--run",
-        "clean",
-        "--json",
-    ]);
+        &results,
+        &["--workers", "4", "--run", "clean", "--json"],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -217,18 +234,66 @@ fn a_stdio_campaign_records_every_test_and_reports_it() {
         ),
         (0, 0)
     );
-    // a second run of the same name is refused, not mixed in
-    let again = campaign(&[
-        "run",
-        "--suite",
-        suite.to_str().unwrap(),
-        "--target",
-        &stdio_target(""),
+    // the kernel evidence travels with the results: probe export, campaign import
+    let session: String = conn
+        .query_row(
+            "SELECT mcp_session FROM campaign_tests WHERE run = 'clean' AND mcp_session IS NOT NULL LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let evidence = probe_socket().with_file_name("evidence.db");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rusqlite::Connection::open(&evidence)
+        .and_then(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM spans WHERE session = ?1",
+                [&session],
+                |r| r.get::<_, i64>(0),
+            )
+        })
+        .unwrap_or(0)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon stored no span of {session}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let export = dir.path().join("evidence-export.db");
+    let status = Command::new(common::probe_binary())
+        .args([
+            "export",
+            "--format",
+            "sqlite",
+            "--session",
+            &session,
+            "--db",
+        ])
+        .arg(&evidence)
+        .arg("--out")
+        .arg(&export)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let imported = ok(&[
+        "import",
         "--db",
         results.to_str().unwrap(),
-        "--run",
-        "clean",
+        export.to_str().unwrap(),
     ]);
+    assert!(imported.contains("spans imported"), "{imported}");
+    let linked = count(
+        &conn,
+        &format!(
+            "SELECT COUNT(*) FROM campaign_steps s JOIN campaign_tests t USING (run, test_id)
+             JOIN spans p ON p.session = t.mcp_session AND p.id = s.span_id WHERE t.mcp_session = '{session}'"
+        ),
+    );
+    assert!(linked >= 1, "no step of {session} joins its span");
+    // a second run of the same name is refused, not mixed in
+    let again = run(&suite, &stdio_target(""), &results, &["--run", "clean"]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("--resume clean"));
 }
@@ -334,18 +399,12 @@ fn four_shards_a_kill_9_and_a_resume_lose_and_duplicate_nothing() {
         ),
         1
     );
-    let s: Value = serde_json::from_str(&ok(&[
-        "run",
-        "--suite",
-        suite.to_str().unwrap(),
-        "--target",
+    let s: Value = serde_json::from_str(&run_ok(
+        &suite,
         &url,
-        "--db",
-        results.to_str().unwrap(),
-        "--resume",
-        "sharded",
-        "--json",
-    ]))
+        &results,
+        &["--resume", "sharded", "--json"],
+    ))
     .unwrap();
     assert_eq!(s["already_recorded"].as_i64().unwrap(), before_resume);
     assert_eq!(s["recorded"].as_i64().unwrap(), n as i64 - before_resume);
@@ -369,17 +428,7 @@ fn four_shards_a_kill_9_and_a_resume_lose_and_duplicate_nothing() {
             .path(),
     )
     .unwrap();
-    let other = campaign(&[
-        "run",
-        "--suite",
-        suite.to_str().unwrap(),
-        "--target",
-        &url,
-        "--db",
-        results.to_str().unwrap(),
-        "--resume",
-        "sharded",
-    ]);
+    let other = run(&suite, &url, &results, &["--resume", "sharded"]);
     assert!(!other.status.success());
     assert!(String::from_utf8_lossy(&other.stderr).contains("different suite"));
 }
@@ -403,20 +452,12 @@ fn injected_faults_land_on_their_layer_and_primitive() {
         ("noexec", "--profile noexec"),
         ("ephemeral", "--profile ephemeral"),
     ] {
-        ok(&[
-            "run",
-            "--suite",
-            suite.to_str().unwrap(),
-            "--target",
+        run_ok(
+            &suite,
             &stdio_target(extra),
-            "--db",
-            results.to_str().unwrap(),
-            "--run",
-            name,
-            "--workers",
-            "4",
-            "--no-bar",
-        ]);
+            &results,
+            &["--run", name, "--workers", "4", "--no-bar"],
+        );
     }
     let m: Value = serde_json::from_str(&ok(&[
         "matrix",
@@ -462,19 +503,12 @@ fn a_bridge_that_dies_mid_test_is_an_interface_failure_and_the_worker_goes_on() 
     test("b-lives", "true");
     test("c-lives", "echo fine");
     let results = dir.path().join("results.db");
-    ok(&[
-        "run",
-        "--suite",
-        suite.to_str().unwrap(),
-        "--target",
+    run_ok(
+        &suite,
         &stdio_target(""),
-        "--db",
-        results.to_str().unwrap(),
-        "--run",
-        "r",
-        "--workers",
-        "1",
-    ]);
+        &results,
+        &["--run", "r", "--workers", "1"],
+    );
     let conn = db(&results);
     let (outcome, layer, primitive): (String, String, String) = conn
         .query_row(
@@ -567,16 +601,6 @@ fn a_locked_database_stops_the_run_and_keeps_what_was_recorded() {
         "SELECT COUNT(*) FROM campaign_tests WHERE run = 'locked'",
     );
     assert!(kept >= 3 && kept < n as i64, "{kept}");
-    ok(&[
-        "run",
-        "--suite",
-        suite.to_str().unwrap(),
-        "--target",
-        &stdio_target(""),
-        "--db",
-        results.to_str().unwrap(),
-        "--resume",
-        "locked",
-    ]);
+    run_ok(&suite, &stdio_target(""), &results, &["--resume", "locked"]);
     assert_whole(&conn, "locked", &suite, n);
 }

@@ -45,7 +45,7 @@ pub fn root() -> bool {
     false
 }
 
-fn probe_binary() -> PathBuf {
+pub fn probe_binary() -> PathBuf {
     let p = Path::new(BRIDGE).with_file_name("probe");
     assert!(
         p.exists(),
