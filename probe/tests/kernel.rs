@@ -484,6 +484,28 @@ fn connect_without_route_in_netns_is_net_egress() {
 }
 
 #[test]
+fn a_connect_that_hangs_until_the_callers_timeout_is_net_egress() {
+    if !root() {
+        return;
+    }
+    // a namespace whose default route leads into a veth with nothing behind
+    // it: the SYN goes nowhere, connect stays pending, python's own timeout
+    // gives up
+    let t = trace(&[
+        "unshare",
+        "-n",
+        "sh",
+        "-c",
+        "ip link add v0 type veth peer name v1 && ip addr add 10.9.0.1/24 dev v0 \
+         && ip link set v0 up && ip link set v1 up && ip route add default dev v0 \
+         && python3 -c \"import socket; socket.create_connection(('10.1.2.3', 80), timeout=0.5)\"",
+    ]);
+    t.expect("net.egress", Some("connect"));
+    assert_eq!(t.decisive("errno"), Some("EINPROGRESS"));
+    assert_eq!(t.decisive("addr"), Some("10.1.2.3:80"));
+}
+
+#[test]
 fn segfault_is_signal() {
     if !root() {
         return;
