@@ -396,11 +396,13 @@ pub fn is_search_noise(path: &str) -> bool {
         "Modules",
         "selinux",
     ];
-    const PREFIXES: [&str; 5] = [
+    // /etc/localtime: libc and python fall back to UTC without it
+    const PREFIXES: [&str; 6] = [
         "/proc/",
         "/sys/",
         "/dev/",
         "/etc/ld.so",
+        "/etc/localtime",
         "/usr/share/zoneinfo",
     ];
     const NAMES: [&str; 4] = ["pybuilddir.txt", "pyvenv.cfg", "Setup.local", "os.py"];
@@ -994,6 +996,7 @@ mod tests {
             "/usr/lib/python3.11/json/__pycache__/x.pyc",
             "/lib/x86_64-linux-gnu/tls/libc.so.6",
             "<string>",
+            "/etc/localtime",
         ] {
             assert!(is_search_noise(p), "{p}");
         }
