@@ -293,9 +293,12 @@ pub fn confusion(count: usize, write: bool) -> anyhow::Result<()> {
              Each row is one built-in fault profile or interface fault. *Newly failing* are the tests that \
              passed in the clean run and failed under the fault; the columns say where the triage put them \
              (bold: the injected fault). *Accuracy* is the share attributed to the injected primitive \
-             (for interface faults: to the `interface` layer). The last column counts tests that fail in \
-             the clean run too and that the fault run blames on the injected primitive although the clean \
-             run did not (they should be 0).\n\n{table}\n\
+             (for interface faults: to the `interface` layer). The last three columns are about the tests \
+             that fail in the clean run too (the absent browser, egress): how many, how many of them the \
+             fault run blames on the injected fault at an earlier step (the fault struck first, e.g. a \
+             read-only /tmp at the setup step), and how many at the very step where the clean run failed \
+             for another reason (e.g. `deadline` kills the egress tests' connects, which hang for 3 s, at \
+             1.5 s: the deadline is the proximate cause).\n\n{table}\n\
              The clean run these rows are compared against:\n\n```\n{clean}```\n",
             (runs.len() + 1) * count / 600 + 1
         );

@@ -237,11 +237,9 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
         let _ = w.await;
     }
     let written = writer.join().expect("the writer thread does not panic");
-    let was_interrupted = stop.is_cancelled() && {
-        stop.cancel();
-        interrupted.await.unwrap_or(false)
-    };
+    // ends the Ctrl-C watcher, which says whether it fired
     stop.cancel();
+    let was_interrupted = interrupted.await.unwrap_or(false);
     let counts = written?;
     summary.recorded = counts.recorded;
     summary.steps_without_kernel = counts.without_kernel;
