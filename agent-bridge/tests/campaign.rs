@@ -604,3 +604,61 @@ fn a_locked_database_stops_the_run_and_keeps_what_was_recorded() {
     run_ok(&suite, &stdio_target(""), &results, &["--resume", "locked"]);
     assert_whole(&conn, "locked", &suite, n);
 }
+
+#[test]
+fn a_full_disk_stops_the_run_and_keeps_what_was_recorded() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, n) = suite(dir.path(), 300, &["files", "process", "compute", "memory"]);
+    // the results DB on a 512 KiB tmpfs: it fills up part of the way through
+    let disk = dir.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(disk.clone());
+    let results = disk.join("results.db");
+    let out = run(
+        &suite,
+        &stdio_target(""),
+        &results,
+        &["--run", "full", "--workers", "4", "--no-bar"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the run went on with a full disk: {stderr}"
+    );
+    assert!(
+        stderr.contains("cannot record test") && stderr.contains("--resume full"),
+        "{stderr}"
+    );
+    // what was recorded before is intact: whole tests, a sound database
+    let conn = db(&results);
+    let kept = count(
+        &conn,
+        "SELECT COUNT(*) FROM campaign_tests WHERE run = 'full'",
+    );
+    assert!(kept >= 1 && kept < n as i64, "{kept} of {n}");
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    let partial = count(
+        &conn,
+        "SELECT COUNT(*) FROM campaign_tests t WHERE run = 'full' AND NOT EXISTS
+           (SELECT 1 FROM campaign_steps s WHERE s.run = t.run AND s.test_id = t.test_id)",
+    );
+    assert_eq!(partial, 0);
+}
