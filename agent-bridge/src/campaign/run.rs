@@ -105,7 +105,7 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
             suite.problems.len()
         );
     }
-    let mut conn = db::open(&o.db)?;
+    let conn = db::open(&o.db)?;
     // fail fast when the bridge cannot start at all; learn what it injects
     let probe = o
         .target
@@ -118,56 +118,7 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
         .await
         .map_err(|e| anyhow::anyhow!("sandbox_info: {e}"))?;
     probe.close().await;
-    let wanted = RunRow {
-        id: match (&o.resume, &o.run) {
-            (Some(r), _) | (None, Some(r)) => r.clone(),
-            (None, None) if o.shard.is_some() => {
-                bail!("the shards of one run need the same --run NAME")
-            }
-            (None, None) => format!(
-                "{}-{}",
-                o.label.as_deref().unwrap_or("run"),
-                chrono::Utc::now().format("%Y%m%dT%H%M%S")
-            ),
-        },
-        label: o
-            .label
-            .clone()
-            .or_else(|| o.run.clone())
-            .unwrap_or_else(|| "run".into()),
-        target: o.target.to_string(),
-        suite: o.suite.display().to_string(),
-        suite_digest: digest(&suite.tests),
-        tests_total: suite.tests.len() as i64,
-        profile,
-        injected,
-        started_ms: probe::clock::now_ms() as i64,
-        finished_ms: None,
-    };
-    let run = if let Some(id) = &o.resume {
-        db::run(&conn, id)?
-            .with_context(|| format!("--resume {id}: no such run in {}", o.db.display()))?
-    } else {
-        let (run, created) = db::create_run(&conn, &wanted)?;
-        if !created && o.shard.is_none() {
-            bail!(
-                "run `{}` already exists in {}: continue it with --resume {0}, or pick another --run",
-                run.id,
-                o.db.display()
-            );
-        }
-        run
-    };
-    if run.suite_digest != wanted.suite_digest {
-        bail!(
-            "run `{}` was made from a different suite ({} tests, digest {}…); this one has {} tests, digest {}…",
-            run.id,
-            run.tests_total,
-            &run.suite_digest[..12],
-            wanted.tests_total,
-            &wanted.suite_digest[..12]
-        );
-    }
+    let run = open_run(&conn, &o, &suite.tests, profile, injected)?;
     let done = db::recorded(&conn, &run.id)?;
     let todo: VecDeque<TestSpec> = suite
         .tests
@@ -195,13 +146,45 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
         o.target
     );
 
+    let (written, was_interrupted) = execute(conn, &run.id, todo, &o).await;
+    let counts = written?;
+    summary.recorded = counts.recorded;
+    summary.steps_without_kernel = counts.without_kernel;
+    summary.kernel_unavailable_reason = counts.kernel_reason;
+    summary.passed = counts.passed;
+    summary.failed = counts.recorded - counts.passed;
+    let conn = db::open(&o.db)?;
+    summary.complete = db::finish_if_complete(&conn, &run.id)?;
+    summary.wall_s = started.elapsed().as_secs_f64();
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
+    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    summary.runner_cpu_s = secs(usage.user_time()) + secs(usage.system_time());
+    summary.runner_max_rss_mib = usage.max_rss() as f64 / 1024.0;
+    if was_interrupted {
+        bail!(
+            "interrupted: {} tests recorded in this process; continue with --resume {}",
+            summary.recorded,
+            run.id
+        );
+    }
+    Ok(summary)
+}
+
+/// Runs `todo` on the workers; the writer stores what they send. Returns
+/// the writer's counts (or why it stopped) and whether Ctrl-C stopped it.
+async fn execute(
+    mut conn: rusqlite::Connection,
+    run_id: &str,
+    todo: VecDeque<TestSpec>,
+    o: &Options,
+) -> (anyhow::Result<Counts>, bool) {
     let total = todo.len();
     let queue = Arc::new(Mutex::new(todo));
     let stop = CancellationToken::new();
     let (tx, rx) = std::sync::mpsc::channel::<TestRecord>();
     let progress = Progress::new(total, o.quiet);
     let writer = {
-        let (run_id, stop) = (run.id.clone(), stop.clone());
+        let (run_id, stop) = (run_id.to_string(), stop.clone());
         std::thread::spawn(move || write_all(&mut conn, &run_id, rx, &stop, progress))
     };
     let interrupted = {
@@ -240,27 +223,69 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
     // ends the Ctrl-C watcher, which says whether it fired
     stop.cancel();
     let was_interrupted = interrupted.await.unwrap_or(false);
-    let counts = written?;
-    summary.recorded = counts.recorded;
-    summary.steps_without_kernel = counts.without_kernel;
-    summary.kernel_unavailable_reason = counts.kernel_reason;
-    summary.passed = counts.passed;
-    summary.failed = counts.recorded - counts.passed;
-    let conn = db::open(&o.db)?;
-    summary.complete = db::finish_if_complete(&conn, &run.id)?;
-    summary.wall_s = started.elapsed().as_secs_f64();
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
-    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-    summary.runner_cpu_s = secs(usage.user_time()) + secs(usage.system_time());
-    summary.runner_max_rss_mib = usage.max_rss() as f64 / 1024.0;
-    if was_interrupted {
+    (written, was_interrupted)
+}
+
+/// The run to record into: a new one, the one to resume, or the one a
+/// shard shares; refused when it was made from another suite.
+fn open_run(
+    conn: &rusqlite::Connection,
+    o: &Options,
+    tests: &[TestSpec],
+    profile: Option<String>,
+    injected: Option<String>,
+) -> anyhow::Result<RunRow> {
+    let wanted = RunRow {
+        id: match (&o.resume, &o.run) {
+            (Some(r), _) | (None, Some(r)) => r.clone(),
+            (None, None) if o.shard.is_some() => {
+                bail!("the shards of one run need the same --run NAME")
+            }
+            (None, None) => format!(
+                "{}-{}",
+                o.label.as_deref().unwrap_or("run"),
+                chrono::Utc::now().format("%Y%m%dT%H%M%S")
+            ),
+        },
+        label: o
+            .label
+            .clone()
+            .or_else(|| o.run.clone())
+            .unwrap_or_else(|| "run".into()),
+        target: o.target.to_string(),
+        suite: o.suite.display().to_string(),
+        suite_digest: digest(tests),
+        tests_total: tests.len() as i64,
+        profile,
+        injected,
+        started_ms: probe::clock::now_ms() as i64,
+        finished_ms: None,
+    };
+    let run = if let Some(id) = &o.resume {
+        db::run(conn, id)?
+            .with_context(|| format!("--resume {id}: no such run in {}", o.db.display()))?
+    } else {
+        let (run, created) = db::create_run(conn, &wanted)?;
+        if !created && o.shard.is_none() {
+            bail!(
+                "run `{}` already exists in {}: continue it with --resume {0}, or pick another --run",
+                run.id,
+                o.db.display()
+            );
+        }
+        run
+    };
+    if run.suite_digest != wanted.suite_digest {
         bail!(
-            "interrupted: {} tests recorded in this process; continue with --resume {}",
-            summary.recorded,
-            run.id
+            "run `{}` was made from a different suite ({} tests, digest {}…); this one has {} tests, digest {}…",
+            run.id,
+            run.tests_total,
+            &run.suite_digest[..12],
+            wanted.tests_total,
+            &wanted.suite_digest[..12]
         );
     }
-    Ok(summary)
+    Ok(run)
 }
 
 #[derive(Default)]
