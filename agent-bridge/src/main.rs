@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_bridge::campaign::{compare, db as rdb, export, html, report};
 use agent_bridge::fault::InterfaceFault;
 use agent_bridge::profile::{BUILT_IN, Profile};
 use agent_bridge::server::{self, HttpOptions};
@@ -405,7 +406,6 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
 }
 
 fn campaign_runs(db: &std::path::Path, json: bool) -> anyhow::Result<()> {
-    use agent_bridge::campaign::{db as rdb, report};
     let conn = rdb::open_existing(db)?;
     let mut all = Vec::new();
     for run in rdb::runs(&conn)? {
@@ -439,12 +439,11 @@ fn campaign_report(
     html: Option<PathBuf>,
     json: bool,
 ) -> anyhow::Result<()> {
-    use agent_bridge::campaign::{db as rdb, report};
     let conn = rdb::open_existing(db)?;
     let run = report::pick_run(&conn, run)?;
     let r = report::report(&conn, &run)?;
     if let Some(path) = &html {
-        std::fs::write(path, report::html(&r))
+        std::fs::write(path, html::html(&r))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if json {
@@ -459,17 +458,16 @@ fn campaign_report(
 }
 
 fn campaign_compare(db: &std::path::Path, a: &str, b: &str, json: bool) -> anyhow::Result<()> {
-    use agent_bridge::campaign::{db as rdb, report};
     let conn = rdb::open_existing(db)?;
     let (a, b) = (
         report::pick_run(&conn, Some(a))?,
         report::pick_run(&conn, Some(b))?,
     );
-    let c = report::compare(&conn, &a, &b)?;
+    let c = compare::compare(&conn, &a, &b)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&c)?);
     } else {
-        print!("{}", report::compare_text(&c));
+        print!("{}", compare::compare_text(&c));
     }
     Ok(())
 }
@@ -480,14 +478,13 @@ fn campaign_matrix(
     markdown: bool,
     json: bool,
 ) -> anyhow::Result<()> {
-    use agent_bridge::campaign::{db as rdb, report};
     let conn = rdb::open_existing(db)?;
     let base = report::pick_run(&conn, Some(baseline))?;
-    let m = report::matrix(&conn, &base)?;
+    let m = compare::matrix(&conn, &base)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&m)?);
     } else if markdown {
-        print!("{}", report::matrix_markdown(&m));
+        print!("{}", compare::matrix_markdown(&m));
     } else {
         println!("baseline {}", m.baseline);
         println!(
@@ -523,12 +520,11 @@ fn campaign_export(
     format: ExportFormat,
     out: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    use agent_bridge::campaign::{db as rdb, report};
     let conn = rdb::open_existing(db)?;
     let run = report::pick_run(&conn, run)?;
     let text = match format {
-        ExportFormat::Csv => report::csv(&conn, &run.id)?,
-        ExportFormat::Jsonl => report::jsonl(&conn, &run.id)?,
+        ExportFormat::Csv => export::csv(&conn, &run.id)?,
+        ExportFormat::Jsonl => export::jsonl(&conn, &run.id)?,
     };
     match out {
         Some(p) => std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?,

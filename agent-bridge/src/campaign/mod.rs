@@ -7,10 +7,14 @@
 //! - [`verdict`]: one step's result against its expectations.
 //! - [`triage`]: a failed test's layer and primitive.
 //! - [`db`]: results in SQLite; [`run`]: workers, shards, resume.
-//! - [`report`]: tables, JSON, CSV, HTML, and comparisons of runs.
+//! - [`report`]: one run as data and tables; [`html`], [`export`] (CSV,
+//!   JSON lines); [`compare`]: runs side by side, the confusion matrix.
 
+pub mod compare;
 pub mod db;
+pub mod export;
 pub mod generate;
+pub mod html;
 pub mod report;
 pub mod run;
 pub mod spec;
