@@ -46,8 +46,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Campaign test suites: generate the default one, validate files, print the schema.
-    #[command(subcommand)]
+    /// Campaigns: generate a suite, run it against a bridge into SQLite, report and compare runs.
+    #[command(
+        subcommand,
+        after_help = "A typical campaign:\n  \
+            agent-bridge campaign generate --count 1000 --out suite\n  \
+            agent-bridge campaign run --suite suite --target http://127.0.0.1:8765/mcp --db results.db --run clean\n  \
+            agent-bridge campaign report --db results.db --run clean --html clean.html\n  \
+            agent-bridge campaign compare --db results.db clean hardened\n\n\
+            See docs/CAMPAIGN.md for the test format, the triage rules and the tables."
+    )]
     Campaign(CampaignCommand),
     /// (internal) file operations for the file tools, run under the profile.
     #[command(hide = true)]
@@ -79,6 +87,7 @@ enum CampaignCommand {
     Validate {
         dir: PathBuf,
         /// Machine-readable output.
+        /// Machine-readable output on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -97,13 +106,16 @@ enum CampaignCommand {
     Run(RunArgs),
     /// The runs in a results DB.
     Runs {
+        /// The results database (SQLite).
         #[arg(long, value_name = "FILE")]
         db: PathBuf,
+        /// Machine-readable output on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Report one run: domain × outcome, layer × primitive, top explanations; --html for a file.
     Report {
+        /// The results database (SQLite).
         #[arg(long, value_name = "FILE")]
         db: PathBuf,
         /// The run (default: the newest).
@@ -113,20 +125,26 @@ enum CampaignCommand {
         #[arg(long, value_name = "FILE")]
         html: Option<PathBuf>,
         /// The whole report as JSON on stdout.
+        /// Machine-readable output on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Two runs side by side: tests that flipped, primitives that appeared or vanished.
     Compare {
+        /// The results database (SQLite).
         #[arg(long, value_name = "FILE")]
         db: PathBuf,
+        /// The run to compare from (e.g. the current sandbox).
         run_a: String,
+        /// The run to compare to (e.g. the hardened one).
         run_b: String,
+        /// Machine-readable output on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Confusion matrix: for every run with an injected fault, where its newly failing tests were attributed.
     Matrix {
+        /// The results database (SQLite).
         #[arg(long, value_name = "FILE")]
         db: PathBuf,
         /// The run without injected faults that the others are compared to.
@@ -135,11 +153,13 @@ enum CampaignCommand {
         /// A Markdown table (for docs/) instead of the text table.
         #[arg(long, conflicts_with = "json")]
         markdown: bool,
+        /// Machine-readable output on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Export a run's tests for other tools: CSV (one row per test) or JSON lines (with steps).
     Export {
+        /// The results database (SQLite).
         #[arg(long, value_name = "FILE")]
         db: PathBuf,
         /// The run (default: the newest).
@@ -154,8 +174,10 @@ enum CampaignCommand {
     /// Merge `probe export` files (SQLite or JSONL) into a results DB, so the
     /// kernel evidence travels with the results (join: spans.session = campaign_tests.mcp_session).
     Import {
+        /// The results database (SQLite).
         #[arg(long, value_name = "FILE")]
         db: PathBuf,
+        /// Files written by `probe export` (--format sqlite or jsonl).
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
