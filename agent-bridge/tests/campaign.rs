@@ -129,6 +129,24 @@ fn assert_whole(conn: &rusqlite::Connection, run: &str, suite: &Path, total: usi
     }
 }
 
+/// The run stopped on a DB error and said how to continue; returns how
+/// many tests it had recorded.
+fn assert_stopped(out: &Output, conn: &rusqlite::Connection, run: &str, cause: &str) -> i64 {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the run went on with {cause}: {stderr}"
+    );
+    assert!(
+        stderr.contains("cannot record test") && stderr.contains(&format!("--resume {run}")),
+        "{stderr}"
+    );
+    count(
+        conn,
+        &format!("SELECT COUNT(*) FROM campaign_tests WHERE run = '{run}'"),
+    )
+}
+
 #[test]
 fn a_stdio_campaign_records_every_test_and_reports_it() {
     if !root() {
@@ -586,20 +604,8 @@ fn a_locked_database_stops_the_run_and_keeps_what_was_recorded() {
     let out = runner.wait_with_output().unwrap();
     locker.execute_batch("ROLLBACK").unwrap();
     drop(locker);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "the run went on with a locked DB: {stderr}"
-    );
-    assert!(
-        stderr.contains("cannot record test") && stderr.contains("--resume locked"),
-        "{stderr}"
-    );
     let conn = db(&results);
-    let kept = count(
-        &conn,
-        "SELECT COUNT(*) FROM campaign_tests WHERE run = 'locked'",
-    );
+    let kept = assert_stopped(&out, &conn, "locked", "a locked DB");
     assert!(kept >= 3 && kept < n as i64, "{kept}");
     run_ok(&suite, &stdio_target(""), &results, &["--resume", "locked"]);
     assert_whole(&conn, "locked", &suite, n);
@@ -635,21 +641,9 @@ fn a_full_disk_stops_the_run_and_keeps_what_was_recorded() {
         &results,
         &["--run", "full", "--workers", "4", "--no-bar"],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "the run went on with a full disk: {stderr}"
-    );
-    assert!(
-        stderr.contains("cannot record test") && stderr.contains("--resume full"),
-        "{stderr}"
-    );
     // what was recorded before is intact: whole tests, a sound database
     let conn = db(&results);
-    let kept = count(
-        &conn,
-        "SELECT COUNT(*) FROM campaign_tests WHERE run = 'full'",
-    );
+    let kept = assert_stopped(&out, &conn, "full", "a full disk");
     assert!(kept >= 1 && kept < n as i64, "{kept} of {n}");
     let check: String = conn
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))

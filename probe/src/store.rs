@@ -180,9 +180,28 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// An exclusive lock on `PATH.lock`, held while the caller sets up the DB.
+/// Best effort: where the file cannot be made, opening the DB fails with
+/// its own, clearer error.
+fn schema_lock(path: &Path) -> Option<std::fs::File> {
+    let mut lock = path.as_os_str().to_owned();
+    lock.push(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(PathBuf::from(lock))
+        .ok()?;
+    file.lock().ok()?;
+    Some(file)
+}
+
 impl Store {
     /// Opens (creating if needed) and migrates the database at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        // processes opening a new DB at the same moment (campaign shards)
+        // would race on creating the schema: they take turns
+        let _schema_turn = schema_lock(path);
         let mut conn = Connection::open(path).map_err(|e| classify(path, e))?;
         configure(&conn).map_err(|e| classify(path, e))?;
         // WAL first: it also proves the file is a database at all

@@ -3,23 +3,15 @@
 //! a probe daemon and bridges over Streamable HTTP on loopback, and drives
 //! `agent-bridge campaign …` as a user would.
 
-use std::io::{BufRead as _, BufReader};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-/// A child process killed on drop.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::KillOnDrop;
 
 /// CPU seconds and peak RSS (MiB) of a live process, from /proc.
 fn usage(pid: u32) -> (f64, f64) {
@@ -50,7 +42,7 @@ pub struct Lab {
     bin: PathBuf,
     pub dir: PathBuf,
     socket: PathBuf,
-    probe: Guard,
+    probe: KillOnDrop,
 }
 
 impl Lab {
@@ -70,7 +62,7 @@ impl Lab {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let socket = dir.join("probe.sock");
-        let probe = Guard(
+        let probe = KillOnDrop(
             Command::new(bin.join("probe"))
                 .args(["run", "--socket"])
                 .arg(&socket)
@@ -150,28 +142,9 @@ impl Lab {
         bridge_args: &[&str],
         workers: usize,
     ) -> anyhow::Result<Value> {
-        let mut child = Command::new(self.bridge_bin())
-            .args(["serve", "--http", "127.0.0.1:0", "--probe-socket"])
-            .arg(&self.socket)
-            .args(bridge_args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting agent-bridge")?;
-        let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
-        let bridge = Guard(child);
-        let url = loop {
-            let Some(line) = lines.next() else {
-                bail!(
-                    "agent-bridge {} exited before serving",
-                    bridge_args.join(" ")
-                );
-            };
-            let line = line?;
-            if let Some(rest) = line.split("serving MCP at ").nth(1) {
-                break rest.trim().to_string();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
+        let mut args: Vec<&OsStr> = vec![OsStr::new("--probe-socket"), self.socket.as_os_str()];
+        args.extend(bridge_args.iter().map(OsStr::new));
+        let (bridge, url) = crate::clients::start_http(&self.bridge_bin(), &args)?;
         let probe_before = usage(self.probe.0.id());
         let out = self.campaign(&[
             "run",

@@ -1,13 +1,14 @@
 //! Independent MCP clients for the bridge: the official Python SDK and the
 //! MCP conformance suite, installed under target/ at pinned versions.
 
+use std::ffi::OsStr;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
 
-use crate::{quiet_ok, run};
+use crate::{KillOnDrop, quiet_ok, run};
 
 const PYTHON_MCP: &str = "mcp==2.3.0";
 /// 0.1.15+ needs Node 22; the machine has Node 20.
@@ -52,24 +53,17 @@ pub fn python_sdk(bridge: &Path) -> anyhow::Result<()> {
         .arg(bridge))
 }
 
-/// A bridge on an ephemeral loopback port, killed on drop.
-struct HttpBridge(Child);
-
-impl Drop for HttpBridge {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_http(bridge: &Path) -> anyhow::Result<(HttpBridge, String)> {
+/// `agent-bridge serve --http 127.0.0.1:0 ARGS…`: the process (killed on
+/// drop) and the URL it serves. Its stderr keeps being drained.
+pub fn start_http(bridge: &Path, args: &[&OsStr]) -> anyhow::Result<(KillOnDrop, String)> {
     let mut child = Command::new(bridge)
-        .args(["serve", "--no-probe", "--http", "127.0.0.1:0"])
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .args(args)
         .stderr(Stdio::piped())
         .spawn()
         .context("starting agent-bridge")?;
     let stderr = child.stderr.take().expect("piped");
-    let guard = HttpBridge(child);
+    let guard = KillOnDrop(child);
     let mut lines = BufReader::new(stderr).lines();
     let url = loop {
         let Some(line) = lines.next() else {
@@ -86,7 +80,7 @@ fn start_http(bridge: &Path) -> anyhow::Result<(HttpBridge, String)> {
 /// The conformance suite against the HTTP transport, with the expected
 /// failures (and their reasons) in agent-bridge/tests/sdk/conformance-baseline.yml.
 pub fn conformance(bridge: &Path) -> anyhow::Result<()> {
-    let (_bridge, url) = start_http(bridge)?;
+    let (_bridge, url) = start_http(bridge, &[OsStr::new("--no-probe")])?;
     let out = std::env::temp_dir().join(format!("bridge-conformance-{}", std::process::id()));
     let baseline = Path::new("agent-bridge/tests/sdk/conformance-baseline.yml").canonicalize()?;
     let result = run(

@@ -143,6 +143,16 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// A child process killed (and reaped) on drop.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Runs a command, failing with its name when it fails.
 pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let status = cmd

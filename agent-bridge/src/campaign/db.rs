@@ -7,7 +7,6 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension as _, params};
 use serde_json::Value;
@@ -15,35 +14,9 @@ use serde_json::Value;
 use super::triage::Triage;
 use super::verdict::StepOutcome;
 
-/// Opens (creating and migrating) a results DB. Shards starting at the
-/// same moment would race on the first migration, so opening holds an
-/// exclusive lock on `FILE.lock`; a DB locked by a writer is retried.
+/// Opens (creating and migrating) a results DB.
 pub fn open(path: &Path) -> anyhow::Result<Connection> {
-    let lock_path = {
-        let mut p = path.as_os_str().to_owned();
-        p.push(".lock");
-        std::path::PathBuf::from(p)
-    };
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", lock_path.display()))?;
-    lock.lock()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", lock_path.display()))?;
-    let mut tries = 0;
-    loop {
-        match probe::store::Store::open(path) {
-            Ok(s) => return Ok(s.into_connection()),
-            Err(e @ probe::store::StoreError::Locked(..)) if tries < 3 => {
-                tries += 1;
-                tracing::debug!("{e}; retrying");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    Ok(probe::store::Store::open(path)?.into_connection())
 }
 
 /// Opens an existing results DB for reading.

@@ -56,25 +56,23 @@ impl StepOutcome {
     /// The kernel attribution says the call failed, and on what.
     pub fn kernel_failure(&self) -> Option<(&str, f64, &str)> {
         let k = self.kernel.as_ref()?;
-        (k["failed"] == Value::Bool(true)).then(|| {
-            (
-                k["primitive"].as_str().unwrap_or("none"),
-                k["confidence"].as_f64().unwrap_or(0.0),
-                k["explanation"].as_str().unwrap_or(""),
-            )
-        })
+        (k["failed"] == Value::Bool(true)).then(|| cause(k))?
     }
 
     /// The call exited 0, but a child failed on a sandbox primitive (a
     /// pipeline hid it): what the kernel saw.
     pub fn hidden_failure(&self) -> Option<(&str, f64, &str)> {
-        let h = &self.kernel.as_ref()?["hidden_failure"];
-        Some((
-            h["primitive"].as_str()?,
-            h["confidence"].as_f64().unwrap_or(0.0),
-            h["explanation"].as_str().unwrap_or(""),
-        ))
+        cause(&self.kernel.as_ref()?["hidden_failure"])
     }
+}
+
+/// (primitive, confidence, explanation) of an attribution-shaped object.
+fn cause(v: &Value) -> Option<(&str, f64, &str)> {
+    Some((
+        v["primitive"].as_str()?,
+        v["confidence"].as_f64().unwrap_or(0.0),
+        v["explanation"].as_str().unwrap_or(""),
+    ))
 }
 
 /// The bytes a test sent so far, by sha256: what came back is compared
