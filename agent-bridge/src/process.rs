@@ -133,17 +133,22 @@ impl Background {
 
     /// New output since the cursors; waits up to `wait` for some (or the exit).
     pub async fn poll(&self, cursors: (u64, u64), wait: Duration) -> Snapshot {
+        let deadline = tokio::time::Instant::now() + wait;
         let mut rx = self.version.subscribe();
-        let snap = self.snapshot(cursors);
-        if wait.is_zero()
-            || snap.ended.is_some()
-            || !snap.stdout.0.is_empty()
-            || !snap.stderr.0.is_empty()
-        {
-            return snap;
+        loop {
+            let snap = self.snapshot(cursors);
+            let news =
+                snap.ended.is_some() || !snap.stdout.0.is_empty() || !snap.stderr.0.is_empty();
+            // a change can carry nothing new past these cursors (a full buffer): wait again
+            if news
+                || !matches!(
+                    tokio::time::timeout_at(deadline, rx.changed()).await,
+                    Ok(Ok(()))
+                )
+            {
+                return snap;
+            }
         }
-        let _ = tokio::time::timeout(wait, rx.changed()).await;
-        self.snapshot(cursors)
     }
 
     pub async fn write_stdin(&self, data: &[u8], close: bool) -> Result<(), String> {

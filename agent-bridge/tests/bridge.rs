@@ -506,11 +506,17 @@ async fn background_processes_stream_take_stdin_and_die_on_kill() {
         .trim()
         .parse()
         .unwrap();
+    let cursor = structured(&p)["stdout"]["cursor"].as_u64().unwrap();
     b.call("kill_process", json!({"id": id})).await;
+    // past the output already read, a wait returns at the exit (the exit is recorded
+    // after the probe's attribution, so it is not instant)
     let p = b
-        .call("poll_process", json!({"id": id, "wait_ms": 5000}))
+        .call(
+            "poll_process",
+            json!({"id": id, "stdout_cursor": cursor, "wait_ms": 10000}),
+        )
         .await;
-    assert_eq!(structured(&p)["running"], false);
+    assert_eq!(structured(&p)["running"], false, "{p:?}");
     assert_eq!(structured(&p)["signal"], "SIGKILL");
     assert!(gone(&grandchild.to_string()), "the grandchild survived");
 }
