@@ -20,16 +20,16 @@ use core::ptr::write_volatile;
 use aya_ebpf::{
     EbpfContext,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_buf,
-        bpf_probe_read_user_str_bytes, generated as helper,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
+        bpf_probe_read_user, bpf_probe_read_user_buf, bpf_probe_read_user_str_bytes,
+        generated as helper,
     },
-    macros::{map, raw_tracepoint, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{RawTracePointContext, TracePointContext},
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use probe_abi::{
-    ArgRole, DropCounters, EVENT_KINDS, Event, EventKind, Offsets, TaskState, flags,
+    ArgRole, DropCounters, EVENT_KINDS, Event, EventKind, Offsets, TaskState, flags, is_timed,
     needs_enter_state, nr, open_flags_write, slot, syscall_arg_role, task,
 };
 
@@ -96,13 +96,20 @@ fn count_drop(kind: EventKind) {
 }
 
 /// Reserves an event and fills the common header; `None` (counted as a drop)
-/// when the ring buffer is full.
+/// when the ring buffer is full. The high-volume syscall kinds (failures,
+/// file writes, dups) leave `comm` empty: userspace names them from the
+/// process's fork/exec/exit events, which saves the helper's string copy on
+/// every failing syscall.
 #[inline(always)]
 fn reserve(
     kind: EventKind,
     span: u64,
     ts: u64,
 ) -> Option<aya_ebpf::maps::ring_buf::RingBufEntry<Event>> {
+    let with_comm = !matches!(
+        kind,
+        EventKind::SyscallFailed | EventKind::FileWrite | EventKind::FdDup
+    );
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
         count_drop(kind);
         return None;
@@ -129,8 +136,13 @@ fn reserve(
         write_volatile(&raw mut (*ev).aux[3], 0);
         write_volatile(&raw mut (*ev).data_len, 0);
         write_volatile(&raw mut (*ev)._pad, 0);
-        // the helper writes the comm straight into the record
-        helper::bpf_get_current_comm((&raw mut (*ev).comm).cast(), 16);
+        if with_comm {
+            // the helper writes the comm straight into the record
+            helper::bpf_get_current_comm((&raw mut (*ev).comm).cast(), 16);
+        } else {
+            write_volatile((&raw mut (*ev).comm).cast::<u64>(), 0);
+            write_volatile((&raw mut (*ev).comm).cast::<u64>().add(1), 0);
+        }
     }
     Some(entry)
 }
@@ -154,23 +166,34 @@ fn set_tracked(tid: u32, value: u64) {
     }
 }
 
-/// Submits with a wake-up only when it matters: high-volume kinds are
-/// batched (the reader polls every 10 ms) unless 1 MiB is pending, so a
-/// failing-syscall storm does not pay a consumer wake-up per event until
-/// the reader falls behind. (Waking only on crossing 1 MiB measured fewer
-/// IPIs but let a 2.7 M/s storm outrun the reader: drops.)
+/// Submits with a wake-up only when it matters. High-volume kinds wake the
+/// reader when they carry the pending data across 1 MiB: the reader polls
+/// every 10 ms and never sleeps while data is pending (the ring's poll
+/// reports any), so one wake-up per crossing is enough for a reader that
+/// dozed off. A wake-up costs the producing task a self-IPI (an MSR write,
+/// so a VM exit): paid on every event, it was 7% of a failing-open storm.
+/// Past half the ring the reader is awake but behind, and every event pays
+/// that wake-up again: the back-pressure that slows a storm to the reader's
+/// pace, so events are delivered rather than dropped.
 #[inline(always)]
 fn submit(entry: aya_ebpf::maps::ring_buf::RingBufEntry<Event>, urgent: bool) {
     const WAKEUP_BYTES: u64 = 1 << 20;
+    const BEHIND_BYTES: u64 = 4 << 20;
+    // a few records (with the ring's 8-byte header) past the mark: the
+    // window in which this event's data, or a concurrent CPU's, crossed it
+    const WINDOW: u64 = 4 * ((core::mem::size_of::<Event>() as u64 + 8 + 7) & !7);
     const BPF_RB_NO_WAKEUP: u64 = 1;
     const BPF_RB_FORCE_WAKEUP: u64 = 2;
     const BPF_RB_AVAIL_DATA: u64 = 0;
     let flags = if urgent {
         0
-    } else if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
-        BPF_RB_FORCE_WAKEUP
     } else {
-        BPF_RB_NO_WAKEUP
+        let pending = EVENTS.query(BPF_RB_AVAIL_DATA);
+        if pending >= BEHIND_BYTES || (WAKEUP_BYTES..WAKEUP_BYTES + WINDOW).contains(&pending) {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        }
     };
     entry.submit(flags);
 }
@@ -195,9 +218,10 @@ fn reg_arg(regs: *const u8, i: u8) -> u64 {
     } else {
         return 0;
     };
-    // SAFETY: `regs` is the tracepoint's pt_regs pointer; read with the
-    // fault-tolerant helper.
-    unsafe { bpf_probe_read_kernel(regs.add(off) as *const u64) }.unwrap_or(0)
+    // SAFETY: `regs` is the BTF tracepoint's `struct pt_regs *`, a pointer
+    // the verifier types from kernel BTF: it checks the offset against the
+    // struct and turns the load into a fault-tolerant one (no helper call).
+    unsafe { core::ptr::read_volatile(regs.add(off) as *const u64) }
 }
 
 /// This thread's `TRACKED` slot, when it is traced.
@@ -212,11 +236,12 @@ fn tracked_slot(tid: u32) -> Option<*mut u64> {
     }
 }
 
-/// Raw tracepoint on `raw_syscalls:sys_enter(struct pt_regs *regs, long id)`:
-/// the same tracepoint as the classic one, without the perf-record copy.
+/// BTF tracepoint on `raw_syscalls:sys_enter(struct pt_regs *regs, long id)`:
+/// the same tracepoint as the classic one, without the perf-record copy,
+/// and with `regs` typed so its fields are read by plain loads.
 /// The common case is one array load and one store.
-#[raw_tracepoint(tracepoint = "sys_enter")]
-pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
+#[btf_tracepoint(function = "sys_enter")]
+pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(ptr) = tracked_slot(tid) else {
         return 0;
@@ -260,9 +285,22 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
     0
 }
 
-/// Raw tracepoint on `raw_syscalls:sys_exit(struct pt_regs *regs, long ret)`.
-#[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
+/// Empty programs on the same two tracepoints, attached only by the
+/// benchmark (`probe floor`): what any tracer on these tracepoints costs
+/// every task of the machine before it does anything.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn floor_enter(_ctx: BtfTracePointContext) -> u32 {
+    0
+}
+
+#[btf_tracepoint(function = "sys_exit")]
+pub fn floor_exit(_ctx: BtfTracePointContext) -> u32 {
+    0
+}
+
+/// BTF tracepoint on `raw_syscalls:sys_exit(struct pt_regs *regs, long ret)`.
+#[btf_tracepoint(function = "sys_exit")]
+pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(ptr) = tracked_slot(tid) else {
         return 0;
@@ -285,9 +323,8 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
         }
         // An exit with no enter: seccomp stopped the syscall before it ran.
         // The registers still hold its number and arguments.
-        // SAFETY: pt_regs pointer of this tracepoint, fault-tolerant read.
-        let id =
-            unsafe { bpf_probe_read_kernel(regs.add(REG_ORIG_AX) as *const i64) }.unwrap_or(-1);
+        // SAFETY: BTF-typed pt_regs pointer, see `reg_arg`.
+        let id = unsafe { core::ptr::read_volatile(regs.add(REG_ORIG_AX) as *const i64) };
         if let Some(mut entry) = reserve(EventKind::SeccompDenied, span, now()) {
             let ev = entry.as_mut_ptr();
             // SAFETY: reserved Event, header already written.
@@ -323,7 +360,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     unsafe {
         (*ev).syscall = entered;
         (*ev).ret = ret;
-        if needs_enter_state(entered) {
+        if is_timed(entered) {
             if let Some(state) = TASKS.get_ptr(tid) {
                 (*ev).duration_ns = ts.wrapping_sub((*state).enter_ts);
             }

@@ -257,6 +257,7 @@ impl Core {
                     continue;
                 }
             };
+            open.evidence.name(&mut ev);
             if let Some(session) = open.evidence.session.as_deref() {
                 sessions.observe(session, raw.span, &mut ev);
             }

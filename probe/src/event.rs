@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use probe_abi::{
-    ArgRole, DATA_LEN, Event, EventKind, flags, is_fd_syscall, needs_enter_state, syscall_arg_role,
+    ArgRole, DATA_LEN, Event, EventKind, flags, is_fd_syscall, is_timed, syscall_arg_role,
 };
 use serde::{Deserialize, Serialize};
 
@@ -240,7 +240,7 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
                 ev.errno = Some(errno_name(e));
             }
             if kind != EventKind::SeccompDenied {
-                if needs_enter_state(raw.syscall) {
+                if is_timed(raw.syscall) {
                     ev.duration_ns = Some(raw.duration_ns);
                 }
                 if is_fd_syscall(raw.syscall) {

@@ -4,7 +4,7 @@
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, TracePoint},
 };
 use probe_abi::{EVENT_KINDS, TaskState, slot, task};
 
@@ -14,9 +14,10 @@ use crate::tracefs;
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
 
 /// (program name in the object, tracepoint category, tracepoint name, required).
-/// The two syscall programs are raw tracepoints on the same tracepoints: they
-/// get `pt_regs` (arguments of a syscall seccomp stopped) and skip the
-/// perf-record copy.
+/// The two syscall programs are BTF tracepoints (raw tracepoints typed by
+/// kernel BTF) on the same tracepoints: they get `pt_regs` (arguments of a
+/// syscall seccomp stopped), skip the perf-record copy, and read registers
+/// with plain loads instead of a helper call each.
 const PROGRAMS: [(&str, &str, &str, bool); 9] = [
     ("sys_enter", "raw_syscalls", "sys_enter", true),
     ("sys_exit", "raw_syscalls", "sys_exit", true),
@@ -89,6 +90,39 @@ fn effective_caps() -> u64 {
         .unwrap_or(0)
 }
 
+/// Attaches only the empty `floor_enter`/`floor_exit` programs to the
+/// syscall tracepoints, for the benchmark's floor: the cost of any program
+/// there, paid by every task of the machine. Detached when dropped.
+pub fn attach_floor() -> Result<Ebpf, LoadError> {
+    let btf = kernel_btf()?;
+    let mut ebpf = EbpfLoader::new()
+        .load(EBPF_OBJECT)
+        .map_err(|e| LoadError::Load(error_chain(&e)))?;
+    for (prog, name) in [("floor_enter", "sys_enter"), ("floor_exit", "sys_exit")] {
+        let what = format!("raw_syscalls:{name}");
+        let attach_err =
+            |e: aya::programs::ProgramError| LoadError::Attach(what.clone(), error_chain(&e));
+        let program: &mut BtfTracePoint = ebpf
+            .program_mut(prog)
+            .ok_or_else(|| LoadError::Load(format!("program {prog} missing from object")))?
+            .try_into()
+            .map_err(attach_err)?;
+        program.load(name, &btf).map_err(attach_err)?;
+        program.attach().map_err(attach_err)?;
+    }
+    Ok(ebpf)
+}
+
+/// The kernel's own BTF, which types the syscall programs' `pt_regs`.
+fn kernel_btf() -> Result<aya::Btf, LoadError> {
+    aya::Btf::from_sys_fs().map_err(|e| {
+        LoadError::Load(format!(
+            "kernel BTF is missing or unreadable at /sys/kernel/btf/vmlinux ({e}); \
+             the probe needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (5.5 or newer)"
+        ))
+    })
+}
+
 impl Probe {
     /// Checks privileges and tracefs, loads the object and attaches all
     /// programs.
@@ -139,6 +173,7 @@ impl Probe {
             arr.set(0, offsets, 0)
                 .map_err(|e| LoadError::Load(e.to_string()))?;
         }
+        let btf = kernel_btf()?;
         let mut attached = Vec::new();
         for (prog, cat, name, _) in PROGRAMS {
             if missing.contains(&format!("{cat}:{name}")) {
@@ -151,9 +186,9 @@ impl Probe {
             let attach_err =
                 |e: aya::programs::ProgramError| LoadError::Attach(what.clone(), error_chain(&e));
             if cat == "raw_syscalls" {
-                let program: &mut RawTracePoint = program.try_into().map_err(attach_err)?;
-                program.load().map_err(attach_err)?;
-                program.attach(name).map_err(attach_err)?;
+                let program: &mut BtfTracePoint = program.try_into().map_err(attach_err)?;
+                program.load(name, &btf).map_err(attach_err)?;
+                program.attach().map_err(attach_err)?;
             } else {
                 let program: &mut TracePoint = program.try_into().map_err(attach_err)?;
                 program.load().map_err(attach_err)?;

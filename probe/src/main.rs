@@ -226,6 +226,13 @@ enum Cmd {
     },
     /// Print the primitives reference (the taxonomy and its rules) as Markdown.
     Primitives,
+    /// Benchmark baseline: run CMD with only empty programs on the syscall
+    /// tracepoints (the floor any tracer there pays).
+    #[command(hide = true)]
+    Floor {
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+        command: Vec<OsString>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -259,6 +266,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Primitives => {
             print!("{}", reference_markdown());
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Floor { command } => {
+            let _programs = probe::loader::attach_floor()?;
+            let status = std::process::Command::new(&command[0])
+                .args(&command[1..])
+                .status()
+                .with_context(|| format!("cannot start {}", command[0].to_string_lossy()))?;
+            Ok(ExitCode::from(status.code().unwrap_or(128) as u8))
         }
         Cmd::Trace {
             json,

@@ -76,6 +76,8 @@ pub struct SpanEvidence {
     /// Thread id → its process, for threads seen being created: a signal
     /// aimed at a worker thread belongs to its process.
     pub thread_group: HashMap<u32, u32>,
+    /// Processes procfs could not name (gone): not asked again.
+    unnamed: HashSet<u32>,
 }
 
 impl SpanEvidence {
@@ -96,11 +98,41 @@ impl SpanEvidence {
             drops: Drops::default(),
             tids: HashSet::new(),
             thread_group: HashMap::new(),
+            unnamed: HashSet::new(),
+        }
+    }
+
+    /// Names an event the kernel sent without `comm` (the high-volume
+    /// syscall kinds): from the process's fork/exec/exit events, else from
+    /// procfs while it still runs (a process attached after its exec).
+    pub fn name(&mut self, ev: &mut KernelEvent) {
+        if !ev.comm.is_empty() {
+            return;
+        }
+        if let Some(p) = self.processes.get(&ev.pid)
+            && !p.comm.is_empty()
+        {
+            ev.comm = p.comm.clone();
+            return;
+        }
+        if self.unnamed.contains(&ev.pid) {
+            return;
+        }
+        match std::fs::read_to_string(format!("/proc/{}/comm", ev.pid)) {
+            Ok(comm) => {
+                let comm = comm.trim_end_matches('\n').to_string();
+                self.processes.entry(ev.pid).or_default().comm = comm.clone();
+                ev.comm = comm;
+            }
+            Err(_) => {
+                self.unnamed.insert(ev.pid);
+            }
         }
     }
 
     /// Adds one decoded event: updates process facts, enriches, keeps it.
     pub fn add(&mut self, mut ev: KernelEvent) {
+        self.name(&mut ev);
         *self.counts.entry(ev.kind).or_default() += 1;
         match ev.kind {
             Kind::Fork => {
@@ -270,5 +302,30 @@ mod tests {
             s.events.back().unwrap().path.as_deref(),
             Some("/mnt/small/blob")
         );
+    }
+
+    #[test]
+    fn syscall_events_without_comm_are_named_from_exec_or_procfs() {
+        let mut s = SpanEvidence::new(1, None, "t".into(), 0);
+        let mut exec = ev(Kind::Exec, 7);
+        exec.comm = "python3".into();
+        s.add(exec);
+        let mut fail = ev(Kind::SyscallFailed, 7);
+        fail.comm.clear();
+        s.add(fail);
+        assert_eq!(s.events.back().unwrap().comm, "python3");
+        // a process seen first by a failure (attached after its exec): procfs names it
+        let me = std::process::id();
+        let mut fail = ev(Kind::SyscallFailed, me);
+        fail.comm.clear();
+        s.add(fail);
+        let own = std::fs::read_to_string("/proc/self/comm").unwrap();
+        assert_eq!(s.events.back().unwrap().comm, own.trim_end());
+        // a process gone before it was named stays unnamed, and is asked once
+        let mut fail = ev(Kind::SyscallFailed, u32::MAX - 1);
+        fail.comm.clear();
+        s.add(fail);
+        assert_eq!(s.events.back().unwrap().comm, "");
+        assert!(s.unnamed.contains(&(u32::MAX - 1)));
     }
 }

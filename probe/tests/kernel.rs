@@ -342,8 +342,19 @@ fn missing_data_file_is_fs_missing_not_module_search_noise() {
     ]);
     t.expect("fs.missing", Some("openat"));
     assert_eq!(t.decisive("path"), f.to_str());
+    // the kernel sends failures without comm; the process is named from its exec
+    assert_eq!(t.decisive("comm"), Some("python3"), "{}", t.context());
     let t = trace(&["cat", f.to_str().unwrap()]);
     t.expect("fs.missing", Some("openat"));
+    assert_eq!(t.decisive("comm"), Some("cat"), "{}", t.context());
+    assert!(
+        t.json["explanation"]
+            .as_str()
+            .unwrap_or("")
+            .contains("in cat (pid "),
+        "{}",
+        t.context()
+    );
 }
 
 // ------------------------------------------------------------------ privileges, limits

@@ -33,6 +33,8 @@ struct Bench {
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
     Unprobed,
+    /// Only empty programs on the two syscall tracepoints (`probe floor`).
+    Floor,
     Probe,
     Strace,
     Bpftrace,
@@ -55,6 +57,11 @@ impl Bench {
         full.extend(cmd.iter().cloned());
         let (mut c, json) = match mode {
             Mode::Unprobed => (Command::new(&full[0]), false),
+            Mode::Floor => {
+                let mut c = Command::new(&self.probe);
+                c.args(["floor", "--"]);
+                (c, false)
+            }
             Mode::Probe => {
                 let mut c = Command::new(&self.probe);
                 c.args(["trace", "--json", "--"]);
@@ -157,6 +164,7 @@ tracepoint:raw_syscalls:sys_exit /pid == cpid && args->ret < 0/ { printf(\"%d %d
 fn name(m: Mode) -> &'static str {
     match m {
         Mode::Unprobed => "unprobed",
+        Mode::Floor => "floor",
         Mode::Probe => "probe",
         Mode::Strace => "strace",
         Mode::Bpftrace => "bpftrace",
@@ -182,6 +190,7 @@ impl Stat {
 struct Row {
     what: &'static str,
     base: Stat,
+    floor: Stat,
     probe: Stat,
     untracked: Stat,
     strace: f64,
@@ -216,8 +225,47 @@ fn wait_with_rusage(mut child: Child) -> anyhow::Result<(std::process::ExitStatu
     ))
 }
 
-/// Runs the probe, daemon and bridge benchmarks; returns their Markdown.
-pub fn run(bin: &Path, n: u64, runs: usize) -> anyhow::Result<String> {
+/// The sections of docs/BENCHMARKS.md, in order, with the heading each starts at.
+pub const SECTIONS: [(&str, &str); 4] = [
+    ("probe", "# Benchmarks"),
+    ("daemon", "## Daemon"),
+    ("bridge", "## agent-bridge"),
+    ("campaign", "## Campaign"),
+];
+
+/// Replaces section `name` of `doc` (see [`SECTIONS`]) with `text`, keeping the others.
+pub fn splice(doc: &str, name: &str, text: &str) -> String {
+    let starts: Vec<Option<usize>> = SECTIONS
+        .iter()
+        .map(|(_, heading)| doc.find(heading))
+        .collect();
+    let mut out = String::new();
+    for (i, (section, _)) in SECTIONS.iter().enumerate() {
+        let part = if *section == name {
+            Some(text.to_string())
+        } else {
+            starts[i].map(|from| {
+                let to = starts[i + 1..]
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .find(|&t| t > from)
+                    .unwrap_or(doc.len());
+                doc[from..to].to_string()
+            })
+        };
+        if let Some(mut part) = part {
+            while !part.ends_with("\n\n") {
+                part.push('\n');
+            }
+            out.push_str(&part);
+        }
+    }
+    out.trim_end().to_string() + "\n"
+}
+
+/// The probe's storms, accounting checks and workloads, as Markdown.
+pub fn probe_section(bin: &Path, n: u64, runs: usize) -> anyhow::Result<String> {
     let dir = std::env::temp_dir().join(format!("probe-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let src = dir.join("storm.c");
@@ -237,31 +285,21 @@ pub fn run(bin: &Path, n: u64, runs: usize) -> anyhow::Result<String> {
     };
     let result = report(&b, n, runs);
     let _ = std::fs::remove_dir_all(&dir);
-    let mut text = result?;
-    eprintln!("bench: daemon (cargo bench -p probe --bench daemon)");
-    let daemon = Command::new("cargo")
-        .args(["bench", "-q", "-p", "probe", "--bench", "daemon"])
+    result
+}
+
+/// A `cargo bench` target's Markdown output (the daemon's or the bridge's).
+pub fn cargo_bench_section(package: &str, bench: &str) -> anyhow::Result<String> {
+    eprintln!("bench: {bench} (cargo bench -p {package} --bench {bench})");
+    let out = Command::new("cargo")
+        .args(["bench", "-q", "-p", package, "--bench", bench])
         .stderr(Stdio::inherit())
         .output()
         .context("cargo bench")?;
-    if !daemon.status.success() {
-        bail!("the daemon benchmark failed");
+    if !out.status.success() {
+        bail!("the {bench} benchmark failed");
     }
-    text.push('\n');
-    text.push_str(&String::from_utf8_lossy(&daemon.stdout));
-    eprintln!("bench: bridge (cargo bench -p agent-bridge --bench bridge)");
-    let bridge = Command::new("cargo")
-        .args(["bench", "-q", "-p", "agent-bridge", "--bench", "bridge"])
-        .stderr(Stdio::inherit())
-        .output()
-        .context("cargo bench")?;
-    if !bridge.status.success() {
-        bail!("the bridge benchmark failed");
-    }
-    text.push('\n');
-    text.push_str(&String::from_utf8_lossy(&bridge.stdout));
-    print!("{text}");
-    Ok(text)
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
@@ -269,11 +307,12 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
     let mut rows = Vec::new();
     for what in ["getppid", "open"] {
         eprintln!("bench: {what} storm, {n} syscalls × {runs} interleaved rounds");
-        let (mut base, mut probe, mut untracked, mut bpftrace) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut base, mut floor, mut probe, mut untracked, mut bpftrace) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         // interleaved rounds, so drift in this noisy VM hits every configuration alike
         for round in 0..runs {
             base.push(b.per_op(Mode::Unprobed, what, n, 1)?);
+            floor.push(b.per_op(Mode::Floor, what, n, 1)?);
             probe.push(b.per_op(Mode::Probe, what, n, 1)?);
             let mut bg = b.background_probe()?;
             let r = b.per_op(Mode::Unprobed, what, n, 1);
@@ -288,6 +327,7 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
         rows.push(Row {
             what,
             base: Stat::of(base),
+            floor: Stat::of(floor),
             probe: Stat::of(probe),
             untracked: Stat::of(untracked),
             strace,
@@ -350,7 +390,7 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
         out,
         "Written by `cargo xtask bench --n {n} --runs {runs}` on kernel {} with {cpus} CPUs (a \
          Firecracker VM whose timings drift by ±30% between runs). Storms run in {runs} interleaved \
-         rounds (unprobed, probe, untracked, bpftrace) and report the best round, the usual \
+         rounds (unprobed, empty programs, probe, untracked, bpftrace) and report the best round, the usual \
          estimate of intrinsic cost under noise, with the ratio of medians beside it; workloads \
          report medians. Ratios are against the unprobed run measured in the same invocation. \
          The storm program times its own loop, so the probe's start-up (loading and attaching, \
@@ -363,9 +403,9 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
     )?;
     writeln!(
         out,
-        "| storm | unprobed | probe (traced) | probe running, process untracked | strace -f -Z | bpftrace one-liner |"
+        "| storm | unprobed | empty programs on sys_enter/sys_exit (floor) | probe (traced) | probe running, process untracked | strace -f -Z | bpftrace one-liner |"
     )?;
-    writeln!(out, "|---|---|---|---|---|---|")?;
+    writeln!(out, "|---|---|---|---|---|---|---|")?;
     for r in &rows {
         let label = if r.what == "getppid" {
             "successful getppid"
@@ -375,7 +415,10 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
         let base = r.base.best;
         writeln!(
             out,
-            "| {label} | {base:.0} | {:.0} (**{:.2}×**; median {:.2}×) | {:.0} (**{:.2}×**; median {:.2}×) | {:.0} ({:.1}×) | {:.0} ({:.2}×) |",
+            "| {label} | {base:.0} | {:.0} ({:.2}×; median {:.2}×) | {:.0} (**{:.2}×**; median {:.2}×) | {:.0} (**{:.2}×**; median {:.2}×) | {:.0} ({:.1}×) | {:.0} ({:.2}×) |",
+            r.floor.best,
+            r.floor.best / base,
+            r.floor.median / r.base.median,
             r.probe.best,
             r.probe.best / base,
             r.probe.median / r.base.median,
@@ -465,12 +508,26 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
         "| realistic workloads ≤ 1.03× | {worst_workload:.3}× (worst) | {} |",
         target(worst_workload <= 1.03)
     )?;
+    let (gf, of) = (rows[0].floor.best, rows[1].floor.best);
     writeln!(
         out,
-        "| untracked processes ≤ 1.15× on the storm | {:.2}× getppid, {:.2}× open | {} |",
+        "| untracked processes ≤ 1.15× on the storm | {:.2}× getppid, {:.2}× open (empty programs alone: {:.2}× and {:.2}×; the probe adds {:.2}× and {:.2}× on top) | {} |",
         gu / gb,
         ou / ob,
-        target(gu / gb <= 1.15 && ou / ob <= 1.15)
+        gf / gb,
+        of / ob,
+        gu / gf,
+        ou / of,
+        if gu / gb <= 1.15 && ou / ob <= 1.15 {
+            "met".to_string()
+        } else if gf / gb > 1.15 {
+            format!(
+                "**missed**; below 1.15× is impossible for getppid with any program on these tracepoints (the floor alone is {:.2}×)",
+                gf / gb
+            )
+        } else {
+            "**missed**".to_string()
+        }
     )?;
     let (_, rate, _, _, unaccounted) = accounting
         .iter()
@@ -493,17 +550,46 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
         out,
         "\n### Reading these numbers\n\n\
          - Any program on `raw_syscalls:sys_enter`/`sys_exit` puts every task of the machine on the \
-         syscall slow path; ARCHITECTURE.md measured an *empty* program pair at about 1.6× on a \
-         getppid storm here. An untracked thread pays that plus one inlined array load, so for the \
-         cheapest syscall the untracked ratio cannot approach 1.15×; on a syscall that does real \
-         work (the failing open) it does.\n\
-         - A traced failing open pays, on top of that floor: the in-flight marker, the enter time \
-         (one hash lookup), a ring-buffer reservation, the comm, two register reads, the path \
-         copy from user memory (`strncpy_from_user`), the submit, and the reader on the other CPU \
-         pulling 400-byte records through the cache. The next lever is variable-length records \
-         (most paths are far shorter than the 256-byte field).\n\
+         syscall slow path; the *empty programs* column measures that floor in the same run (`probe \
+         floor` attaches two programs that return at once). An untracked thread pays the floor plus \
+         one inlined array load, so for the cheapest syscall (getppid) no tracer on these \
+         tracepoints can reach 1.15×; on a syscall that does real work (the failing open) the floor \
+         is small.\n\
+         - A traced failing open pays, on top of that floor: the in-flight marker, a ring-buffer \
+         reservation, the clock, two register loads (plain loads: the programs are BTF tracepoints), \
+         the path copy from user memory (`strncpy_from_user`), the submit, and the reader on the \
+         other CPU pulling the records through the cache. It does not pay a clock read and hash \
+         lookup at enter (only connect and sendto are timed), the comm (userspace names processes \
+         from their exec events), or a wake-up per event (only when pending data crosses 1 MiB).\n\
          - Workload timings in this VM move by ±10–30% between identical runs (gcc's probed median \
          is below its unprobed one); ratios near 1.0 are within that noise.\n"
     )?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::splice;
+
+    #[test]
+    fn splice_replaces_one_section_and_keeps_the_rest() {
+        let doc = "# Benchmarks\nprobe old\n\n## Daemon (x)\ndaemon\n\n## agent-bridge\nbridge\n\n## Campaign\ncampaign\n";
+        let out = splice(doc, "daemon", "## Daemon (x)\ndaemon new\n");
+        assert_eq!(
+            out,
+            "# Benchmarks\nprobe old\n\n## Daemon (x)\ndaemon new\n\n## agent-bridge\nbridge\n\n## Campaign\ncampaign\n"
+        );
+        // a section missing from the document is added in its place
+        let partial = "# Benchmarks\nprobe\n\n## Campaign\ncampaign\n";
+        let out = splice(partial, "bridge", "## agent-bridge\nnew\n");
+        assert_eq!(
+            out,
+            "# Benchmarks\nprobe\n\n## agent-bridge\nnew\n\n## Campaign\ncampaign\n"
+        );
+        // an empty document gets the one section
+        assert_eq!(
+            splice("", "probe", "# Benchmarks\nx\n"),
+            "# Benchmarks\nx\n"
+        );
+    }
 }

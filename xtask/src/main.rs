@@ -70,8 +70,9 @@ enum Cmd {
         /// Do not rewrite docs/BENCHMARKS.md.
         #[arg(long)]
         no_write: bool,
-        /// Only the campaign benchmark (its section of docs/BENCHMARKS.md is replaced).
-        #[arg(long, value_parser = ["campaign"])]
+        /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
+        /// and the others are kept.
+        #[arg(long, value_parser = ["probe", "daemon", "bridge", "campaign"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
@@ -111,23 +112,22 @@ fn main() -> anyhow::Result<()> {
             campaign_tests,
         } => {
             setup()?;
-            let mut text = if only.is_some() {
-                let old = std::fs::read_to_string("docs/BENCHMARKS.md").unwrap_or_default();
-                old.split("## Campaign")
-                    .next()
-                    .unwrap_or_default()
-                    .to_string()
-            } else {
-                bench::run(&build_probe_release()?, n, runs)?
-            };
-            let section = campaign::bench(campaign_tests)?;
-            print!("{section}");
-            if !text.ends_with("\n\n") {
-                text.push('\n');
+            let mut doc = std::fs::read_to_string("docs/BENCHMARKS.md").unwrap_or_default();
+            for (section, _) in bench::SECTIONS {
+                if only.as_deref().is_some_and(|o| o != section) {
+                    continue;
+                }
+                let text = match section {
+                    "probe" => bench::probe_section(&build_probe_release()?, n, runs)?,
+                    "daemon" => bench::cargo_bench_section("probe", "daemon")?,
+                    "bridge" => bench::cargo_bench_section("agent-bridge", "bridge")?,
+                    _ => campaign::bench(campaign_tests)?,
+                };
+                print!("{text}");
+                doc = bench::splice(&doc, section, &text);
             }
-            text.push_str(&section);
             if !no_write {
-                std::fs::write("docs/BENCHMARKS.md", &text)?;
+                std::fs::write("docs/BENCHMARKS.md", &doc)?;
                 eprintln!("xtask: wrote docs/BENCHMARKS.md");
             }
             Ok(())

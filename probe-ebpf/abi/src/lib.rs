@@ -160,7 +160,9 @@ pub struct Event {
     /// Valid bytes in `data`.
     pub data_len: u32,
     pub _pad: u32,
-    /// `comm` of the current task (OomVictim: the victim's).
+    /// `comm` of the current task (OomVictim: the victim's). Empty on
+    /// SyscallFailed, FileWrite and FdDup: userspace names those from the
+    /// process's Fork/Exec/Exit events.
     pub comm: [u8; 16],
     /// Path, socket address or exec filename, see `flags`.
     pub data: [u8; DATA_LEN],
@@ -234,16 +236,25 @@ pub const fn is_fd_syscall(nr: i64) -> bool {
 }
 
 /// Whether `sys_enter` must do more than mark the syscall in flight for
-/// `nr`: time it (paths, addresses) or keep an argument that is gone or
-/// needed before `sys_exit` (exit code, clone flags). Everything else is
-/// read from the saved registers at `sys_exit`, and only on failure.
+/// `nr`: time it (connect, sendto: a failure after seconds is a timeout) or
+/// keep an argument that is gone or needed before `sys_exit` (exit code,
+/// clone flags). Everything else is read from the saved registers at
+/// `sys_exit`, and only on failure. Path syscalls are not timed: a failing
+/// open takes microseconds, and the clock read plus the map lookup on both
+/// sides cost more than the rest of the probe's enter path.
 #[inline(always)]
 pub const fn needs_enter_state(nr: i64) -> bool {
     match syscall_arg_role(nr) {
-        ArgRole::Path { .. } | ArgRole::SockAddr { .. } => true,
+        ArgRole::SockAddr { .. } => true,
         ArgRole::First => matches!(nr, 56 | 60 | 231 | 435),
-        ArgRole::None => false,
+        ArgRole::Path { .. } | ArgRole::None => false,
     }
+}
+
+/// Whether a failure of `nr` carries its duration (`Event::duration_ns`).
+#[inline(always)]
+pub const fn is_timed(nr: i64) -> bool {
+    matches!(syscall_arg_role(nr), ArgRole::SockAddr { .. })
 }
 
 /// x86_64 syscall numbers the eBPF side treats specially.
