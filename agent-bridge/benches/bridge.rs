@@ -152,11 +152,11 @@ async fn connect_http(url: &str) -> Client {
 }
 
 async fn call(client: &Client, tool: &str, args: Value) -> Value {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object")
+    };
     let r = client
-        .call_tool(
-            CallToolRequestParams::new(tool.to_string())
-                .with_arguments(args.as_object().cloned().unwrap()),
-        )
+        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args))
         .await
         .unwrap();
     assert_ne!(r.is_error, Some(true), "{tool}: {:?}", r.content);
@@ -232,13 +232,10 @@ async fn transfer(b: &Bridge, dir: &Path, data: &[u8]) -> (f64, f64) {
     let path = dir.join("payload.bin");
     let (mut w, mut r) = (Vec::new(), Vec::new());
     for _ in 0..3 {
+        // built outside the timing: the payload's copy is the harness's, not the bridge's
+        let args = json!({"path": path, "content_base64": b64});
         let t = Instant::now();
-        let s = call(
-            &b.client,
-            "write_file",
-            json!({"path": path, "content_base64": b64}),
-        )
-        .await;
+        let s = call(&b.client, "write_file", args).await;
         w.push(mbps(data.len(), t.elapsed()));
         assert_eq!(s["size"], data.len() as u64);
         let t = Instant::now();
@@ -247,6 +244,102 @@ async fn transfer(b: &Bridge, dir: &Path, data: &[u8]) -> (f64, f64) {
         assert_eq!(s["bytes"], data.len() as u64);
     }
     (median(w), median(r))
+}
+
+/// The bridge alone over stdio, (write MB/s, read MB/s, peak RSS KiB), median
+/// of 3: each request is encoded before the clock starts and each answer is
+/// only framed (read to its newline) while it runs, so the client's own JSON
+/// and base64 work is left out; both are checked, in full, after the clock.
+fn bridge_alone_stdio(socket: &Path, dir: &Path, data: &[u8]) -> (f64, f64, u64) {
+    use sha2::Digest as _;
+    use std::io::{BufRead as _, Write as _};
+    let mut child = Command::new(BRIDGE)
+        .args(["serve", "--stdio"])
+        .args(probe_args(Some(socket)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
+    let line = |v: Value| {
+        let mut bytes = serde_json::to_vec(&v).unwrap();
+        bytes.push(b'\n');
+        bytes
+    };
+    // the answer to a request: the next line that is not a notification
+    let answer = |stdout: &mut std::io::BufReader<std::process::ChildStdout>| loop {
+        let mut buf = Vec::new();
+        stdout.read_until(b'\n', &mut buf).unwrap();
+        assert!(!buf.is_empty(), "the bridge closed stdout");
+        if !buf[..buf.len().min(64)]
+            .windows(8)
+            .any(|w| w == b"\"method\"")
+        {
+            break buf;
+        }
+    };
+    stdin
+        .write_all(&line(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}})))
+        .unwrap();
+    answer(&mut stdout);
+    stdin
+        .write_all(&line(
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        ))
+        .unwrap();
+    let sha: String = sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let path = dir.join("payload-alone.bin");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+    let (mut w, mut r) = (Vec::new(), Vec::new());
+    for round in 0..3u64 {
+        let write = line(
+            json!({"jsonrpc": "2.0", "id": 10 + 2 * round, "method": "tools/call",
+            "params": {"name": "write_file", "arguments": {"path": path, "content_base64": b64}}}),
+        );
+        let t = Instant::now();
+        stdin.write_all(&write).unwrap();
+        let reply = answer(&mut stdout);
+        w.push(mbps(data.len(), t.elapsed()));
+        let v: Value = serde_json::from_slice(&reply).unwrap();
+        assert_eq!(v["id"], 10 + 2 * round, "{v}");
+        assert_eq!(
+            v["result"]["structuredContent"]["sha256"],
+            sha.as_str(),
+            "{v}"
+        );
+        assert_eq!(v["result"]["structuredContent"]["size"], data.len() as u64);
+
+        let read = line(
+            json!({"jsonrpc": "2.0", "id": 11 + 2 * round, "method": "tools/call",
+            "params": {"name": "read_file", "arguments": {"path": path}}}),
+        );
+        let t = Instant::now();
+        stdin.write_all(&read).unwrap();
+        let reply = answer(&mut stdout);
+        r.push(mbps(data.len(), t.elapsed()));
+        let v: Value = serde_json::from_slice(&reply).unwrap();
+        assert_eq!(v["id"], 11 + 2 * round);
+        let blob = v["result"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|c| c["resource"]["blob"].as_str())
+            .expect("read_file returns the bytes as a blob resource");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(blob)
+            .unwrap();
+        assert!(bytes == data, "read_file returned other bytes");
+    }
+    let peak = vm_hwm_kib(child.id());
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    (median(w), median(r), peak)
 }
 
 /// The baseline for throughput: the same bytes through a pipe from `cat`.
@@ -367,8 +460,41 @@ async fn main() {
     std::fs::write(dir.path().join("raw.bin"), &data).unwrap();
     let raw = raw_pipe(&dir.path().join("raw.bin"));
     out.push_str(&format!(
-        "\n64 MiB of non-text bytes (base64 on the wire), probe attached, median of 3; baseline: `cat` of the same file into a pipe, {raw:.0} MB/s.\n\n\
-         | transport | write_file MB/s | read_file MB/s | bridge peak RSS (VmHWM) | peak / payload |\n|---|---|---|---|---|\n"
+        "\n64 MiB of non-text bytes (base64 on the wire), probe attached, median of 3; baseline: `cat` of the same file into a pipe, {raw:.0} MB/s. \
+         *Bridge alone* sends each request pre-encoded and only frames each answer while the clock runs (both checked in full after it): \
+         what the bridge sustains. *rmcp client* is end to end through rmcp's own client, whose JSON and base64 work on the same 2 vCPUs is counted too.\n\n\
+         | transport | client | write_file MB/s | read_file MB/s | bridge peak RSS (VmHWM) | peak / payload |\n|---|---|---|---|---|---|\n"
+    ));
+    let alone = {
+        let (socket, dir, data) = (socket.clone(), dir.path().to_path_buf(), data.clone());
+        tokio::task::spawn_blocking(move || bridge_alone_stdio(&socket, &dir, &data))
+            .await
+            .unwrap()
+    };
+    let row = |name: &str, client: &str, w: f64, r: f64, before: Option<u64>, peak: u64| {
+        eprintln!(
+            "bench: 64 MiB over {name} ({client}): write {w:.0} MB/s, read {r:.0} MB/s, peak {} MiB",
+            peak / 1024
+        );
+        format!(
+            "| {name} | {client} | {w:.0} ({:.2}× raw) | {r:.0} ({:.2}× raw) | {:.0} MiB{} | {:.2}× |\n",
+            w / raw,
+            r / raw,
+            peak as f64 / 1024.0,
+            before.map_or(String::new(), |b| format!(
+                " (idle {:.0} MiB)",
+                b as f64 / 1024.0
+            )),
+            peak as f64 * 1024.0 / MIB64 as f64
+        )
+    };
+    out.push_str(&row(
+        "stdio",
+        "bridge alone",
+        alone.0,
+        alone.1,
+        None,
+        alone.2,
     ));
     for name in ["stdio", "http"] {
         let b = if name == "stdio" {
@@ -379,25 +505,16 @@ async fn main() {
         let before = vm_hwm_kib(b.pid);
         let (w, r) = transfer(&b, dir.path(), &data).await;
         let peak = vm_hwm_kib(b.pid);
-        out.push_str(&format!(
-            "| {name} | {w:.0} ({:.2}× raw) | {r:.0} ({:.2}× raw) | {:.0} MiB (idle {:.0} MiB) | {:.2}× |\n",
-            w / raw,
-            r / raw,
-            peak as f64 / 1024.0,
-            before as f64 / 1024.0,
-            peak as f64 * 1024.0 / MIB64 as f64
-        ));
-        eprintln!(
-            "bench: 64 MiB over {name}: write {w:.0} MB/s, read {r:.0} MB/s, peak {} MiB",
-            peak / 1024
-        );
+        out.push_str(&row(name, "rmcp client", w, r, Some(before), peak));
     }
     out.push_str(
         "\nTargets (issue 4): p50 ≤ 5 ms for exec `true` with the probe attached; ≥ 150 MB/s each way; peak RSS ≤ 5× the payload.\n\n\
-         Where a 64 MiB transfer's time goes (perf, both processes on the 2 vCPUs): the client's base64 and JSON \
-         encoding, the bridge's JSON parse, base64 decode and sha256, the worker's pipe and the file write, then the \
-         same in reverse — about ten passes over 64–85 MiB, none above 5% of the samples. The raw-pipe baseline makes \
-         one. MCP carries bytes as base64 inside JSON, so throughput is bounded by those passes, not by one hot spot.\n",
+         Where a 64 MiB transfer's time goes: the bridge reads stdin in 1 MiB pipe loads (it widens its pipes and the \
+         worker's from 64 KiB, so 64 MiB is 64 wake-ups, not 1,024), finds line ends with memchr, parses, decodes base64 \
+         with SIMD, and hashes on another thread while the worker writes the file; answers are hashed and encoded side \
+         by side and serialized by sonic-rs (SIMD escaping) straight to fd 1. Over HTTP, rmcp's server does the JSON and \
+         the SSE framing, and its client parses and encodes with serde_json; over stdio, the rmcp client's serialization \
+         of an 87 MB request and its parse of an 87 MB answer take longer than the bridge's own work.\n",
     );
     print!("{out}");
 }

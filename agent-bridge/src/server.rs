@@ -127,8 +127,7 @@ impl ServerHandler for Bridge {
 /// Serves one session on stdin/stdout until the client closes it.
 pub async fn serve_stdio(config: Arc<Config>, max_message: usize) -> anyhow::Result<()> {
     let bridge = Bridge::new(config)?;
-    let transport =
-        crate::stdio::StdioTransport::new(tokio::io::stdin(), std::io::stdout(), max_message);
+    let transport = crate::stdio::StdioTransport::process_stdio(max_message)?;
     let running = rmcp::serve_server(bridge, transport).await?;
     running.waiting().await?;
     Ok(())

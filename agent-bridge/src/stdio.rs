@@ -2,21 +2,19 @@
 //!
 //! Ours rather than rmcp's so that every bad line gets an answer (rmcp drops
 //! an oversized line silently and folds parse errors together), and so that
-//! big messages are not held twice: a request line is parsed and freed at
-//! once, and a response is serialized straight into stdout by a writer
-//! thread instead of into a buffer first.
+//! big messages are cheap: a reader thread pulls stdin in 1 MiB reads, finds
+//! line ends with memchr and parses each request on the spot, and a writer
+//! thread serializes each response with sonic-rs (SIMD string escaping:
+//! a read_file answer is one 87 MB base64 string) straight to fd 1, past
+//! std's line-buffered `Stdout`, which would scan every write for newlines.
 
-use std::io::Write as _;
+use std::io::{BufRead as _, Read as _};
 
 use rmcp::RoleServer;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader};
 use tokio::sync::mpsc;
-
-/// Lines longer than this are parsed on a blocking thread.
-const PARSE_INLINE: usize = 1 << 20;
 
 enum Outgoing {
     Message(Box<TxJsonRpcMessage<RoleServer>>),
@@ -33,18 +31,29 @@ pub struct StdioTransport {
 }
 
 impl StdioTransport {
-    /// Reads requests from `input` (at most `max_line` bytes each) and
-    /// writes responses to `output` from a thread of its own.
+    /// Reads requests from `input` (at most `max_line` bytes each) on a
+    /// thread of its own, and writes responses to `output` from another.
     pub fn new(
-        input: impl AsyncRead + Unpin + Send + 'static,
+        input: impl std::io::Read + Send + 'static,
         output: impl std::io::Write + Send + 'static,
         max_line: usize,
     ) -> StdioTransport {
         let (out, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || write_all(rx, output));
         let (tx, incoming) = mpsc::channel(16);
-        tokio::spawn(read_all(input, tx, out.clone(), max_line));
+        let answers = out.clone();
+        std::thread::spawn(move || read_all(input, tx, answers, max_line));
         StdioTransport { incoming, out }
+    }
+
+    /// The process's own stdin and stdout, as raw file descriptors.
+    pub fn process_stdio(max_line: usize) -> std::io::Result<StdioTransport> {
+        use std::os::fd::AsFd as _;
+        let stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+        let stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
+        crate::workload::widen_pipe(stdin.as_fd());
+        crate::workload::widen_pipe(stdout.as_fd());
+        Ok(StdioTransport::new(stdin, stdout, max_line))
     }
 }
 
@@ -76,98 +85,102 @@ fn error(id: Value, code: i32, message: String) -> Outgoing {
     Outgoing::Raw(json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}))
 }
 
-/// Parses one line: a message, or the error answer it deserves.
+/// Parses one line: a message, or the error answer it deserves. The parser
+/// checks UTF-8 itself; only a line it rejects is checked again, to say where.
 fn parse(line: &[u8]) -> Result<RxJsonRpcMessage<RoleServer>, Outgoing> {
-    let text = std::str::from_utf8(line).map_err(|e| {
-        let msg = format!(
-            "Parse error: the message is not UTF-8 (invalid byte at offset {})",
-            e.valid_up_to()
-        );
-        error(Value::Null, -32700, msg)
-    })?;
-    serde_json::from_str(text).map_err(|e| match serde_json::from_str::<Value>(text) {
-        Err(e) => error(
-            Value::Null,
-            -32700,
-            format!("Parse error: the message is not JSON: {e}"),
-        ),
-        // JSON, but not a message this server understands: answer its id
-        Ok(v) => error(
-            v.get("id").cloned().unwrap_or(Value::Null),
-            -32600,
-            format!("Invalid Request: {e}"),
-        ),
+    serde_json::from_slice(line).map_err(|e| {
+        if let Err(bad) = std::str::from_utf8(line) {
+            let msg = format!(
+                "Parse error: the message is not UTF-8 (invalid byte at offset {})",
+                bad.valid_up_to()
+            );
+            return error(Value::Null, -32700, msg);
+        }
+        match serde_json::from_slice::<Value>(line) {
+            Err(e) => error(
+                Value::Null,
+                -32700,
+                format!("Parse error: the message is not JSON: {e}"),
+            ),
+            // JSON, but not a message this server understands: answer its id
+            Ok(v) => error(
+                v.get("id").cloned().unwrap_or(Value::Null),
+                -32600,
+                format!("Invalid Request: {e}"),
+            ),
+        }
     })
 }
 
-async fn read_all(
-    input: impl AsyncRead + Unpin,
+fn read_all(
+    input: impl std::io::Read,
     incoming: mpsc::Sender<RxJsonRpcMessage<RoleServer>>,
     out: std::sync::mpsc::Sender<Outgoing>,
     max_line: usize,
 ) {
-    let mut input = BufReader::with_capacity(1 << 20, input);
+    let mut input = std::io::BufReader::with_capacity(1 << 20, input);
     loop {
         let mut line = Vec::new();
-        let mut seen = 0usize;
-        let ended = loop {
-            let buf = match input.fill_buf().await {
-                Ok(b) if !b.is_empty() => b,
-                _ => break true,
-            };
-            let (take, done) = match buf.iter().position(|&b| b == b'\n') {
-                Some(i) => (i + 1, true),
-                None => (buf.len(), false),
-            };
-            seen += take;
-            if seen <= max_line + 1 {
-                line.extend_from_slice(&buf[..take]);
-            } else {
-                line = Vec::new(); // over the limit: count the rest, keep nothing
-            }
-            input.consume(take);
-            if done {
-                break false;
-            }
+        // at most one byte past the limit, so an oversized line is known as such
+        let limit = max_line as u64 + 1;
+        let Ok(n) = (&mut input).take(limit).read_until(b'\n', &mut line) else {
+            return;
         };
-        if seen > max_line + 1 {
+        if n == 0 {
+            return; // end of input: dropping `incoming` ends the session
+        }
+        if line.last() != Some(&b'\n') && n as u64 == limit {
+            // over the limit: count the rest of the line, keep nothing
+            drop(line);
+            let rest = input.skip_until(b'\n').unwrap_or(0);
+            let seen = n + rest;
             let msg = format!(
                 "Invalid Request: a message of at least {seen} bytes is over this server's limit of {max_line} bytes (--max-body)"
             );
             let _ = out.send(error(Value::Null, -32600, msg));
-        } else if !line.iter().all(u8::is_ascii_whitespace) {
-            let parsed = if line.len() > PARSE_INLINE {
-                tokio::task::spawn_blocking(move || parse(&line))
-                    .await
-                    .unwrap_or_else(|e| Err(error(Value::Null, -32603, e.to_string())))
-            } else {
-                parse(&line)
-            };
-            match parsed {
-                Ok(message) => {
-                    if incoming.send(message).await.is_err() {
-                        return;
-                    }
-                }
-                Err(answer) => {
-                    let _ = out.send(answer);
+            continue;
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match parse(&line) {
+            Ok(message) => {
+                drop(line);
+                if incoming.blocking_send(message).is_err() {
+                    return;
                 }
             }
-        }
-        if ended {
-            return; // dropping `incoming` ends the session
+            Err(answer) => {
+                let _ = out.send(answer);
+            }
         }
     }
 }
 
-fn write_all(rx: std::sync::mpsc::Receiver<Outgoing>, output: impl std::io::Write) {
-    let mut w = std::io::BufWriter::with_capacity(64 * 1024, output);
+/// JSON of a message: sonic-rs, or serde_json should sonic-rs refuse it.
+fn encode<T: serde::Serialize>(value: &T) -> Option<Vec<u8>> {
+    sonic_rs::to_vec(value)
+        .ok()
+        .or_else(|| serde_json::to_vec(value).ok())
+}
+
+fn write_all(rx: std::sync::mpsc::Receiver<Outgoing>, mut output: impl std::io::Write) {
     for item in rx {
-        let written = match item {
-            Outgoing::Message(m) => serde_json::to_writer(&mut w, &m),
-            Outgoing::Raw(v) => serde_json::to_writer(&mut w, &v),
+        // one buffer per message, freed after it: a big answer is not kept
+        let bytes = match item {
+            Outgoing::Message(m) => encode(&m),
+            Outgoing::Raw(v) => encode(&v),
         };
-        if written.is_err() || w.write_all(b"\n").and_then(|()| w.flush()).is_err() {
+        let Some(mut bytes) = bytes else {
+            tracing::error!("a response could not be serialized");
+            continue;
+        };
+        bytes.push(b'\n');
+        if output
+            .write_all(&bytes)
+            .and_then(|()| output.flush())
+            .is_err()
+        {
             return; // stdout is gone; `send` reports it from now on
         }
     }

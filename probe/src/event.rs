@@ -87,6 +87,8 @@ pub struct KernelEvent {
     pub path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<String>,
+    /// How long the syscall ran: failed connect/sendto only (a timeout shows
+    /// as seconds; path syscalls are not timed), and reclaim stalls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ns: Option<u64>,
     /// open(2) flags, or mount(2) flags for `mount`.

@@ -4,6 +4,7 @@
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt as _;
+use std::sync::Arc;
 
 use rmcp::model::{ContentBlock, ResourceContents};
 use serde_json::{Value, json};
@@ -11,16 +12,43 @@ use tokio_util::sync::CancellationToken;
 
 use super::{IMAGE_CONTENT_MAX, MAX_READ, Reply, Session, small};
 use crate::bytes::{sha256_hex, sniff_mime};
-use crate::fault::corrupt;
+use crate::fault::{InterfaceFault, corrupt};
 use crate::tools::{self, ArgError, arg_error};
 use crate::workload::{Output, Spec};
+
+/// sha256 on a blocking thread: 64 MiB takes ~65 ms, too long to hold the runtime.
+async fn hash_off_runtime(data: Vec<u8>) -> (Vec<u8>, String) {
+    tokio::task::spawn_blocking(move || {
+        let sha = sha256_hex(&data);
+        (data, sha)
+    })
+    .await
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
+/// The digest of the bytes read and the base64 of what is returned (the
+/// same bytes unless an interface fault corrupts them), computed side by
+/// side: hashing and encoding 64 MiB each take tens of milliseconds.
+fn hash_and_encode(data: Vec<u8>, fault: Option<InterfaceFault>) -> (String, usize, String) {
+    if fault.is_some() {
+        let sha = sha256_hex(&data);
+        let data = corrupt(fault, data);
+        return (sha, data.len(), crate::bytes::base64_encode(&data));
+    }
+    std::thread::scope(|s| {
+        let sha = s.spawn(|| sha256_hex(&data));
+        let b64 = crate::bytes::base64_encode(&data);
+        let sha = sha.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+        (sha, data.len(), b64)
+    })
+}
 
 impl Session {
     async fn worker(
         &self,
         what: &str,
         args: Vec<OsString>,
-        stdin: Option<Vec<u8>>,
+        stdin: Option<Arc<Vec<u8>>>,
         output: Output,
         cancel: CancellationToken,
     ) -> Result<(Vec<u8>, Vec<u8>, Value), Reply> {
@@ -69,9 +97,17 @@ impl Session {
         let a: tools::WriteFileArgs = tools::parse(args)?;
         let path = tools::path(&a.path, &a.path_base64)?;
         let data = tools::content(("content_base64", &a.content_base64), ("text", &a.text))?;
-        let sha = sha256_hex(&data);
-        if let Some(want) = &a.sha256
-            && !want.eq_ignore_ascii_case(&sha)
+        // with a digest to check, or bytes about to be corrupted on purpose, hash
+        // before writing; otherwise hash while the worker writes
+        let hash_first = a.sha256.is_some() || self.config.fault.is_some();
+        let (data, early_sha) = if hash_first {
+            let (data, sha) = hash_off_runtime(data).await;
+            (data, Some(sha))
+        } else {
+            (data, None)
+        };
+        if let (Some(want), Some(sha)) = (&a.sha256, &early_sha)
+            && !want.eq_ignore_ascii_case(sha)
         {
             let what = if a.text.is_some() {
                 "text"
@@ -88,8 +124,12 @@ impl Session {
         }
         let mode = a.mode.as_ref().map(tools::Mode::bits).transpose()?;
         let mime = sniff_mime(&data, &path.to_string_lossy());
-        let data = corrupt(self.config.fault, data);
+        let data = Arc::new(corrupt(self.config.fault, data));
         let written = data.len();
+        let hashing = early_sha.is_none().then(|| {
+            let data = data.clone();
+            tokio::task::spawn_blocking(move || sha256_hex(&data))
+        });
         let argv = vec![
             "write".into(),
             path.clone(),
@@ -101,24 +141,28 @@ impl Session {
             }
             .into(),
         ];
-        Ok(
-            match self
-                .worker("write_file", argv, Some(data), small(), cancel)
+        let result = self
+            .worker("write_file", argv, Some(data), small(), cancel)
+            .await;
+        let sha = match hashing {
+            Some(task) => task
                 .await
-            {
-                Ok((out, _, kernel)) => {
-                    let size = serde_json::from_slice::<Value>(&out)
-                        .ok()
-                        .and_then(|v| v["size"].as_u64());
-                    let shown = path.to_string_lossy();
-                    Reply::ok(
-                        format!("wrote {written} bytes to {shown} (sha256 {sha})"),
-                        json!({"path": shown, "size": size, "written": written, "sha256": sha, "mime": mime, "kernel": kernel}),
-                    )
-                }
-                Err(r) => r,
-            },
-        )
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
+            None => early_sha.unwrap_or_default(),
+        };
+        Ok(match result {
+            Ok((out, _, kernel)) => {
+                let size = serde_json::from_slice::<Value>(&out)
+                    .ok()
+                    .and_then(|v| v["size"].as_u64());
+                let shown = path.to_string_lossy();
+                Reply::ok(
+                    format!("wrote {written} bytes to {shown} (sha256 {sha})"),
+                    json!({"path": shown, "size": size, "written": written, "sha256": sha, "mime": mime, "kernel": kernel}),
+                )
+            }
+            Err(r) => r,
+        })
     }
 
     pub(super) async fn read_file(
@@ -154,12 +198,12 @@ impl Session {
             .unwrap_or(0);
         let shown = path.to_string_lossy().into_owned();
         let mime = sniff_mime(&out, &shown);
-        let sha = sha256_hex(&out);
-        let data = corrupt(self.config.fault, out);
-        let returned = data.len() as u64;
+        let fault = self.config.fault;
+        let (sha, returned, b64) = tokio::task::spawn_blocking(move || hash_and_encode(out, fault))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        let returned = returned as u64;
         let truncated = offset + returned < size && a.length.is_none();
-        let b64 = crate::bytes::base64_encode(&data);
-        drop(data);
         let uri = format!("file://{}", shown);
         let mut content = vec![ContentBlock::text(format!(
             "{shown}: {returned} bytes of {size} from offset {offset}, {mime}, sha256 {sha}"

@@ -221,7 +221,7 @@ impl Session {
     async fn run(
         &self,
         spec: Spec,
-        stdin: Option<Vec<u8>>,
+        stdin: Option<std::sync::Arc<Vec<u8>>>,
         timeout: Duration,
         output: Output,
         cancel: CancellationToken,
@@ -255,6 +255,7 @@ impl Session {
             cap: cap as usize,
             stdout_hint: 0,
         };
+        let stdin = stdin.map(std::sync::Arc::new);
         match self.run(spec, stdin, timeout, output, cancel, tick).await {
             Ok(f) => self.exec_reply(f),
             Err(r) => r,
