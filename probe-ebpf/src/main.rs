@@ -15,7 +15,7 @@
 #![no_std]
 #![no_main]
 
-use core::ptr::write_volatile;
+use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::{
     EbpfContext,
@@ -29,8 +29,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use probe_abi::{
-    ArgRole, DropCounters, EVENT_KINDS, Event, EventKind, Offsets, TaskState, flags, is_timed,
-    needs_enter_state, nr, open_flags_write, slot, syscall_arg_role, task,
+    ArgRole, DATA_LEN, DropCounters, EVENT_KINDS, Event, EventKind, Failure, Offsets, ROLES,
+    ROLES_LEN, TaskState, flags, nr, open_flags_write, slot, task,
 };
 
 /// tid → packed span/flags/syscall-in-flight (`probe_abi::slot`; 0: untracked). An array, sized to pid_max by userspace,
@@ -54,6 +54,36 @@ static DROPS: PerCpuArray<DropCounters> = PerCpuArray::with_max_entries(1, 0);
 /// the one that called exit_group.
 #[map]
 static EXIT_CODES: HashMap<u32, i32> = HashMap::with_max_entries(65536, 0);
+
+/// `probe_abi::ROLES` in the object's read-only data.
+static ROLE_TABLE: [ArgRole; ROLES_LEN] = ROLES;
+
+/// What syscall `nr`'s arguments carry (`probe_abi::syscall_arg_role`), by
+/// one table load.
+#[inline(always)]
+fn role(nr: i64) -> ArgRole {
+    if nr >= 0 && (nr as usize) < ROLES_LEN {
+        // SAFETY: in bounds; a volatile read keeps the table in .rodata
+        // instead of a chain of compares the optimizer would rebuild.
+        unsafe { read_volatile(ROLE_TABLE.as_ptr().add(nr as usize)) }
+    } else {
+        ArgRole::None
+    }
+}
+
+/// `probe_abi::needs_enter_state`, from the role already looked up.
+#[inline(always)]
+fn needs_enter_state(nr: i64, role: ArgRole) -> bool {
+    match role {
+        ArgRole::SockAddr { .. } => true,
+        ArgRole::First => matches!(nr, nr::CLONE | nr::EXIT | nr::EXIT_GROUP | nr::CLONE3),
+        ArgRole::Path { .. } | ArgRole::None => false,
+    }
+}
+
+/// The failure being looked at, per CPU (too big for the 512-byte stack).
+#[map]
+static SCRATCH: PerCpuArray<Failure> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static OFFSETS: Array<Offsets> = Array::with_max_entries(1, 0);
@@ -86,11 +116,16 @@ fn now() -> u64 {
 
 #[inline(always)]
 fn count_drop(kind: EventKind) {
+    count_drops(kind, 1);
+}
+
+#[inline(always)]
+fn count_drops(kind: EventKind, n: u64) {
     let i = kind as usize;
     if let Some(counters) = DROPS.get_ptr_mut(0) {
         if i < EVENT_KINDS as usize {
             // SAFETY: this CPU's slot; only this CPU writes it, preemption off.
-            unsafe { (*counters).by_kind[i] += 1 };
+            unsafe { (*counters).by_kind[i] += n };
         }
     }
 }
@@ -108,7 +143,7 @@ fn reserve(
 ) -> Option<aya_ebpf::maps::ring_buf::RingBufEntry<Event>> {
     let with_comm = !matches!(
         kind,
-        EventKind::SyscallFailed | EventKind::FileWrite | EventKind::FdDup
+        EventKind::SyscallFailed | EventKind::FileWrite | EventKind::FdDup | EventKind::Repeated
     );
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
         count_drop(kind);
@@ -207,21 +242,25 @@ fn offsets() -> Option<&'static Offsets> {
 
 /// x86_64 `struct pt_regs` offsets (the ptrace ABI; stable). The argument
 /// registers still hold the arguments at `sys_exit`.
-const REG_OFFSETS: [usize; 6] = [112, 104, 96, 56, 72, 64]; // di si dx r10 r8 r9
 const REG_ORIG_AX: usize = 120;
 
 /// Syscall argument `i` from the saved user registers.
 #[inline(always)]
 fn reg_arg(regs: *const u8, i: u8) -> u64 {
-    let off = if (i as usize) < REG_OFFSETS.len() {
-        REG_OFFSETS[i as usize]
-    } else {
-        return 0;
-    };
     // SAFETY: `regs` is the BTF tracepoint's `struct pt_regs *`, a pointer
     // the verifier types from kernel BTF: it checks the offset against the
     // struct and turns the load into a fault-tolerant one (no helper call).
-    unsafe { core::ptr::read_volatile(regs.add(off) as *const u64) }
+    // It wants that offset constant, so each argument has its own load.
+    let at = |off: usize| unsafe { core::ptr::read_volatile(regs.add(off) as *const u64) };
+    match i {
+        0 => at(112), // di
+        1 => at(104), // si
+        2 => at(96),  // dx
+        3 => at(56),  // r10
+        4 => at(72),  // r8
+        5 => at(64),  // r9
+        _ => 0,
+    }
 }
 
 /// This thread's `TRACKED` slot, when it is traced.
@@ -255,7 +294,7 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
     // SAFETY: this thread's own slot; only this thread writes it while it
     // runs (fork writes a child's slot before the child runs).
     unsafe { *ptr = (*ptr & !slot::NR_MASK) | marker };
-    if !needs_enter_state(id) {
+    if !needs_enter_state(id, role(id)) {
         return 0;
     }
     let regs: *const u8 = ctx.arg(0);
@@ -331,7 +370,13 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
             unsafe {
                 (*ev).syscall = id;
                 (*ev).ret = ret;
-                fill_data(&mut *ev, regs, id);
+                fill_data(
+                    &mut (*ev).data,
+                    &mut (*ev).data_len,
+                    &mut (*ev).flags,
+                    regs,
+                    role(id),
+                );
                 if tflags & task::SECCOMP_ON != 0 {
                     (*ev).flags |= flags::SECCOMP_ON;
                 }
@@ -351,33 +396,161 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
 
+    on_failure(tid, regs, span, entered, ret, tflags);
+    0
+}
+
+/// A traced syscall failed. The same failure as the thread's previous one
+/// (syscall, errno, first argument, path or address) is only counted: a
+/// retry loop or a storm costs a compare, not a ring-buffer record each.
+/// Otherwise the count so far goes out as a Repeated event, then the
+/// failure as a SyscallFailed event.
+#[inline(always)]
+fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tflags: u32) {
+    let Some(cur) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch slot; sys_exit does not nest on a CPU.
+    let cur = unsafe { &mut *cur };
+    cur.nr = entered;
+    cur.ret = ret;
+    let role = role(entered);
+    cur.aux0 = match role {
+        ArgRole::Path { flags: Some(f), .. } => reg_arg(regs, f),
+        ArgRole::First => reg_arg(regs, 0),
+        _ => 0,
+    };
+    cur.data_len = 0;
+    cur.data_flags = 0;
+    fill_data(
+        &mut cur.data,
+        &mut cur.data_len,
+        &mut cur.data_flags,
+        regs,
+        role,
+    );
+    let state = TASKS.get_ptr_mut(tid);
+    if let Some(st) = state {
+        // SAFETY: this thread's own TASKS entry.
+        let st = unsafe { &mut *st };
+        if same_failure(&st.last, cur) {
+            st.repeats += 1;
+            return;
+        }
+        if st.repeats > 0 {
+            if !send_repeats(st, span) {
+                // ring full: this failure is counted as dropped, the
+                // repeats stay pending, so nothing is credited to the wrong one
+                count_drop(EventKind::SyscallFailed);
+                return;
+            }
+            st.repeats = 0;
+        }
+    }
     let ts = now();
     let Some(mut entry) = reserve(EventKind::SyscallFailed, span, ts) else {
-        return 0;
+        return;
     };
     let ev = entry.as_mut_ptr();
     // SAFETY: reserved Event, header already written.
     unsafe {
         (*ev).syscall = entered;
         (*ev).ret = ret;
-        if is_timed(entered) {
-            if let Some(state) = TASKS.get_ptr(tid) {
-                (*ev).duration_ns = ts.wrapping_sub((*state).enter_ts);
+        if matches!(role, ArgRole::SockAddr { .. }) {
+            if let Some(st) = state {
+                (*ev).duration_ns = ts.wrapping_sub((*st).enter_ts);
             }
         }
-        (*ev).aux[0] = match syscall_arg_role(entered) {
-            ArgRole::Path { flags: Some(f), .. } => reg_arg(regs, f),
-            ArgRole::First => reg_arg(regs, 0),
-            _ => 0,
-        };
-        fill_data(&mut *ev, regs, entered);
+        (*ev).aux[0] = cur.aux0;
+        copy_data(&mut (*ev).data, &cur.data, cur.data_len);
+        (*ev).data_len = cur.data_len;
+        (*ev).flags |= cur.data_flags;
         if tflags & task::SECCOMP_ON != 0 {
             (*ev).flags |= flags::SECCOMP_ON;
         }
     }
+    if let Some(st) = state {
+        // SAFETY: as above; remembered only once sent, so a repeat is never
+        // counted against a failure that was dropped
+        let last = unsafe { &mut (*st).last };
+        last.nr = cur.nr;
+        last.ret = cur.ret;
+        last.aux0 = cur.aux0;
+        last.data_len = cur.data_len;
+        last.data_flags = cur.data_flags;
+        copy_data(&mut last.data, &cur.data, cur.data_len);
+    }
     // a failed exec is rare and is checked against mountinfo on arrival
     submit(entry, entered == nr::EXECVE || entered == nr::EXECVEAT);
-    0
+}
+
+/// Sends the thread's pending repeat count; false when the ring is full.
+#[inline(always)]
+fn send_repeats(st: &TaskState, span: u64) -> bool {
+    let Some(mut entry) = reserve(EventKind::Repeated, span, now()) else {
+        return false;
+    };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: reserved Event, header already written.
+    unsafe {
+        (*ev).syscall = st.last.nr;
+        (*ev).ret = st.last.ret;
+        (*ev).aux[0] = st.repeats;
+        (*ev).aux[1] = st.last.aux0;
+    }
+    submit(entry, false);
+    true
+}
+
+/// Words of `data` that hold its first `len` bytes.
+#[inline(always)]
+fn words(len: u32) -> usize {
+    (len as usize).div_ceil(8)
+}
+
+/// Whether `cur` is the same failure as `last`.
+#[inline(always)]
+fn same_failure(last: &Failure, cur: &Failure) -> bool {
+    if last.nr != cur.nr
+        || last.ret != cur.ret
+        || last.aux0 != cur.aux0
+        || last.data_len != cur.data_len
+        || last.data_flags != cur.data_flags
+    {
+        return false;
+    }
+    let n = words(cur.data_len);
+    let (a, b) = (
+        last.data.as_ptr() as *const u64,
+        cur.data.as_ptr() as *const u64,
+    );
+    let mut i = 0;
+    while i < DATA_LEN / 8 && i < n {
+        // SAFETY: i < DATA_LEN / 8: both reads are inside the arrays, which
+        // sit 8-aligned in their repr(C) structs (see `copy_data`).
+        if unsafe { read_volatile(a.add(i)) != read_volatile(b.add(i)) } {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Copies the first `len` bytes (whole words) of `src` into `dst`. Word by
+/// word, with aligned loads: a plain array copy becomes BPF's byte-at-a-time
+/// memcpy, and an unaligned load eight byte loads. Every `data` array sits
+/// at an 8-aligned offset of an 8-aligned repr(C) struct (`Event`,
+/// `Failure`), so the words are aligned.
+#[inline(always)]
+fn copy_data(dst: &mut [u8; DATA_LEN], src: &[u8; DATA_LEN], len: u32) {
+    let n = words(len);
+    let (d, s) = (dst.as_mut_ptr() as *mut u64, src.as_ptr() as *const u64);
+    let mut i = 0;
+    while i < DATA_LEN / 8 && i < n {
+        // SAFETY: i < DATA_LEN / 8: both accesses are inside the arrays.
+        unsafe { write_volatile(d.add(i), read_volatile(s.add(i))) };
+        i += 1;
+    }
 }
 
 /// A syscall succeeded: record file writes, mounts, fd dups and seccomp
@@ -404,7 +577,7 @@ fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64)
             }
         }
         nr::OPEN | nr::OPENAT | nr::CREAT | nr::MKDIR | nr::MKDIRAT | nr::MOUNT => {
-            let open_flags = match syscall_arg_role(entered) {
+            let open_flags = match role(entered) {
                 ArgRole::Path { flags: Some(f), .. } => reg_arg(regs, f),
                 // creat and mkdir always create
                 _ => 0o100,
@@ -426,7 +599,13 @@ fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64)
                 (*ev).syscall = entered;
                 (*ev).ret = ret;
                 (*ev).aux[0] = open_flags;
-                fill_data(&mut *ev, regs, entered);
+                fill_data(
+                    &mut (*ev).data,
+                    &mut (*ev).data_len,
+                    &mut (*ev).flags,
+                    regs,
+                    role(entered),
+                );
             }
             submit(entry, false);
         }
@@ -434,34 +613,41 @@ fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64)
     }
 }
 
-/// Copies the path or socket address of syscall `nr` into `ev.data`.
+/// Copies the path or socket address a syscall's `role` names into `data`,
+/// setting its length and the DATA_* flag that says which it is.
 #[inline(always)]
-fn fill_data(ev: &mut Event, regs: *const u8, nr: i64) {
-    match syscall_arg_role(nr) {
+fn fill_data(
+    data: &mut [u8; DATA_LEN],
+    len: &mut u32,
+    data_flags: &mut u32,
+    regs: *const u8,
+    role: ArgRole,
+) {
+    match role {
         ArgRole::Path { path, .. } => {
             let ptr = reg_arg(regs, path);
             // SAFETY: a user pointer read with the fault-tolerant helper.
-            match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, &mut ev.data) } {
+            match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, data) } {
                 Ok(s) => {
-                    ev.data_len = s.len() as u32;
-                    ev.flags |= flags::DATA_PATH;
+                    *len = s.len() as u32;
+                    *data_flags |= flags::DATA_PATH;
                 }
-                Err(_) => ev.flags |= flags::DATA_FAULT,
+                Err(_) => *data_flags |= flags::DATA_FAULT,
             }
         }
-        ArgRole::SockAddr { addr, len } => {
+        ArgRole::SockAddr { addr, len: len_arg } => {
             // sockaddr_in6 is 28 bytes, sockaddr_un 110: copy a fixed 112.
             const N: usize = 112;
             let ptr = reg_arg(regs, addr);
-            let buf = &mut ev.data[..N];
+            let buf = &mut data[..N];
             // SAFETY: a user pointer read with the fault-tolerant helper.
             match unsafe { bpf_probe_read_user_buf(ptr as *const u8, buf) } {
                 Ok(()) => {
-                    let len = reg_arg(regs, len) as u32;
-                    ev.data_len = if len > N as u32 { N as u32 } else { len };
-                    ev.flags |= flags::DATA_SOCKADDR;
+                    let n = reg_arg(regs, len_arg) as u32;
+                    *len = if n > N as u32 { N as u32 } else { n };
+                    *data_flags |= flags::DATA_SOCKADDR;
                 }
-                Err(_) => ev.flags |= flags::DATA_FAULT,
+                Err(_) => *data_flags |= flags::DATA_FAULT,
             }
         }
         _ => {}
@@ -573,7 +759,15 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
     let span = span_of(tid);
-    if span.is_some() {
+    if let Some(span) = span {
+        if let Some(st) = TASKS.get_ptr(tid) {
+            // SAFETY: this thread's own entry, read before it is removed.
+            let st = unsafe { &*st };
+            if st.repeats > 0 && !send_repeats(st, span) {
+                // ring full: the failures the count stood for are the drops
+                count_drops(EventKind::SyscallFailed, st.repeats);
+            }
+        }
         set_tracked(tid, 0);
         let _ = TASKS.remove(tid);
     }

@@ -215,8 +215,11 @@ impl Core {
     fn sweep(&mut self) {
         for (span, _) in self.probe.tracked_spans() {
             if !self.spans.contains_key(&span) {
-                let n = self.probe.untrack_span(span);
-                tracing::debug!("swept {n} stale thread(s) of ended span {span}");
+                let pending = self.probe.untrack_span(span);
+                let lost: u64 = pending.iter().map(|p| p.repeats).sum();
+                // the span is stored already: its late repeats are counted, like late events
+                self.late_events += lost;
+                tracing::debug!("swept stale threads of ended span {span}; {lost} late repeats");
             }
         }
     }
@@ -383,11 +386,17 @@ impl Core {
             ));
         }
         self.drain();
-        if let Some(open) = self.spans.get(&span) {
-            let tids: Vec<u32> = open.evidence.tids.iter().copied().collect();
-            self.probe.untrack(tids);
-        }
+        let pending = match self.spans.get(&span) {
+            Some(open) => {
+                let tids: Vec<u32> = open.evidence.tids.iter().copied().collect();
+                self.probe.untrack(tids)
+            }
+            None => Vec::new(),
+        };
         self.drain();
+        if let Some(open) = self.spans.get_mut(&span) {
+            open.evidence.add_pending(&pending);
+        }
         let Some(mut open) = self.spans.remove(&span) else {
             return Err(ErrorBody::new(
                 ErrorCode::NotFound,

@@ -25,6 +25,9 @@ pub enum Kind {
     Mount,
     /// dup2/dup3 (internal: followed to name files behind fds).
     FdDup,
+    /// The thread's last failure repeated identically `repeats` more times
+    /// (internal: added to that failure, not kept).
+    Repeated,
 }
 
 impl Kind {
@@ -41,6 +44,7 @@ impl Kind {
             Kind::ReclaimStall => "reclaim_stall",
             Kind::Mount => "mount",
             Kind::FdDup => "fd_dup",
+            Kind::Repeated => "repeated",
         }
     }
 
@@ -58,6 +62,7 @@ impl Kind {
             ReclaimStall,
             Mount,
             FdDup,
+            Repeated,
         ]
         .into_iter()
         .find(|k| k.id() == id)
@@ -127,6 +132,10 @@ pub struct KernelEvent {
     /// `mnt:[NNN]` of the process, when it matters (persistence).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount_ns: Option<String>,
+    /// The same failure followed this many more times in a row, on the same
+    /// thread (counted in the kernel, not sent one by one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeats: Option<u64>,
 }
 
 /// `si_code` of a SIGSYS raised by seccomp.
@@ -162,13 +171,14 @@ impl KernelEvent {
             mount_noexec: None,
             written_earlier: None,
             mount_ns: None,
+            repeats: None,
         }
     }
 
     /// The errno number of a failed syscall or seccomp denial, if any.
     pub fn errno_nr(&self) -> Option<i32> {
         match self.kind {
-            Kind::SyscallFailed | Kind::SeccompDenied => self
+            Kind::SyscallFailed | Kind::SeccompDenied | Kind::Repeated => self
                 .ret
                 .filter(|r| *r < 0 && *r >= -4095)
                 .map(|r| -r as i32),
@@ -311,6 +321,17 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
             ev.syscall_nr = Some(raw.syscall);
             ev.fd = Some(raw.aux[0] as i64);
             ev.ret = Some(raw.ret);
+            ev
+        }
+        EventKind::Repeated => {
+            let mut ev = KernelEvent::bare(Kind::Repeated, ts, raw.pid, raw.tid, comm);
+            ev.syscall = Some(crate::syscalls::name(raw.syscall));
+            ev.syscall_nr = Some(raw.syscall);
+            ev.ret = Some(raw.ret);
+            if let Some(e) = ev.errno_nr() {
+                ev.errno = Some(errno_name(e));
+            }
+            ev.repeats = Some(raw.aux[0]);
             ev
         }
         EventKind::TaskUntracked => return Err(DecodeError::Kind(raw.kind)),

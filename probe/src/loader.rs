@@ -232,7 +232,8 @@ impl Probe {
     }
 
     /// Stops tracing every task of `span` (descendants that outlive it).
-    pub fn untrack_span(&mut self, span: u64) -> usize {
+    /// Returns their counts of repeated failures not sent yet.
+    pub fn untrack_span(&mut self, span: u64) -> Vec<PendingRepeats> {
         let stale: Vec<u32> = self
             .tasks
             .iter()
@@ -240,13 +241,8 @@ impl Probe {
             .filter(|(_, st)| st.span == span)
             .map(|(tid, _)| tid)
             .collect();
-        for tid in &stale {
-            let _ = self.tracked.set(*tid, 0, 0);
-            let _ = self.tasks.remove(tid);
-        }
-        stale.len()
+        self.untrack(stale)
     }
-
     /// Threads currently traced.
     pub fn tracked_tasks(&self) -> usize {
         self.tasks.keys().count()
@@ -272,11 +268,25 @@ impl Probe {
     }
 
     /// Stops tracing the given threads of a span (the ones its events named).
-    pub fn untrack(&mut self, tids: impl IntoIterator<Item = u32>) {
+    pub fn untrack(&mut self, tids: impl IntoIterator<Item = u32>) -> Vec<PendingRepeats> {
+        let mut pending = Vec::new();
         for tid in tids {
             let _ = self.tracked.set(tid, 0, 0);
+            // a thread that outlives its span: its run of identical failures
+            // was counted in the kernel but not sent (that happens at exit)
+            if let Ok(st) = self.tasks.get(&tid, 0)
+                && st.repeats > 0
+            {
+                pending.push(PendingRepeats {
+                    tid,
+                    syscall: st.last.nr,
+                    ret: st.last.ret,
+                    repeats: st.repeats,
+                });
+            }
             let _ = self.tasks.remove(&tid);
         }
+        pending
     }
 
     /// Spans that still have traced threads, with how many.
@@ -287,6 +297,16 @@ impl Probe {
         }
         out
     }
+}
+
+/// Identical failures a thread repeated after its last SyscallFailed event,
+/// counted in the kernel and not sent when its tracing stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingRepeats {
+    pub tid: u32,
+    pub syscall: i64,
+    pub ret: i64,
+    pub repeats: u64,
 }
 
 /// `Seccomp:` of /proc/PID/status: 0 none, 1 strict, 2 filter.

@@ -23,6 +23,10 @@ pub fn event_line(e: &KernelEvent) -> String {
             if e.mount_noexec == Some(true) {
                 s.push_str(" (noexec mount)");
             }
+            if let Some(n) = e.repeats {
+                // the whole run: this one and its identical followers
+                let _ = write!(s, " ×{}", n + 1);
+            }
         }
         Kind::Signal => {
             let _ = write!(s, " {}", e.signal.as_deref().unwrap_or("?"));
@@ -54,6 +58,15 @@ pub fn event_line(e: &KernelEvent) -> String {
         }
         Kind::ReclaimStall => {
             let _ = write!(s, " {:.3}ms", e.duration_ns.unwrap_or(0) as f64 / 1e6);
+        }
+        Kind::Repeated => {
+            let _ = write!(
+                s,
+                " {} {} × {}",
+                e.syscall.as_deref().unwrap_or("?"),
+                e.errno.as_deref().unwrap_or("?"),
+                e.repeats.unwrap_or(0)
+            );
         }
     }
     s

@@ -102,6 +102,37 @@ impl SpanEvidence {
         }
     }
 
+    /// Credits a run of identical failures the kernel counted to the
+    /// thread's last failure event, and counts them (`counts.repeated`).
+    fn add_repeats(&mut self, rep: &KernelEvent) {
+        self.credit_repeats(
+            rep.tid,
+            rep.syscall_nr.unwrap_or(-1),
+            rep.ret.unwrap_or(0),
+            rep.repeats.unwrap_or(0),
+        );
+    }
+
+    /// Repeats still pending in the kernel when tracing stopped.
+    pub fn add_pending(&mut self, pending: &[crate::loader::PendingRepeats]) {
+        for p in pending {
+            self.credit_repeats(p.tid, p.syscall, p.ret, p.repeats);
+        }
+    }
+
+    fn credit_repeats(&mut self, tid: u32, syscall: i64, ret: i64, n: u64) {
+        *self.counts.entry(Kind::Repeated).or_default() += n;
+        let last = self.events.iter_mut().rev().find(|e| {
+            e.kind == Kind::SyscallFailed
+                && e.tid == tid
+                && e.syscall_nr == Some(syscall)
+                && e.ret == Some(ret)
+        });
+        if let Some(e) = last {
+            e.repeats = Some(e.repeats.unwrap_or(0) + n);
+        }
+    }
+
     /// Names an event the kernel sent without `comm` (the high-volume
     /// syscall kinds): from the process's fork/exec/exit events, else from
     /// procfs while it still runs (a process attached after its exec).
@@ -132,6 +163,10 @@ impl SpanEvidence {
 
     /// Adds one decoded event: updates process facts, enriches, keeps it.
     pub fn add(&mut self, mut ev: KernelEvent) {
+        if ev.kind == Kind::Repeated {
+            self.add_repeats(&ev);
+            return;
+        }
         self.name(&mut ev);
         *self.counts.entry(ev.kind).or_default() += 1;
         match ev.kind {
@@ -205,6 +240,7 @@ impl SpanEvidence {
                 self.enrich_failure(&mut ev);
             }
             Kind::Mount => {}
+            Kind::Repeated => return, // credited by add_repeats, never kept
         }
         if self.events.len() >= self.cap {
             self.events.pop_front();
@@ -327,5 +363,34 @@ mod tests {
         s.add(fail);
         assert_eq!(s.events.back().unwrap().comm, "");
         assert!(s.unnamed.contains(&(u32::MAX - 1)));
+    }
+
+    #[test]
+    fn repeats_are_credited_to_the_threads_matching_failure() {
+        let mut s = SpanEvidence::new(1, None, "t".into(), 0);
+        let failure = |tid: u32, nr: i64, ret: i64| {
+            let mut e = ev(Kind::SyscallFailed, 7);
+            e.tid = tid;
+            e.syscall_nr = Some(nr);
+            e.ret = Some(ret);
+            e
+        };
+        s.add(failure(7, 257, -2));
+        s.add(failure(8, 257, -2)); // another thread, same failure
+        let mut rep = ev(Kind::Repeated, 7);
+        rep.syscall_nr = Some(257);
+        rep.ret = Some(-2);
+        rep.repeats = Some(41);
+        s.add(rep);
+        s.add_pending(&[crate::loader::PendingRepeats {
+            tid: 7,
+            syscall: 257,
+            ret: -2,
+            repeats: 8,
+        }]);
+        assert_eq!(s.events.len(), 2, "a Repeated event is credited, not kept");
+        assert_eq!(s.events[0].repeats, Some(49));
+        assert_eq!(s.events[1].repeats, None);
+        assert_eq!(s.counts[&Kind::Repeated], 49);
     }
 }

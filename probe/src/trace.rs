@@ -132,8 +132,9 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         }
     };
     drain(probe, &mut span);
-    probe.untrack_span(TRACE_SPAN);
+    let pending = probe.untrack_span(TRACE_SPAN);
     drain(probe, &mut span);
+    span.add_pending(&pending);
     let drops_after = probe.drops();
     span.drops.kernel = drops_after
         .iter()

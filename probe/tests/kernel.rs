@@ -357,6 +357,84 @@ fn missing_data_file_is_fs_missing_not_module_search_noise() {
     );
 }
 
+// ------------------------------------------------------------------ repeated failures
+
+#[test]
+fn identical_failures_are_one_event_with_a_count_and_distinct_ones_are_not() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let f = dir.path().join("input.csv");
+    // a retry loop: the same failing open 1000 times on one thread
+    let t = trace(&[
+        "python3",
+        "-c",
+        &format!(
+            "import sys\nfor _ in range(1000):\n    try: open({:?})\n    except OSError: pass\nsys.exit(1)",
+            f.to_str().unwrap()
+        ),
+    ]);
+    t.expect("fs.missing", Some("openat"));
+    assert_eq!(t.decisive("path"), f.to_str(), "{}", t.context());
+    assert_eq!(t.json["decisive"]["repeats"], 999, "{}", t.context());
+    assert!(
+        t.json["counts"]["repeated"].as_u64().unwrap_or(0) >= 999,
+        "{}",
+        t.json["counts"]
+    );
+    assert_eq!(t.json["drops"]["kernel"], 0);
+    // no two alike: every one is its own event, with its own path
+    let t = trace(&[
+        "python3",
+        "-c",
+        &format!(
+            "import sys\nfor i in range(300):\n    try: open({:?} + str(i))\n    except OSError: pass\nsys.exit(1)",
+            f.to_str().unwrap()
+        ),
+    ]);
+    t.expect("fs.missing", Some("openat"));
+    assert_eq!(
+        t.decisive("path").map(String::from),
+        Some(format!("{}299", f.to_str().unwrap())),
+        "{}",
+        t.context()
+    );
+    assert!(
+        t.json["decisive"].get("repeats").is_none(),
+        "{}",
+        t.context()
+    );
+    assert!(
+        t.json["counts"]["syscall_failed"].as_u64().unwrap_or(0) >= 300,
+        "{}",
+        t.json["counts"]
+    );
+}
+
+#[test]
+fn repeats_of_a_process_still_running_at_the_end_are_counted() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let f = dir.path().join("lock");
+    // the root exits while its child is inside a run of identical failures:
+    // the run is still pending in the kernel when tracing stops
+    let script = format!(
+        "python3 -c 'import time\nend = time.time() + 3\nwhile time.time() < end:\n    try: open(\"{}\")\n    except OSError: pass' &\nsleep 1; exit 0",
+        f.to_str().unwrap()
+    );
+    let t = sh(&script);
+    let repeated = t.json["counts"]["repeated"].as_u64().unwrap_or(0);
+    assert!(
+        repeated > 100,
+        "pending repeats were lost: {}",
+        t.json["counts"]
+    );
+    assert_eq!(t.json["drops"]["kernel"], 0);
+}
+
 // ------------------------------------------------------------------ privileges, limits
 
 #[test]

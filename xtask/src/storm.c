@@ -14,7 +14,7 @@ static long long now(void) {
     return t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* storm getppid|open|badfd N OUT  or  storm badfd-for SECS OUT  or  storm run OUT CMD ARGS... ; writes elapsed ns to OUT */
+/* storm getppid|open|open-distinct|badfd N OUT  or  storm badfd-for SECS OUT  or  storm run OUT CMD ARGS... ; writes elapsed ns to OUT */
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     long long start = now(), elapsed;
@@ -47,6 +47,13 @@ int main(int argc, char **argv) {
             fprintf(f, "%lld\n", count);
             fclose(f);
             return 0;
+        } else if (strcmp(argv[1], "open-distinct") == 0) {
+            /* a different missing path each time: no two failures alike */
+            char path[64];
+            for (long i = 0; i < n; i++) {
+                snprintf(path, sizeof path, "/nonexistent/probe-bench/missing-%ld.csv", i);
+                open(path, O_RDONLY);
+            }
         } else {
             for (long i = 0; i < n; i++) open("/nonexistent/probe-bench/missing.csv", O_RDONLY);
         }

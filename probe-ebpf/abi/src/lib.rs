@@ -44,10 +44,15 @@ pub enum EventKind {
     /// dup2/dup3 succeeded (`aux[0]`: old fd, `ret`: new fd), so userspace
     /// can follow a file opened for writing to the fd it is written through.
     FdDup = 11,
+    /// The thread's last SyscallFailed repeated identically (same syscall,
+    /// errno, argument and path or address) `aux[0]` more times in a row;
+    /// sent when the run ends (a different failure, the thread's exit).
+    /// `syscall`/`ret` name the failure that repeated.
+    Repeated = 12,
 }
 
 /// Number of event kinds, i.e. length of the `DROPS` array.
-pub const EVENT_KINDS: u32 = 12;
+pub const EVENT_KINDS: u32 = 13;
 
 /// The value of the single per-CPU `DROPS` slot: one counter per kind, so
 /// userspace reads all of them with one lookup.
@@ -71,6 +76,7 @@ impl EventKind {
         EventKind::TaskUntracked,
         EventKind::Mount,
         EventKind::FdDup,
+        EventKind::Repeated,
     ];
 
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -180,6 +186,37 @@ pub struct TaskState {
     pub clone_flags: u64,
     /// Start of the direct reclaim in progress, 0 when none.
     pub reclaim_ts: u64,
+    /// The thread's last failure sent, to fold identical ones that follow
+    /// into a count instead of an event each.
+    pub last: Failure,
+    /// Identical failures since `last` was sent, not sent yet.
+    pub repeats: u64,
+}
+
+/// What identifies a failing syscall: the syscall, its result, its first
+/// argument (flags or fd) and its path or address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Failure {
+    /// Syscall number, -1 when none yet.
+    pub nr: i64,
+    pub ret: i64,
+    pub aux0: u64,
+    pub data_len: u32,
+    /// [`flags`] DATA_* bits of `data`.
+    pub data_flags: u32,
+    pub data: [u8; DATA_LEN],
+}
+
+impl Failure {
+    pub const NONE: Failure = Failure {
+        nr: -1,
+        ret: 0,
+        aux0: 0,
+        data_len: 0,
+        data_flags: 0,
+        data: [0; DATA_LEN],
+    };
 }
 
 impl TaskState {
@@ -189,6 +226,8 @@ impl TaskState {
             enter_ts: 0,
             clone_flags: 0,
             reclaim_ts: 0,
+            last: Failure::NONE,
+            repeats: 0,
         }
     }
 }
@@ -336,6 +375,22 @@ pub const fn syscall_arg_role(nr: i64) -> ArgRole {
     }
 }
 
+/// Syscall numbers covered by [`ROLES`]: every x86_64 syscall (the highest
+/// is below 512).
+pub const ROLES_LEN: usize = 512;
+
+/// [`syscall_arg_role`] as a table indexed by syscall number, for the eBPF
+/// side: one load instead of a chain of compares on every traced syscall.
+pub const ROLES: [ArgRole; ROLES_LEN] = {
+    let mut table = [ArgRole::None; ROLES_LEN];
+    let mut nr = 0;
+    while nr < ROLES_LEN {
+        table[nr] = syscall_arg_role(nr as i64);
+        nr += 1;
+    }
+    table
+};
+
 /// True for open flags that make an open a write (O_WRONLY, O_RDWR, O_CREAT, O_TRUNC).
 #[inline(always)]
 pub const fn open_flags_write(flags: u64) -> bool {
@@ -355,3 +410,10 @@ mod user {
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::DropCounters {}
 }
+
+// The eBPF side copies and compares `data` arrays a word at a time with
+// aligned loads: they must stay at 8-aligned offsets.
+const _: () = assert!(core::mem::offset_of!(Event, data) % 8 == 0);
+const _: () = assert!(core::mem::offset_of!(Failure, data) % 8 == 0);
+const _: () = assert!(core::mem::offset_of!(TaskState, last) % 8 == 0);
+const _: () = assert!(core::mem::align_of::<Failure>() == 8);
