@@ -30,7 +30,7 @@ use aya_ebpf::{
 };
 use probe_abi::{
     ArgRole, DATA_LEN, DropCounters, EVENT_KINDS, Event, EventKind, Failure, Offsets, ROLES,
-    ROLES_LEN, TaskState, flags, nr, open_flags_write, slot, task,
+    ROLES_LEN, TaskState, flags, needs_enter_state, nr, open_flags_write, slot, task,
 };
 
 /// tid → packed span/flags/syscall-in-flight (`probe_abi::slot`; 0: untracked). An array, sized to pid_max by userspace,
@@ -68,16 +68,6 @@ fn role(nr: i64) -> ArgRole {
         unsafe { read_volatile(ROLE_TABLE.as_ptr().add(nr as usize)) }
     } else {
         ArgRole::None
-    }
-}
-
-/// `probe_abi::needs_enter_state`, from the role already looked up.
-#[inline(always)]
-fn needs_enter_state(nr: i64, role: ArgRole) -> bool {
-    match role {
-        ArgRole::SockAddr { .. } => true,
-        ArgRole::First => matches!(nr, nr::CLONE | nr::EXIT | nr::EXIT_GROUP | nr::CLONE3),
-        ArgRole::Path { .. } | ArgRole::None => false,
     }
 }
 
@@ -480,8 +470,14 @@ fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
         last.data_flags = cur.data_flags;
         copy_data(&mut last.data, &cur.data, cur.data_len);
     }
-    // a failed exec is rare and is checked against mountinfo on arrival
-    submit(entry, entered == nr::EXECVE || entered == nr::EXECVEAT);
+    // an exec refused with EACCES is checked against mountinfo on arrival
+    // (noexec), while its mount namespace still exists; the ENOENTs of a
+    // PATH search are not urgent (a dozen wake-ups per command otherwise)
+    const EACCES: i64 = 13;
+    submit(
+        entry,
+        (entered == nr::EXECVE || entered == nr::EXECVEAT) && ret == -EACCES,
+    );
 }
 
 /// Sends the thread's pending repeat count; false when the ring is full.
@@ -520,15 +516,25 @@ fn same_failure(last: &Failure, cur: &Failure) -> bool {
         return false;
     }
     let n = words(cur.data_len);
+    // the bytes past `data_len` in the last word are left over from earlier
+    // failures: they must not decide (little endian: the low bytes count)
+    let tail = cur.data_len % 8;
+    let last_mask = if tail == 0 {
+        u64::MAX
+    } else {
+        (1u64 << (tail * 8)) - 1
+    };
     let (a, b) = (
         last.data.as_ptr() as *const u64,
         cur.data.as_ptr() as *const u64,
     );
     let mut i = 0;
     while i < DATA_LEN / 8 && i < n {
+        let mask = if i + 1 == n { last_mask } else { u64::MAX };
         // SAFETY: i < DATA_LEN / 8: both reads are inside the arrays, which
         // sit 8-aligned in their repr(C) structs (see `copy_data`).
-        if unsafe { read_volatile(a.add(i)) != read_volatile(b.add(i)) } {
+        let (x, y) = unsafe { (read_volatile(a.add(i)), read_volatile(b.add(i))) };
+        if (x ^ y) & mask != 0 {
             return false;
         }
         i += 1;

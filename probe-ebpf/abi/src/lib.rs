@@ -281,9 +281,10 @@ pub const fn is_fd_syscall(nr: i64) -> bool {
 /// `sys_exit`, and only on failure. Path syscalls are not timed: a failing
 /// open takes microseconds, and the clock read plus the map lookup on both
 /// sides cost more than the rest of the probe's enter path.
+/// `role` is `syscall_arg_role(nr)`, looked up once by the caller.
 #[inline(always)]
-pub const fn needs_enter_state(nr: i64) -> bool {
-    match syscall_arg_role(nr) {
+pub const fn needs_enter_state(nr: i64, role: ArgRole) -> bool {
+    match role {
         ArgRole::SockAddr { .. } => true,
         ArgRole::First => matches!(nr, 56 | 60 | 231 | 435),
         ArgRole::Path { .. } | ArgRole::None => false,
