@@ -243,6 +243,7 @@ impl Probe {
             .collect();
         self.untrack(stale)
     }
+
     /// Threads currently traced.
     pub fn tracked_tasks(&self) -> usize {
         self.tasks.keys().count()
