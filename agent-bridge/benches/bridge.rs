@@ -330,22 +330,27 @@ fn bridge_alone_stdio(socket: &Path, dir: &Path, data: &[u8]) -> (f64, f64, u64)
         r.push(mbps(data.len(), t.elapsed()));
         let v: Value = serde_json::from_slice(&reply).unwrap();
         assert_eq!(v["id"], 11 + 2 * round);
-        let blob = v["result"]["content"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find_map(|c| c["resource"]["blob"].as_str())
-            .expect("read_file returns the bytes as a blob resource");
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(blob)
-            .unwrap();
-        assert!(bytes == data, "read_file returned other bytes");
+        assert_read_back(&v, data);
     }
     let peak = vm_hwm_kib(child.id());
     drop(stdin);
     let _ = child.kill();
     let _ = child.wait();
     (median(w), median(r), peak)
+}
+
+/// Asserts that a read_file answer carries exactly `data` as its blob.
+fn assert_read_back(answer: &Value, data: &[u8]) {
+    let blob = answer["result"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|c| c["resource"]["blob"].as_str())
+        .expect("read_file returns the bytes as a blob resource");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(blob)
+        .unwrap();
+    assert!(bytes == data, "read_file returned other bytes");
 }
 
 /// The JSON-RPC answer with `id` in a Streamable HTTP response body: plain
@@ -445,16 +450,7 @@ async fn bridge_alone_http(socket: &Path, dir: &Path, data: &[u8]) -> (f64, f64,
             .unwrap();
         r.push(mbps(data.len(), t.elapsed()));
         let v = http_answer(&body, id);
-        let blob = v["result"]["content"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find_map(|c| c["resource"]["blob"].as_str())
-            .expect("read_file returns the bytes as a blob resource");
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(blob)
-            .unwrap();
-        assert!(bytes == data, "read_file returned other bytes");
+        assert_read_back(&v, data);
     }
     (median(w), median(r), vm_hwm_kib(pid))
 }
