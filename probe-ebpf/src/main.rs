@@ -446,7 +446,7 @@ fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
     unsafe {
         (*ev).syscall = entered;
         (*ev).ret = ret;
-        if matches!(role, ArgRole::SockAddr { .. }) {
+        if role.is_timed() {
             if let Some(st) = state {
                 (*ev).duration_ns = ts.wrapping_sub((*st).enter_ts);
             }

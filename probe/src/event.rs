@@ -4,9 +4,7 @@
 use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use probe_abi::{
-    ArgRole, DATA_LEN, Event, EventKind, flags, is_fd_syscall, is_timed, syscall_arg_role,
-};
+use probe_abi::{ArgRole, DATA_LEN, Event, EventKind, flags, is_fd_syscall, syscall_arg_role};
 use serde::{Deserialize, Serialize};
 
 /// Event kinds as they appear in JSON.
@@ -252,15 +250,15 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
                 ev.errno = Some(errno_name(e));
             }
             if kind != EventKind::SeccompDenied {
-                if is_timed(raw.syscall) {
+                // looked up once: this runs for every failing syscall
+                let role = syscall_arg_role(raw.syscall);
+                if role.is_timed() {
                     ev.duration_ns = Some(raw.duration_ns);
                 }
                 if is_fd_syscall(raw.syscall) {
                     ev.fd = Some(raw.aux[0] as i64);
-                } else if matches!(
-                    syscall_arg_role(raw.syscall),
-                    ArgRole::Path { flags: Some(_), .. }
-                ) || matches!(kind, EventKind::FileWrite | EventKind::Mount)
+                } else if matches!(role, ArgRole::Path { flags: Some(_), .. })
+                    || matches!(kind, EventKind::FileWrite | EventKind::Mount)
                 {
                     ev.flags = Some(raw.aux[0]);
                 }

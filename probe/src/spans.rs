@@ -102,17 +102,6 @@ impl SpanEvidence {
         }
     }
 
-    /// Credits a run of identical failures the kernel counted to the
-    /// thread's last failure event, and counts them (`counts.repeated`).
-    fn add_repeats(&mut self, rep: &KernelEvent) {
-        self.credit_repeats(
-            rep.tid,
-            rep.syscall_nr.unwrap_or(-1),
-            rep.ret.unwrap_or(0),
-            rep.repeats.unwrap_or(0),
-        );
-    }
-
     /// Repeats still pending in the kernel when tracing stopped.
     pub fn add_pending(&mut self, pending: &[crate::loader::PendingRepeats]) {
         for p in pending {
@@ -120,6 +109,8 @@ impl SpanEvidence {
         }
     }
 
+    /// Credits a run of identical failures the kernel counted to the
+    /// thread's last failure event, and counts them (`counts.repeated`).
     fn credit_repeats(&mut self, tid: u32, syscall: i64, ret: i64, n: u64) {
         *self.counts.entry(Kind::Repeated).or_default() += n;
         let last = self.events.iter_mut().rev().find(|e| {
@@ -164,7 +155,12 @@ impl SpanEvidence {
     /// Adds one decoded event: updates process facts, enriches, keeps it.
     pub fn add(&mut self, mut ev: KernelEvent) {
         if ev.kind == Kind::Repeated {
-            self.add_repeats(&ev);
+            self.credit_repeats(
+                ev.tid,
+                ev.syscall_nr.unwrap_or(-1),
+                ev.ret.unwrap_or(0),
+                ev.repeats.unwrap_or(0),
+            );
             return;
         }
         self.name(&mut ev);
@@ -240,7 +236,7 @@ impl SpanEvidence {
                 self.enrich_failure(&mut ev);
             }
             Kind::Mount => {}
-            Kind::Repeated => return, // credited by add_repeats, never kept
+            Kind::Repeated => return, // credited by credit_repeats above, never kept
         }
         if self.events.len() >= self.cap {
             self.events.pop_front();

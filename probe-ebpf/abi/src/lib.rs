@@ -267,6 +267,15 @@ pub enum ArgRole {
     First,
 }
 
+impl ArgRole {
+    /// Whether a failure of a syscall with this role carries its duration
+    /// (`Event::duration_ns`): connect and sendto, where seconds mean a timeout.
+    #[inline(always)]
+    pub const fn is_timed(self) -> bool {
+        matches!(self, ArgRole::SockAddr { .. })
+    }
+}
+
 /// write, pwrite64, writev, ftruncate, fallocate, pwritev: `args[0]` is
 /// the fd written through.
 #[inline(always)]
@@ -289,12 +298,6 @@ pub const fn needs_enter_state(nr: i64, role: ArgRole) -> bool {
         ArgRole::First => matches!(nr, 56 | 60 | 231 | 435),
         ArgRole::Path { .. } | ArgRole::None => false,
     }
-}
-
-/// Whether a failure of `nr` carries its duration (`Event::duration_ns`).
-#[inline(always)]
-pub const fn is_timed(nr: i64) -> bool {
-    matches!(syscall_arg_role(nr), ArgRole::SockAddr { .. })
 }
 
 /// x86_64 syscall numbers the eBPF side treats specially.
