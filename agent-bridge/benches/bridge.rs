@@ -480,8 +480,9 @@ async fn main() {
         "`cargo bench -p agent-bridge --bench bridge`: {CALLS} sequential `exec {{\"argv\": [\"true\"]}}` calls per row after 20 warm-up calls, \
          one rmcp client, in {ROUNDS} interleaved rounds; the baseline spawns `true` directly from the benchmark (fork, exec, wait, pipes) in the same rounds.\n\n"
     ));
-    let only_transfer = std::env::var("BRIDGE_BENCH_PART").is_ok_and(|p| p == "transfer");
-    if !only_transfer {
+    // BRIDGE_BENCH_PART=exec|transfer runs one half (while tuning)
+    let part = std::env::var("BRIDGE_BENCH_PART").unwrap_or_default();
+    if part != "transfer" {
         out.push_str("| exec `true` | p50 ms | p99 ms | calls/s | p50 vs direct spawn |\n|---|---|---|---|---|\n");
         // interleaved rounds: the VM's speed drifts, so every configuration
         // gets a share of every stretch of time
@@ -568,6 +569,10 @@ async fn main() {
         ));
             eprintln!("bench: 8 concurrent HTTP sessions: {:.0} calls/s", l.per_s);
         }
+    }
+    if part == "exec" {
+        print!("{out}");
+        return;
     }
     let data: Vec<u8> = (0..MIB64).map(|i| (i * 7 + i / 4096) as u8).collect();
     std::fs::write(dir.path().join("raw.bin"), &data).unwrap();

@@ -6,13 +6,17 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use probe::attribution::ExitStatus;
-use probe::client::Client;
+use probe::client::{AsyncClient, Client};
 use serde_json::{Value, json};
 
 pub struct Kernel {
     socket: Option<PathBuf>,
     session: String,
+    /// For the spawn handshake, which runs on a blocking thread.
     client: Mutex<Option<Client>>,
+    /// For ending spans from the runtime without a hand-off to a blocking
+    /// thread and back (two wake-ups on the reply path of every call).
+    ender: tokio::sync::Mutex<Option<AsyncClient>>,
 }
 
 /// A span that is open for one call, or why there is none.
@@ -29,6 +33,7 @@ impl Kernel {
             socket,
             session,
             client: Mutex::new(None),
+            ender: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -70,18 +75,46 @@ impl Kernel {
 
     /// Blocking. Ends the span and returns the attribution object (or why
     /// there is none).
-    pub fn end(&self, span: &Span, exit: Option<&ExitStatus>, timed_out_ms: Option<u64>) -> Value {
+    pub fn end_blocking(
+        &self,
+        span: &Span,
+        exit: Option<&ExitStatus>,
+        timed_out_ms: Option<u64>,
+    ) -> Value {
         match span {
-            Span::Open(id) => match self.with_client(|c| c.end_span(*id, exit, timed_out_ms)) {
-                Ok(a) => {
-                    let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
-                    v["available"] = Value::Bool(true);
-                    v
-                }
-                Err(reason) => unavailable(&reason),
-            },
+            Span::Open(id) => {
+                attribution_value(self.with_client(|c| c.end_span(*id, exit, timed_out_ms)))
+            }
             Span::Unavailable(reason) => unavailable(reason),
         }
+    }
+
+    /// Ends the span and returns the attribution object (or why there is
+    /// none), on the runtime.
+    pub async fn end(
+        &self,
+        span: &Span,
+        exit: Option<&ExitStatus>,
+        timed_out_ms: Option<u64>,
+    ) -> Value {
+        let (Span::Open(id), Some(socket)) = (span, &self.socket) else {
+            return self.end_blocking(span, exit, timed_out_ms); // nothing to ask
+        };
+        let mut guard = self.ender.lock().await;
+        if guard.is_none() {
+            match AsyncClient::connect(socket).await {
+                Ok(c) => *guard = Some(c),
+                Err(e) => return unavailable(&e.to_string()),
+            }
+        }
+        let client = guard.as_mut().expect("just connected");
+        let result = client.end_span(*id, exit, timed_out_ms).await;
+        if let Err(e) = &result
+            && e.code().is_none()
+        {
+            *guard = None; // the connection broke: reconnect next time
+        }
+        attribution_value(result.map_err(|e| e.to_string()))
     }
 
     /// Blocking. The `kernel_evidence` tool: one span in full, or a
@@ -123,6 +156,17 @@ pub fn summary_line(kernel: &Value) -> Option<String> {
             kernel["explanation"].as_str().unwrap_or("")
         )
     })
+}
+
+fn attribution_value(a: Result<probe::attribution::Attribution, String>) -> Value {
+    match a {
+        Ok(a) => {
+            let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
+            v["available"] = Value::Bool(true);
+            v
+        }
+        Err(reason) => unavailable(&reason),
+    }
 }
 
 pub fn unavailable(reason: &str) -> Value {

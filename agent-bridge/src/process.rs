@@ -78,10 +78,7 @@ impl Background {
             };
             let duration = started.elapsed();
             // attribution first: killing the leftovers is ours, not the workload's
-            let exit2 = exit.clone();
-            let kernel = tokio::task::spawn_blocking(move || kernel.end(&span, Some(&exit2), None))
-                .await
-                .unwrap_or(Value::Null);
+            let kernel = kernel.end(&span, Some(&exit), None).await;
             let tree = me.tree.clone();
             let _ = tokio::task::spawn_blocking(move || Running::kill_tree(&tree, pid)).await;
             let _ = tokio::time::timeout(Duration::from_secs(2), async {

@@ -242,6 +242,11 @@ pub async fn serve_http(
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.addr))?;
     let addr = listener.local_addr()?;
     eprintln!("agent-bridge: serving MCP at http://{addr}/mcp");
+    // an answer is written as several small chunks (SSE priming event,
+    // message, end of stream): Nagle would hold each behind the last ACK
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
         .await?;

@@ -124,11 +124,11 @@ impl Context {
                 Ok((Ok(child), pid)) => (child, pid),
                 Ok((Err(e), _)) | Err(probe::spawn::SpawnError::Spawn(e)) => {
                     // the probe saw the failed exec: its attribution explains it
-                    let kernel_view = kernel.end(&span, None, None);
+                    let kernel_view = kernel.end_blocking(&span, None, None);
                     return Err(StartError(start_failure(&cmd, &e, &kernel_view)));
                 }
                 Err(probe::spawn::SpawnError::Attach(e)) => {
-                    let _ = kernel.end(&span, None, None);
+                    let _ = kernel.end_blocking(&span, None, None);
                     return Err(StartError(format!(
                         "cannot place the workload in its cgroup: {e}"
                     )));
@@ -286,14 +286,17 @@ impl Running {
         // the attribution covers the workload up to its exit; the kill of
         // whatever it left behind is ours and must not be blamed on it
         let timed_out_ms = timed_out.then_some(stops.timeout.as_millis() as u64);
-        let (kernel, span, exit2) = (self.kernel.clone(), self.span.clone(), exit.clone());
-        let kernel =
-            tokio::task::spawn_blocking(move || kernel.end(&span, Some(&exit2), timed_out_ms))
-                .await
-                .unwrap_or(Value::Null);
-        // whatever the workload left running dies with the call
-        let (tree, pid) = (self.tree.clone(), self.pid);
-        let _ = tokio::task::spawn_blocking(move || Running::kill_tree(&tree, pid)).await;
+        let kernel = self.kernel.end(&self.span, Some(&exit), timed_out_ms).await;
+        // whatever the workload left running dies with the call (usually
+        // nothing is left: then no blocking kill-and-wait on the reply path)
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        if !self.tree.pids().is_empty() {
+            let tree = self.tree.clone();
+            let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
+        }
         let grace = Duration::from_secs(2);
         let stdout = tokio::time::timeout(grace, out)
             .await
@@ -305,6 +308,10 @@ impl Running {
             .ok()
             .and_then(Result::ok)
             .unwrap_or_default();
+        // removing the call's cgroups can wait for the kernel to release
+        // them: not on the reply path
+        let tree = self.tree;
+        tokio::task::spawn_blocking(move || drop(tree));
         Finished {
             exit,
             duration,

@@ -1,5 +1,7 @@
-//! A blocking client of the daemon's control socket: what agent-bridge and
-//! `probe span`/`probe status` use.
+//! Clients of the daemon's control socket: a blocking one (what
+//! `probe span`/`probe status` and agent-bridge's spawn handshake use) and
+//! an async one, for callers on a tokio runtime that should not hand a
+//! round trip to another thread.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
@@ -59,45 +61,20 @@ impl Client {
     }
 
     /// Sends one request object (an `id` is added) and reads its response.
-    pub fn call(&mut self, mut request: Value) -> Result<Value, ClientError> {
+    pub fn call(&mut self, request: Value) -> Result<Value, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
-        if let Value::Object(m) = &mut request {
-            m.insert("id".into(), Value::from(id));
-        }
-        let mut line = request.to_string();
-        line.push('\n');
-        self.writer.write_all(line.as_bytes())?;
+        self.writer
+            .write_all(request_line(request, id).as_bytes())?;
         let response = self.read_line()?;
-        if response.get("id") != Some(&Value::from(id)) {
-            return Err(ClientError::Protocol(format!(
-                "response for another request: {response}"
-            )));
-        }
-        if response.get("ok") == Some(&Value::Bool(true)) {
-            Ok(response)
-        } else {
-            let err = response
-                .get("error")
-                .cloned()
-                .and_then(|e| serde_json::from_value::<ErrorBody>(e).ok())
-                .ok_or_else(|| {
-                    ClientError::Protocol(format!("error without a body: {response}"))
-                })?;
-            Err(ClientError::Daemon(err))
-        }
+        check_response(response, id)
     }
 
     /// Reads one response or streamed line.
     pub fn read_line(&mut self) -> Result<Value, ClientError> {
         let mut buf = String::new();
-        if self.reader.read_line(&mut buf)? == 0 {
-            return Err(ClientError::Io(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "daemon closed the connection",
-            )));
-        }
-        serde_json::from_str(&buf).map_err(|e| ClientError::Protocol(format!("{e}: {buf}")))
+        let n = self.reader.read_line(&mut buf)?;
+        parse_line(n, &buf)
     }
 
     pub fn hello(&mut self) -> Result<Value, ClientError> {
@@ -136,9 +113,7 @@ impl Client {
         exit: Option<&ExitStatus>,
         timed_out_ms: Option<u64>,
     ) -> Result<Attribution, ClientError> {
-        let r = self.call(json!({"op": "end_span", "span_id": span_id, "exit": exit, "timed_out_ms": timed_out_ms}))?;
-        serde_json::from_value(r["attribution"].clone())
-            .map_err(|e| ClientError::Protocol(format!("attribution: {e}")))
+        attribution(self.call(end_request(span_id, exit, timed_out_ms))?)
     }
 
     pub fn status(&mut self) -> Result<Value, ClientError> {
@@ -162,4 +137,94 @@ impl Client {
         self.call(json!({"op": "subscribe", "span_id": span_id, "kind": kind}))
             .map(drop)
     }
+}
+
+/// The blocking [`Client`]'s calls, on tokio.
+pub struct AsyncClient {
+    reader: tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
+    writer: tokio::net::unix::OwnedWriteHalf,
+    next_id: u64,
+}
+
+impl AsyncClient {
+    pub async fn connect(socket: &Path) -> Result<AsyncClient, ClientError> {
+        let stream = tokio::net::UnixStream::connect(socket)
+            .await
+            .map_err(|e| ClientError::Connect(socket.into(), e))?;
+        let (reader, writer) = stream.into_split();
+        Ok(AsyncClient {
+            reader: tokio::io::BufReader::new(reader),
+            writer,
+            next_id: 1,
+        })
+    }
+
+    /// Sends one request object (an `id` is added) and reads its response.
+    pub async fn call(&mut self, request: Value) -> Result<Value, ClientError> {
+        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+        let id = self.next_id;
+        self.next_id += 1;
+        self.writer
+            .write_all(request_line(request, id).as_bytes())
+            .await?;
+        let mut buf = String::new();
+        let n = self.reader.read_line(&mut buf).await?;
+        check_response(parse_line(n, &buf)?, id)
+    }
+
+    pub async fn end_span(
+        &mut self,
+        span_id: u64,
+        exit: Option<&ExitStatus>,
+        timed_out_ms: Option<u64>,
+    ) -> Result<Attribution, ClientError> {
+        attribution(self.call(end_request(span_id, exit, timed_out_ms)).await?)
+    }
+}
+
+fn request_line(mut request: Value, id: u64) -> String {
+    if let Value::Object(m) = &mut request {
+        m.insert("id".into(), Value::from(id));
+    }
+    let mut line = request.to_string();
+    line.push('\n');
+    line
+}
+
+/// One line read from the socket (`n` bytes; 0 is the daemon hanging up).
+fn parse_line(n: usize, buf: &str) -> Result<Value, ClientError> {
+    if n == 0 {
+        return Err(ClientError::Io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "daemon closed the connection",
+        )));
+    }
+    serde_json::from_str(buf).map_err(|e| ClientError::Protocol(format!("{e}: {buf}")))
+}
+
+/// The response to request `id`: its body, or the daemon's refusal.
+fn check_response(response: Value, id: u64) -> Result<Value, ClientError> {
+    if response.get("id") != Some(&Value::from(id)) {
+        return Err(ClientError::Protocol(format!(
+            "response for another request: {response}"
+        )));
+    }
+    if response.get("ok") == Some(&Value::Bool(true)) {
+        return Ok(response);
+    }
+    let err = response
+        .get("error")
+        .cloned()
+        .and_then(|e| serde_json::from_value::<ErrorBody>(e).ok())
+        .ok_or_else(|| ClientError::Protocol(format!("error without a body: {response}")))?;
+    Err(ClientError::Daemon(err))
+}
+
+fn end_request(span_id: u64, exit: Option<&ExitStatus>, timed_out_ms: Option<u64>) -> Value {
+    json!({"op": "end_span", "span_id": span_id, "exit": exit, "timed_out_ms": timed_out_ms})
+}
+
+fn attribution(mut response: Value) -> Result<Attribution, ClientError> {
+    serde_json::from_value(response["attribution"].take())
+        .map_err(|e| ClientError::Protocol(format!("attribution: {e}")))
 }

@@ -1,10 +1,12 @@
 //! `probe run`: the long-running daemon.
 //!
 //! Layout (data flows one way):
-//! - the **core** thread owns the loaded programs ([`Probe`]), the open
-//!   spans and the session write memory. It drains the ring buffer, routes
-//!   each event to its span, and executes commands (begin, attach, end,
-//!   status, subscribe) sent by connections. One owner, no locks.
+//! - the **core** ([`Core`], behind one mutex) holds the loaded programs
+//!   ([`Probe`]), the open spans and the session write memory. The core
+//!   thread drains the ring buffer into it and routes each event to its
+//!   span; connections execute their commands (begin, attach, end, status,
+//!   subscribe) on it directly, so a request costs no thread hand-off (two
+//!   wake-ups per call on a small VM were a third of a span's cost).
 //! - the **store** thread owns the only write connection to SQLite and
 //!   writes finished spans in batched transactions, then applies retention.
 //! - the **control** server (tokio) accepts connections on the Unix socket,
@@ -18,7 +20,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -83,30 +85,39 @@ enum Command {
         kind: Option<Kind>,
         tx: tokio::sync::mpsc::Sender<String>,
     },
-    Shutdown,
 }
 
-/// Sends commands to the core and wakes it.
+/// The core as connections and the drain thread share it.
 struct CoreHandle {
-    tx: std::sync::Mutex<mpsc::Sender<Command>>,
+    core: std::sync::Mutex<Core>,
+    stopping: AtomicBool,
+    /// Wakes the drain thread (for shutdown).
     wake: StdUnixStream,
 }
 
 impl CoreHandle {
-    fn send(&self, cmd: Command) -> Result<(), ErrorBody> {
-        let sent = self
-            .tx
-            .lock()
-            .map(|tx| tx.send(cmd).is_ok())
-            .unwrap_or(false);
-        if !sent {
-            return Err(ErrorBody::new(
-                ErrorCode::Internal,
-                "the probe daemon is shutting down",
-            ));
+    /// The core, unless the daemon is stopping or a panic left it unusable.
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Core>, ErrorBody> {
+        let stopping = || ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down");
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(stopping());
         }
-        // a full pipe means a wake-up is already pending
-        let _ = (&self.wake).write(&[1]);
+        let core = self.core.lock().map_err(|_| {
+            ErrorBody::new(
+                ErrorCode::Internal,
+                "the probe daemon's core failed (see its log); restart it",
+            )
+        })?;
+        // checked again under the lock: the shutdown ends every open span
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(stopping());
+        }
+        Ok(core)
+    }
+
+    /// Executes `cmd` on the core, on the caller's thread.
+    fn send(&self, cmd: Command) -> Result<(), ErrorBody> {
+        self.lock()?.handle(cmd);
         Ok(())
     }
 
@@ -115,6 +126,13 @@ impl CoreHandle {
         self.send(make(tx))?;
         rx.await
             .map_err(|_| ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down"))?
+    }
+
+    /// Stops the drain thread, which ends the spans still open.
+    fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        // a full socket buffer means a wake-up is already pending
+        let _ = (&self.wake).write(&[1]);
     }
 }
 
@@ -150,7 +168,8 @@ struct Core {
     sessions: Sessions,
     subscribers: Vec<Subscriber>,
     next_span: u64,
-    store_tx: mpsc::SyncSender<StoredSpan>,
+    /// None once the daemon stopped: the store thread then finishes.
+    store_tx: Option<mpsc::SyncSender<StoredSpan>>,
     store_stats: Arc<StoreStats>,
     config: DaemonConfig,
     started: Instant,
@@ -162,54 +181,57 @@ struct Core {
     rate: (Instant, u64, f64),
 }
 
-impl Core {
-    fn run(mut self, rx: mpsc::Receiver<Command>, wake: StdUnixStream) {
-        wake.set_nonblocking(true).ok();
-        let ring_fd = match self.probe.events().as_fd().try_clone_to_owned() {
-            Ok(fd) => fd,
-            Err(e) => {
-                tracing::error!("cannot poll the ring buffer: {e}");
-                return;
-            }
+/// The drain thread: waits for the ring buffer (or the read interval, or
+/// shutdown) and drains it into the core, until the daemon stops.
+fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
+    wake.set_nonblocking(true).ok();
+    let ring_fd = match handle.core.lock() {
+        Ok(mut core) => core.probe.events().as_fd().try_clone_to_owned(),
+        Err(_) => return,
+    };
+    let ring_fd = match ring_fd {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::error!("cannot poll the ring buffer: {e}");
+            return;
+        }
+    };
+    let mut last_sweep = Instant::now();
+    loop {
+        let mut fds = [
+            PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+        ];
+        let _ = poll(
+            &mut fds,
+            PollTimeout::from(READ_INTERVAL.as_millis() as u16),
+        );
+        let mut sink = [0u8; 256];
+        while matches!((&wake).read(&mut sink), Ok(n) if n > 0) {}
+        let Ok(mut core) = handle.core.lock() else {
+            tracing::error!("the core failed; the drain thread stops");
+            return;
         };
-        let mut last_sweep = Instant::now();
-        loop {
-            let mut fds = [
-                PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN),
-                PollFd::new(wake.as_fd(), PollFlags::POLLIN),
-            ];
-            let _ = poll(
-                &mut fds,
-                PollTimeout::from(READ_INTERVAL.as_millis() as u16),
-            );
-            let mut sink = [0u8; 256];
-            while matches!((&wake).read(&mut sink), Ok(n) if n > 0) {}
-            self.drain();
-            let mut stop = false;
-            while let Ok(cmd) = rx.try_recv() {
-                if matches!(cmd, Command::Shutdown) {
-                    stop = true;
-                    break;
-                }
-                self.handle(cmd);
-            }
-            self.update_rate();
-            if last_sweep.elapsed() >= SWEEP_INTERVAL {
-                self.sweep();
-                last_sweep = Instant::now();
-            }
-            if stop {
-                break;
-            }
+        core.drain();
+        core.update_rate();
+        if last_sweep.elapsed() >= SWEEP_INTERVAL {
+            core.sweep();
+            last_sweep = Instant::now();
         }
-        // end what is still open, so nothing collected is lost
-        let open: Vec<u64> = self.spans.keys().copied().collect();
-        for span in open {
-            let _ = self.end(span, None, None);
+        if handle.stopping.load(Ordering::Acquire) {
+            // end what is still open, so nothing collected is lost
+            let open: Vec<u64> = core.spans.keys().copied().collect();
+            for span in open {
+                let _ = core.end(span, None, None);
+            }
+            core.store_tx = None; // lets the store thread finish
+            tracing::info!("core stopped");
+            return;
         }
-        tracing::info!("core stopped; detaching programs");
     }
+}
 
+impl Core {
     /// Stops tracing threads of spans that are no longer open: ones whose
     /// fork event was lost, so `end` could not name them.
     fn sweep(&mut self) {
@@ -312,7 +334,6 @@ impl Core {
                 tx,
                 lagged: 0,
             }),
-            Command::Shutdown => {}
         }
     }
 
@@ -418,15 +439,15 @@ impl Core {
         let mut stored = attribution.clone();
         stored.events = std::mem::take(&mut open.evidence.events).into();
         self.store_stats.queued.fetch_add(1, Ordering::Relaxed);
-        if self
-            .store_tx
-            .send(StoredSpan {
+        let sent = self.store_tx.as_ref().is_some_and(|tx| {
+            tx.send(StoredSpan {
                 started_ms: open.started_ms,
                 ended_ms: crate::clock::now_ms(),
                 attribution: stored,
             })
-            .is_err()
-        {
+            .is_ok()
+        });
+        if !sent {
             self.store_stats.errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!("store thread is gone; span {span} was not saved");
         }
@@ -559,6 +580,10 @@ fn store_loop(
     policy: RetentionPolicy,
     stats: Arc<StoreStats>,
 ) {
+    // storing is background work: on a small machine it must not preempt
+    // the threads a span's caller is waiting on (Linux: per thread)
+    // SAFETY: setpriority on the calling thread, no pointers.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
     let mut last_retention = Instant::now();
     let apply = |store: &mut Store| match store.apply_retention(&policy) {
         Ok(r) => {
@@ -667,7 +692,6 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             .name("store".into())
             .spawn(move || store_loop(store, store_rx, policy, stats))?
     };
-    let (cmd_tx, cmd_rx) = mpsc::channel();
     let (wake_r, wake_w) = StdUnixStream::pair()?;
     wake_w.set_nonblocking(true)?;
     let core = Core {
@@ -676,7 +700,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         sessions: Sessions::default(),
         subscribers: Vec::new(),
         next_span,
-        store_tx,
+        store_tx: Some(store_tx),
         store_stats: stats,
         config: config.clone(),
         started: Instant::now(),
@@ -687,20 +711,24 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         retention_drops_total: 0,
         rate: (Instant::now(), 0, 0.0),
     };
-    let core_thread = std::thread::Builder::new()
-        .name("core".into())
-        .spawn(move || core.run(cmd_rx, wake_r))?;
     let handle = Arc::new(CoreHandle {
-        tx: std::sync::Mutex::new(cmd_tx),
+        core: std::sync::Mutex::new(core),
+        stopping: AtomicBool::new(false),
         wake: wake_w,
     });
+    let core_thread = {
+        let handle = handle.clone();
+        std::thread::Builder::new()
+            .name("core".into())
+            .spawn(move || drain_loop(&handle, wake_r))?
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     let served = runtime.block_on(serve(listener, handle.clone(), config.clone()));
-    let _ = handle.send(Command::Shutdown);
+    handle.shutdown();
     runtime.shutdown_timeout(Duration::from_secs(2));
     drop(handle);
     if core_thread.join().is_err() {

@@ -683,6 +683,7 @@ fn inspection_commands_read_the_db_and_socket() {
         .unwrap()
         .read_to_string(&mut seen)
         .unwrap();
+    let _ = tail.wait();
     assert!(
         seen.lines()
             .any(|l| l.contains("\"kind\":\"exec\"") && l.contains("/bin/true")),
