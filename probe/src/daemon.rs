@@ -52,6 +52,9 @@ pub struct DaemonConfig {
     pub retention: RetentionPolicy,
 }
 
+/// Records the drain thread takes per pass, holding the core.
+const DRAIN_PASS: usize = 1 << 16;
+
 /// How often threads of ended spans are swept from the kernel maps.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -212,7 +215,9 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
             tracing::error!("the core failed; the drain thread stops");
             return;
         };
-        core.drain();
+        // a bounded pass: under an event storm the lock is let go between
+        // passes, so requests are not held up until the ring is empty
+        core.drain_at_most(DRAIN_PASS);
         core.update_rate();
         if last_sweep.elapsed() >= SWEEP_INTERVAL {
             core.sweep();
@@ -246,7 +251,13 @@ impl Core {
         }
     }
 
+    /// Drains the ring buffer until it is empty.
     fn drain(&mut self) {
+        self.drain_at_most(usize::MAX);
+    }
+
+    /// Drains at most `max` records.
+    fn drain_at_most(&mut self, max: usize) {
         let Core {
             probe,
             spans,
@@ -258,7 +269,8 @@ impl Core {
             ..
         } = self;
         let ring = probe.events();
-        while let Some(item) = ring.next() {
+        for _ in 0..max {
+            let Some(item) = ring.next() else { break };
             *events_total += 1;
             let raw = match read_raw(&item) {
                 Ok(raw) => raw,
