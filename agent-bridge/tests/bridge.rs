@@ -717,6 +717,83 @@ async fn http_guards_token_origin_and_body_size() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("bearer token is required"));
 }
 
+/// An answer goes out as several small writes (SSE priming event, message,
+/// end of stream). With Nagle's algorithm on the server's socket, a client
+/// that writes a request's headers and body apart (Python's http.client)
+/// waited for a delayed ACK: 40 ms per call. The server's end of a live
+/// connection is inspected directly, through pidfd_getfd.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_connections_send_small_writes_at_once() {
+    use std::io::{Read as _, Write as _};
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    let (child, url) = Bridge::start_http(&Opts::default());
+    let pid = child.0.id() as i32;
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    // an answered request: the server has accepted and set up the connection
+    conn.write_all(b"DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut status = [0u8; 12];
+    conn.read_exact(&mut status).unwrap();
+    assert!(status.starts_with(b"HTTP/1.1 "), "{status:?}");
+    let client_port = conn.local_addr().unwrap().port();
+    let port_of = |field: &str| {
+        field
+            .split(':')
+            .nth(1)
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    let tcp = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    let inode = tcp
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| port_of(f[1]) == Some(addr.port()) && port_of(f[2]) == Some(client_port))
+        .map(|f| f[9].to_string())
+        .expect("the server's end of the connection in /proc/PID/net/tcp");
+    let fd: i32 = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|t| t.to_string_lossy() == format!("socket:[{inode}]"))
+        })
+        .and_then(|e| e.file_name().to_string_lossy().parse().ok())
+        .expect("the bridge's descriptor of the connection");
+    // SAFETY: plain syscalls; the returned descriptors are checked and owned.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    assert!(
+        pidfd >= 0,
+        "pidfd_open: {}",
+        std::io::Error::last_os_error()
+    );
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) } as i32;
+    assert!(dup >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
+    let sock = unsafe { OwnedFd::from_raw_fd(dup) };
+    let mut on: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into a c_int of the length given.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&mut on as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(r, 0, "getsockopt: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        on, 1,
+        "TCP_NODELAY is off on the bridge's end of an HTTP connection"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn interface_faults_corrupt_and_are_announced() {
     let b = Bridge::stdio(Opts {
