@@ -605,7 +605,12 @@ async fn long_calls_send_progress() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sixteen_concurrent_http_sessions() {
-    let (mut child, url) = Bridge::start_http(&Opts::default());
+    // more than the default one protocol thread: sessions served in parallel
+    let opts = Opts {
+        extra: vec!["--async-threads".into(), "4".into()],
+        ..Opts::default()
+    };
+    let (mut child, url) = Bridge::start_http(&opts);
     let mut tasks = Vec::new();
     for i in 0..16u64 {
         let url = url.clone();
