@@ -72,7 +72,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Runs `cmd` attached to `span`; returns its exit.
 fn run_in(client: &mut Client, span: u64, cmd: &[&str]) -> ExitStatus {
     let mut c = Command::new(cmd[0]);
-    c.args(&cmd[1..])
+    // cargo's LD_LIBRARY_PATH would add the loader's failing opens to every span
+    c.env_remove("LD_LIBRARY_PATH")
+        .args(&cmd[1..])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let (child, _) =

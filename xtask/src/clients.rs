@@ -57,6 +57,9 @@ pub fn python_sdk(bridge: &Path) -> anyhow::Result<()> {
 /// drop) and the URL it serves. Its stderr keeps being drained.
 pub fn start_http(bridge: &Path, args: &[&OsStr]) -> anyhow::Result<(KillOnDrop, String)> {
     let mut child = Command::new(bridge)
+        // `cargo xtask` runs under cargo, which points LD_LIBRARY_PATH into
+        // target/: the sandbox's workloads must not inherit that
+        .env_remove("LD_LIBRARY_PATH")
         .args(["serve", "--http", "127.0.0.1:0"])
         .args(args)
         .stderr(Stdio::piped())
