@@ -144,6 +144,33 @@ impl CallCgroups {
             .collect()
     }
 
+    /// Whether anything still runs in the call's tree, child cgroups
+    /// included (v2 `cgroup.events`; v1: the listed processes).
+    pub fn populated(&self) -> bool {
+        let Some(dir) = &self.tracking else {
+            return false;
+        };
+        match std::fs::read_to_string(dir.join("cgroup.events")) {
+            Ok(events) => events.lines().any(|l| l == "populated 1"),
+            Err(_) => !self.pids().is_empty(),
+        }
+    }
+
+    /// SIGKILLs the whole tree once, without waiting for it to go.
+    pub fn signal_all(&self) {
+        let Some(dir) = &self.tracking else {
+            return;
+        };
+        // cgroup.kill (v2, Linux 5.14+) kills atomically, forks included
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        for pid in self.pids() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
     /// SIGKILLs the whole tree and waits (up to 2 s) until it is gone.
     pub fn kill_all(&self) {
         let Some(dir) = &self.tracking else {

@@ -9,6 +9,10 @@ use probe::attribution::ExitStatus;
 use probe::client::{AsyncClient, Client};
 use serde_json::{Value, json};
 
+/// How long ending a span may take before the call reports the probe as
+/// unavailable (a wedged daemon must not hang every tool call).
+const END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub struct Kernel {
     socket: Option<PathBuf>,
     session: String,
@@ -100,21 +104,36 @@ impl Kernel {
         let (Span::Open(id), Some(socket)) = (span, &self.socket) else {
             return self.end_blocking(span, exit, timed_out_ms); // nothing to ask
         };
-        let mut guard = self.ender.lock().await;
-        if guard.is_none() {
-            match AsyncClient::connect(socket).await {
-                Ok(c) => *guard = Some(c),
-                Err(e) => return unavailable(&e.to_string()),
+        let ended = tokio::time::timeout(END_TIMEOUT, async {
+            let mut guard = self.ender.lock().await;
+            // taken out for the call: if this future is dropped halfway, the
+            // connection (maybe holding half an answer) goes with it
+            let cached = guard.take();
+            let reused = cached.is_some();
+            let mut client = match cached {
+                Some(c) => c,
+                None => AsyncClient::connect(socket).await?,
+            };
+            let mut result = client.end_span(*id, exit, timed_out_ms).await;
+            if reused && result.as_ref().is_err_and(|e| e.code().is_none()) {
+                // a connection to a daemon that has since restarted (the span
+                // was begun on the other connection, which reconnected)
+                client = AsyncClient::connect(socket).await?;
+                result = client.end_span(*id, exit, timed_out_ms).await;
             }
+            if !result.as_ref().is_err_and(|e| e.code().is_none()) {
+                *guard = Some(client); // broken connections are not kept
+            }
+            result
+        })
+        .await;
+        match ended {
+            Ok(a) => attribution_value(a.map_err(|e| e.to_string())),
+            Err(_) => unavailable(&format!(
+                "the probe daemon did not answer within {} s",
+                END_TIMEOUT.as_secs()
+            )),
         }
-        let client = guard.as_mut().expect("just connected");
-        let result = client.end_span(*id, exit, timed_out_ms).await;
-        if let Err(e) = &result
-            && e.code().is_none()
-        {
-            *guard = None; // the connection broke: reconnect next time
-        }
-        attribution_value(result.map_err(|e| e.to_string()))
     }
 
     /// Blocking. The `kernel_evidence` tool: one span in full, or a

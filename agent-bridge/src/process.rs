@@ -193,7 +193,7 @@ impl Background {
             .unwrap_or_else(|p| p.into_inner())
             .is_none()
         {
-            Running::kill_tree(&self.tree, self.pid);
+            Running::signal_tree(&self.tree, self.pid);
         }
     }
 }

@@ -232,13 +232,21 @@ pub struct Stops {
 }
 
 impl Running {
-    /// Kills the whole tree: the call's cgroup, and its process group.
+    /// Kills the whole tree, the call's cgroup and its process group, and
+    /// waits (up to 2 s) until it is gone: blocking.
     pub fn kill_tree(tree: &CallCgroups, pid: u32) {
+        Running::signal_tree(tree, pid);
+        tree.kill_all();
+    }
+
+    /// SIGKILLs the whole tree once, without waiting: for the runtime's
+    /// threads (the protocol side may be a single thread).
+    pub fn signal_tree(tree: &CallCgroups, pid: u32) {
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
-        tree.kill_all();
+        tree.signal_all();
     }
 
     /// Feeds `stdin`, captures output, enforces the deadline and the
@@ -267,13 +275,15 @@ impl Running {
         let status = loop {
             tokio::select! {
                 s = &mut self.waiter => break s,
+                // the waiter sees the exit; what outlives the root is
+                // killed (and waited for) after the span ends
                 () = &mut deadline, if !timed_out && !cancelled => {
                     timed_out = true;
-                    Running::kill_tree(&self.tree, self.pid);
+                    Running::signal_tree(&self.tree, self.pid);
                 }
                 () = stops.cancel.cancelled(), if !timed_out && !cancelled => {
                     cancelled = true;
-                    Running::kill_tree(&self.tree, self.pid);
+                    Running::signal_tree(&self.tree, self.pid);
                 }
                 _ = ticker.tick() => tick(self.started.elapsed()),
             }
@@ -293,7 +303,7 @@ impl Running {
             nix::unistd::Pid::from_raw(self.pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
-        if !self.tree.pids().is_empty() {
+        if self.tree.populated() {
             let tree = self.tree.clone();
             let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
         }

@@ -799,6 +799,58 @@ async fn http_connections_send_small_writes_at_once() {
     );
 }
 
+/// The bridge keeps two connections to the probe daemon (spans begin on one,
+/// end on the other). After the daemon restarts, each fails once: the
+/// second call must already carry its attribution, not lose it to the
+/// stale connection (and leave its span open in the new daemon).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_probe_daemon_is_picked_up_at_once() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("probe.sock");
+    let start = || {
+        let child = std::process::Command::new(probe_binary())
+            .args(["run", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(dir.path().join("evidence.db"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while probe::client::Client::connect(&socket)
+            .and_then(|mut c| c.hello())
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "the probe daemon did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Killed(child)
+    };
+    let daemon = start();
+    let b = Bridge::stdio(Opts {
+        probe_at: Some(socket.clone()),
+        ..Opts::default()
+    })
+    .await;
+    let r = b.call("exec", json!({"argv": ["true"]})).await;
+    assert_eq!(structured(&r)["kernel"]["available"], true, "{r:?}");
+    // SIGTERM: a clean stop, then a new daemon on the same socket
+    let pid = nix::unistd::Pid::from_raw(daemon.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let mut daemon = daemon;
+    daemon.0.wait().unwrap();
+    let _daemon = start();
+    // the first call may find the begin connection stale; the second not
+    let _ = b.call("exec", json!({"argv": ["true"]})).await;
+    let r = b.call("exec", json!({"argv": ["false"]})).await;
+    let kernel = &structured(&r)["kernel"];
+    assert_eq!(kernel["available"], true, "{kernel}");
+    assert_eq!(kernel["exit"]["code"], 1, "{kernel}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn interface_faults_corrupt_and_are_announced() {
     let b = Bridge::stdio(Opts {

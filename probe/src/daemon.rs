@@ -190,12 +190,14 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
     wake.set_nonblocking(true).ok();
     let ring_fd = match handle.core.lock() {
         Ok(mut core) => core.probe.events().as_fd().try_clone_to_owned(),
-        Err(_) => return,
+        Err(_) => Err(std::io::Error::other("the core failed")),
     };
     let ring_fd = match ring_fd {
         Ok(fd) => fd,
         Err(e) => {
-            tracing::error!("cannot poll the ring buffer: {e}");
+            // nothing would drain the events: stop rather than lose them
+            tracing::error!("cannot poll the ring buffer: {e}; stopping the daemon");
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
             return;
         }
     };
@@ -211,9 +213,17 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
         );
         let mut sink = [0u8; 256];
         while matches!((&wake).read(&mut sink), Ok(n) if n > 0) {}
-        let Ok(mut core) = handle.core.lock() else {
-            tracing::error!("the core failed; the drain thread stops");
-            return;
+        let mut core = match handle.core.lock() {
+            Ok(core) => core,
+            Err(poisoned) => {
+                // a bug panicked while holding the core: stop the daemon
+                // (visibly, so a supervisor restarts it) and let the store
+                // thread finish what it has
+                tracing::error!("the core failed; stopping the daemon");
+                poisoned.into_inner().store_tx = None;
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
+                return;
+            }
         };
         // a bounded pass: under an event storm the lock is let go between
         // passes, so requests are not held up until the ring is empty
@@ -338,6 +348,7 @@ impl Core {
                 let _ = reply.send(self.end(span, exit, timed_out));
             }
             Command::Status { reply } => {
+                self.drain(); // counts up to date, as of this request
                 let _ = reply.send(self.status());
             }
             Command::Subscribe { span, kind, tx } => self.subscribers.push(Subscriber {
@@ -592,10 +603,6 @@ fn store_loop(
     policy: RetentionPolicy,
     stats: Arc<StoreStats>,
 ) {
-    // storing is background work: on a small machine it must not preempt
-    // the threads a span's caller is waiting on (Linux: per thread)
-    // SAFETY: setpriority on the calling thread, no pointers.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
     let mut last_retention = Instant::now();
     let apply = |store: &mut Store| match store.apply_retention(&policy) {
         Ok(r) => {

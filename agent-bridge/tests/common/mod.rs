@@ -159,6 +159,8 @@ pub struct Bridge {
 pub struct Opts {
     pub profile: Option<&'static str>,
     pub probe: bool,
+    /// A probe daemon of the test's own (instead of the shared one).
+    pub probe_at: Option<PathBuf>,
     pub fault: Option<&'static str>,
     pub extra: Vec<String>,
 }
@@ -168,7 +170,9 @@ fn serve_args(o: &Opts) -> Vec<String> {
     if let Some(p) = o.profile {
         a.extend(["--profile".into(), p.into()]);
     }
-    if o.probe {
+    if let Some(socket) = &o.probe_at {
+        a.extend(["--probe-socket".into(), socket.display().to_string()]);
+    } else if o.probe {
         a.extend([
             "--probe-socket".into(),
             probe_socket().display().to_string(),
