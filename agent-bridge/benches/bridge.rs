@@ -53,14 +53,8 @@ fn start_daemon(dir: &Path) -> (Daemon, PathBuf) {
         .stderr(Stdio::null())
         .spawn()
         .expect("probe run (build it: cargo build --release -p probe)");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while probe::client::Client::connect(&socket)
-        .and_then(|mut c| c.hello())
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "the probe daemon did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    probe::client::wait_until_ready(&socket, Duration::from_secs(30))
+        .expect("the probe daemon did not start");
     (Daemon(child), socket)
 }
 

@@ -819,14 +819,8 @@ async fn a_restarted_probe_daemon_is_picked_up_at_once() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while probe::client::Client::connect(&socket)
-            .and_then(|mut c| c.hello())
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "the probe daemon did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        probe::client::wait_until_ready(&socket, Duration::from_secs(30))
+            .expect("the probe daemon did not start");
         Killed(child)
     };
     let daemon = start();

@@ -34,14 +34,8 @@ impl Daemon {
             .stderr(Stdio::null())
             .spawn()
             .expect("probe run");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Client::connect(&socket)
-            .and_then(|mut c| c.hello())
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "daemon did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        probe::client::wait_until_ready(&socket, Duration::from_secs(20))
+            .expect("the daemon did not start");
         Daemon { child, socket }
     }
 

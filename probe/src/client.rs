@@ -139,6 +139,19 @@ impl Client {
     }
 }
 
+/// Waits until a daemon answers `hello` at `socket` (one just started), or
+/// `timeout` passes: then the last error.
+pub fn wait_until_ready(socket: &Path, timeout: std::time::Duration) -> Result<(), ClientError> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match Client::connect(socket).and_then(|mut c| c.hello()) {
+            Ok(_) => return Ok(()),
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}
+
 /// The blocking [`Client`]'s calls, on tokio.
 pub struct AsyncClient {
     reader: tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,

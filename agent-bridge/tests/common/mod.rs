@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use rmcp::model::{
@@ -88,17 +88,8 @@ pub fn probe_socket() -> PathBuf {
                 let _ = child.wait();
             });
             rx.recv().unwrap();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while probe::client::Client::connect(&socket)
-                .and_then(|mut c| c.hello())
-                .is_err()
-            {
-                assert!(
-                    Instant::now() < deadline,
-                    "the probe daemon did not come up"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            probe::client::wait_until_ready(&socket, Duration::from_secs(30))
+                .expect("the probe daemon did not come up");
             socket
         })
         .clone()
