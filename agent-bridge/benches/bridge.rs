@@ -485,7 +485,9 @@ async fn main() {
     let mut out = String::from("## agent-bridge\n\n");
     out.push_str(&format!(
         "`cargo bench -p agent-bridge --bench bridge`: {CALLS} sequential `exec {{\"argv\": [\"true\"]}}` calls per row after 20 warm-up calls, \
-         one rmcp client, in {ROUNDS} interleaved rounds; the baseline spawns `true` directly from the benchmark (fork, exec, wait, pipes) in the same rounds.\n\n"
+         one rmcp client, in {ROUNDS} interleaved rounds; the baseline spawns `true` directly from the benchmark (fork, exec, wait, pipes) in the same rounds. \
+         This VM's speed drifts from run to run (the baseline's p50 moved between 0.7 and 1.6 ms within one day, and the \
+         bridge's with it): compare rows within a run, and the ratio column across runs.\n\n"
     ));
     // BRIDGE_BENCH_PART=exec|transfer runs one half (while tuning)
     let part = std::env::var("BRIDGE_BENCH_PART").unwrap_or_default();
