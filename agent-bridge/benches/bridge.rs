@@ -491,6 +491,7 @@ async fn main() {
     ));
     // BRIDGE_BENCH_PART=exec|transfer runs one half (while tuning)
     let part = std::env::var("BRIDGE_BENCH_PART").unwrap_or_default();
+    let steal = Steal::start();
     // exec p50 with the probe per transport; the bridge-alone rates; peaks
     let mut exec_p50: Vec<(&str, f64)> = Vec::new();
     let mut alone_rates: Vec<(&str, f64, f64)> = Vec::new();
@@ -588,6 +589,7 @@ async fn main() {
     }
     if part == "exec" {
         out.push_str(&verdicts(&exec_p50, &alone_rates, &peaks));
+        out.push_str(&steal.line());
         print!("{out}");
         return;
     }
@@ -655,6 +657,7 @@ async fn main() {
         out.push_str(&row(name, "rmcp client", w, r, Some(before), peak));
     }
     out.push_str(&verdicts(&exec_p50, &alone_rates, &peaks));
+    out.push_str(&steal.line());
     out.push_str(
         "\nWhere a 64 MiB transfer's time goes: the bridge reads stdin in 1 MiB pipe loads (it widens its pipes and the \
          worker's from 64 KiB, so 64 MiB is 64 wake-ups, not 1,024), finds line ends with memchr, parses, decodes base64 \
@@ -692,4 +695,42 @@ fn verdicts(exec_p50: &[(&str, f64)], alone: &[(&str, f64, f64)], peaks: &[f64])
         ));
     }
     out
+}
+
+/// CPU time the hypervisor gave to other guests while the benchmark ran
+/// (`steal` in /proc/stat): the phase of the VM, printed with the numbers.
+struct Steal {
+    steal: u64,
+    total: u64,
+}
+
+impl Steal {
+    fn read() -> Steal {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        Steal {
+            steal: ticks.get(7).copied().unwrap_or(0),
+            total: ticks.iter().take(8).sum(),
+        }
+    }
+
+    fn start() -> Steal {
+        Steal::read()
+    }
+
+    fn line(&self) -> String {
+        let now = Steal::read();
+        let total = now.total.saturating_sub(self.total).max(1);
+        let pct = 100.0 * now.steal.saturating_sub(self.steal) as f64 / total as f64;
+        format!(
+            "\nCPU steal during this run (time the hypervisor gave to other guests): {pct:.1}% of the vCPUs' time.\n"
+        )
+    }
 }
