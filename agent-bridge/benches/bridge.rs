@@ -259,7 +259,6 @@ async fn transfer(b: &Bridge, dir: &Path, data: &[u8]) -> (f64, f64) {
 /// only framed (read to its newline) while it runs, so the client's own JSON
 /// and base64 work is left out; both are checked, in full, after the clock.
 fn bridge_alone_stdio(socket: &Path, dir: &Path, data: &[u8]) -> (f64, f64, u64) {
-    use sha2::Digest as _;
     use std::io::{BufRead as _, Write as _};
     let mut child = Command::new(BRIDGE)
         .env_remove(CARGO_ONLY_ENV)
@@ -298,10 +297,7 @@ fn bridge_alone_stdio(socket: &Path, dir: &Path, data: &[u8]) -> (f64, f64, u64)
             json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         ))
         .unwrap();
-    let sha: String = sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha = agent_bridge::bytes::sha256_hex(data);
     let path = dir.join("payload-alone.bin");
     let b64 = base64::engine::general_purpose::STANDARD.encode(data);
     let (mut w, mut r) = (Vec::new(), Vec::new());
@@ -390,7 +386,6 @@ async fn body_chunks(mut resp: reqwest::Response) -> Vec<bytes::Bytes> {
 /// request body is encoded before the clock starts, and each response body
 /// is only read in full while it runs; both are checked after it.
 async fn bridge_alone_http(socket: &Path, dir: &Path, data: &[u8]) -> (f64, f64, u64) {
-    use sha2::Digest as _;
     let (child, url) = start_http(Some(socket));
     let pid = child.id();
     let _child = BridgeChild::Std(child);
@@ -423,10 +418,7 @@ async fn bridge_alone_http(socket: &Path, dir: &Path, data: &[u8]) -> (f64, f64,
         .bytes()
         .await
         .unwrap();
-    let sha: String = sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha = agent_bridge::bytes::sha256_hex(data);
     let path = dir.join("payload-alone-http.bin");
     let b64 = base64::engine::general_purpose::STANDARD.encode(data);
     let (mut w, mut r) = (Vec::new(), Vec::new());
@@ -491,7 +483,7 @@ async fn main() {
     ));
     // BRIDGE_BENCH_PART=exec|transfer runs one half (while tuning)
     let part = std::env::var("BRIDGE_BENCH_PART").unwrap_or_default();
-    let steal = Steal::start();
+    let steal = Steal::read();
     // exec p50 with the probe per transport; the bridge-alone rates; peaks
     let mut exec_p50: Vec<(&str, f64)> = Vec::new();
     let mut alone_rates: Vec<(&str, f64, f64)> = Vec::new();
@@ -719,10 +711,6 @@ impl Steal {
             steal: ticks.get(7).copied().unwrap_or(0),
             total: ticks.iter().take(8).sum(),
         }
-    }
-
-    fn start() -> Steal {
-        Steal::read()
     }
 
     fn line(&self) -> String {
