@@ -18,25 +18,70 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::json;
+use tokio::sync::OnceCell;
 
 use crate::session::{Config, Session};
 
+/// A sandbox session made on first use.
+type SessionSlot = Arc<OnceCell<Arc<Session>>>;
+
+/// The MCP service of one client connection. Its calls run in its own
+/// sandbox session, except those of clients that have no MCP session:
+/// protocol 2026-07-28 removed sessions, and rmcp serves each such request
+/// on a fresh service, so those calls share one session of the whole
+/// bridge — else a background process, the probe's memory of what earlier
+/// calls wrote and a session's disks would last a single call.
 #[derive(Clone)]
 pub struct Bridge {
-    session: Arc<Session>,
+    own: SessionSlot,
+    sessionless: SessionSlot,
     config: Arc<Config>,
     tools: Arc<Vec<Tool>>,
 }
 
 impl Bridge {
+    /// A bridge whose session is set up now, so that a profile that cannot
+    /// be applied fails at start.
     pub fn new(config: Arc<Config>) -> std::io::Result<Bridge> {
-        Ok(Bridge {
-            session: Arc::new(Session::new(config.clone())?),
+        let session = Arc::new(Session::new(config.clone())?);
+        let bridge = Bridge::lazy(config, SessionSlot::default());
+        bridge
+            .own
+            .set(session)
+            .unwrap_or_else(|_| unreachable!("a new slot is empty"));
+        Ok(bridge)
+    }
+
+    /// A bridge whose session is set up by its first tool call; sessionless
+    /// calls use `sessionless`, shared by every bridge of the server.
+    fn lazy(config: Arc<Config>, sessionless: SessionSlot) -> Bridge {
+        Bridge {
+            own: SessionSlot::default(),
+            sessionless,
             config,
             tools: Arc::new(crate::tools::all()),
-        })
+        }
+    }
+
+    /// The session a call runs in: sessionless HTTP requests carry no
+    /// `Mcp-Session-Id` (rmcp refuses such requests from session clients).
+    async fn session(&self, context: &RequestContext<RoleServer>) -> std::io::Result<Arc<Session>> {
+        let sessionless = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .is_some_and(|p| !p.headers.contains_key(SESSION_HEADER));
+        let slot = if sessionless {
+            &self.sessionless
+        } else {
+            &self.own
+        };
+        slot.get_or_try_init(|| async { Session::new(self.config.clone()).map(Arc::new) })
+            .await
+            .cloned()
     }
 }
+
+const SESSION_HEADER: &str = "mcp-session-id";
 
 /// The name clients show: an interface fault is impossible to miss.
 pub fn server_name(config: &Config) -> String {
@@ -99,8 +144,10 @@ impl ServerHandler for Bridge {
             }
         };
         let name = request.name.to_string();
-        match self
-            .session
+        let session = self.session(&context).await.map_err(|e| {
+            McpError::internal_error(format!("cannot set up the sandbox session: {e}"), None)
+        })?;
+        match session
             .call(&name, request.arguments, context.ct.clone(), tick)
             .await
         {
@@ -225,8 +272,9 @@ pub async fn serve_http(
         http = http.disable_allowed_hosts();
     }
     let factory_config = config.clone();
+    let sessionless = SessionSlot::default();
     let service: StreamableHttpService<Bridge, LocalSessionManager> = StreamableHttpService::new(
-        move || Bridge::new(factory_config.clone()),
+        move || Ok(Bridge::lazy(factory_config.clone(), sessionless.clone())),
         Arc::new(LocalSessionManager::default()),
         http,
     );

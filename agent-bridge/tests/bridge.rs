@@ -521,6 +521,60 @@ async fn background_processes_stream_take_stdin_and_die_on_kill() {
     assert!(gone(&grandchild.to_string()), "the grandchild survived");
 }
 
+/// Protocol 2026-07-28 has no sessions, and rmcp serves each of its
+/// requests on a fresh service: the sandbox must still last between calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessionless_clients_keep_their_sandbox_between_calls() {
+    for http in [false, true] {
+        let o = Opts {
+            sessionless: true,
+            ..Opts::default()
+        };
+        let b = if http {
+            Bridge::http(o).await
+        } else {
+            Bridge::stdio(o).await
+        };
+        let r = b
+            .call(
+                "start_process",
+                json!({"command": "echo up; exec sleep 300"}),
+            )
+            .await;
+        let id = structured(&r)["id"].as_u64().unwrap();
+        let p = b
+            .call("poll_process", json!({"id": id, "wait_ms": 5000}))
+            .await;
+        assert!(!is_error(&p), "http={http}: {}", text(&p));
+        assert_eq!(structured(&p)["pid"], structured(&r)["pid"]);
+        assert_eq!(structured(&p)["stdout"]["text"], "up\n");
+        let cursor = structured(&p)["stdout"]["cursor"].as_u64().unwrap();
+        if let Some(url) = &b.url {
+            // every sessionless client of a bridge is in the same sandbox…
+            let (other, _) = Bridge::connect_http_as(url, None, true).await.unwrap();
+            let p = try_call(&other, "poll_process", json!({"id": id}))
+                .await
+                .unwrap();
+            assert_eq!(structured(&p)["running"], true, "{}", text(&p));
+            // …and a client with a session is in its own
+            let (own, _) = Bridge::connect_http(url, None).await.unwrap();
+            let p = try_call(&own, "poll_process", json!({"id": id}))
+                .await
+                .unwrap();
+            assert!(is_error(&p), "a session saw another's process");
+        }
+        b.call("kill_process", json!({"id": id})).await;
+        let p = b
+            .call(
+                "poll_process",
+                json!({"id": id, "stdout_cursor": cursor, "wait_ms": 10000}),
+            )
+            .await;
+        assert_eq!(structured(&p)["running"], false, "http={http}: {p:?}");
+        assert_eq!(structured(&p)["signal"], "SIGKILL");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn timeouts_kill_the_tree_and_say_timeout() {
     let b = Bridge::stdio(Opts::default()).await;

@@ -135,6 +135,27 @@ async fn ephemeral_paths_also_hold_for_the_file_tools() {
     assert_primitive("ephemeral", structured(&r), "fs.persistence");
 }
 
+/// The same across calls of a client without an MCP session (protocol
+/// 2026-07-28), whose calls share the bridge's one sessionless sandbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn ephemeral_paths_hold_for_sessionless_clients() {
+    if !root() {
+        return;
+    }
+    let b = Bridge::http(Opts {
+        profile: Some("ephemeral"),
+        probe: true,
+        sessionless: true,
+        ..Opts::default()
+    })
+    .await;
+    let f = scratch("ephemeral-sessionless");
+    b.call("exec", json!({"command": format!("echo state > {f}")}))
+        .await;
+    let r = b.call("exec", json!({"command": format!("cat {f}")})).await;
+    assert_primitive("ephemeral", structured(&r), "fs.persistence");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn full_disk() {
     let f = scratch("big");

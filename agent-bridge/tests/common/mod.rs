@@ -154,6 +154,37 @@ pub struct Opts {
     pub probe_at: Option<PathBuf>,
     pub fault: Option<&'static str>,
     pub extra: Vec<String>,
+    /// Speak protocol 2026-07-28, which has no sessions: `server/discover`
+    /// instead of the `initialize` handshake, and no `Mcp-Session-Id`.
+    pub sessionless: bool,
+}
+
+/// rmcp's client handshake: `initialize`, or `server/discover` for a
+/// sessionless client (which then checks that 2026-07-28 was agreed).
+async fn handshake<T, E, A>(
+    handler: Handler,
+    transport: T,
+    sessionless: bool,
+) -> Result<Client, String>
+where
+    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    use rmcp::model::ProtocolVersion;
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt as _};
+    if !sessionless {
+        return handler.serve(transport).await.map_err(|e| e.to_string());
+    }
+    let modern = ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    };
+    let client = handler
+        .serve_with_lifecycle(transport, modern)
+        .await
+        .map_err(|e| e.to_string())?;
+    let agreed = client.peer_info().map(|i| i.protocol_version.clone());
+    assert_eq!(agreed, Some(ProtocolVersion::V_2026_07_28));
+    Ok(client)
 }
 
 fn serve_args(o: &Opts) -> Vec<String> {
@@ -195,9 +226,7 @@ impl Bridge {
         )
         .with_max_line_length(512 << 20);
         let handler = Handler::default();
-        let client = handler
-            .clone()
-            .serve(transport)
+        let client = handshake(handler.clone(), transport, o.sessionless)
             .await
             .expect("MCP handshake over stdio");
         Bridge {
@@ -234,6 +263,14 @@ impl Bridge {
     }
 
     pub async fn connect_http(url: &str, token: Option<&str>) -> Result<(Client, Handler), String> {
+        Bridge::connect_http_as(url, token, false).await
+    }
+
+    pub async fn connect_http_as(
+        url: &str,
+        token: Option<&str>,
+        sessionless: bool,
+    ) -> Result<(Client, Handler), String> {
         use rmcp::transport::StreamableHttpClientTransport;
         use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
         let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_string());
@@ -245,17 +282,14 @@ impl Bridge {
             .max_sse_event_size(512 << 20)
             .max_json_response_size(512 << 20);
         let handler = Handler::default();
-        let client = handler
-            .clone()
-            .serve(StreamableHttpClientTransport::from_config(config))
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = StreamableHttpClientTransport::from_config(config);
+        let client = handshake(handler.clone(), transport, sessionless).await?;
         Ok((client, handler))
     }
 
     pub async fn http(o: Opts) -> Bridge {
         let (child, url) = Bridge::start_http(&o);
-        let (client, handler) = Bridge::connect_http(&url, None)
+        let (client, handler) = Bridge::connect_http_as(&url, None, o.sessionless)
             .await
             .expect("MCP handshake over HTTP");
         Bridge {
