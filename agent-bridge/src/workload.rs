@@ -201,21 +201,23 @@ pub struct Output {
 
 /// Reads `r` to its end, keeping the first `cap` bytes and counting the rest.
 pub async fn capture(mut r: impl AsyncRead + Unpin, cap: usize, hint: usize) -> Captured {
-    let mut out = Captured {
-        data: Vec::with_capacity(hint.min(cap)),
-        total: 0,
-    };
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match r.read(&mut buf).await {
-            Ok(0) | Err(_) => return out,
-            Ok(n) => {
-                out.total += n as u64;
-                let room = cap.saturating_sub(out.data.len());
-                out.data.extend_from_slice(&buf[..n.min(room)]);
-            }
+    use bytes::BufMut as _;
+    let mut data = Vec::with_capacity(hint.min(cap));
+    let mut total = 0;
+    // straight into the kept bytes while there is room: no second copy, and
+    // as much per wake-up as the pipe holds
+    while data.len() < cap {
+        let room = cap - data.len();
+        match r.read_buf(&mut (&mut data).limit(room)).await {
+            Ok(0) | Err(_) => return Captured { data, total },
+            Ok(n) => total += n as u64,
         }
     }
+    let mut scratch = vec![0u8; 64 * 1024];
+    while let Ok(n @ 1..) = r.read(&mut scratch).await {
+        total += n as u64;
+    }
+    Captured { data, total }
 }
 
 pub fn exit_status(s: std::process::ExitStatus) -> ExitStatus {
@@ -339,4 +341,27 @@ impl Running {
 /// pipe, or not allowed: left as it is.
 pub fn widen_pipe(fd: std::os::fd::BorrowedFd<'_>) {
     let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt as _;
+
+    /// `data` through a pipe that holds 7 bytes at a time.
+    async fn captured(data: &'static [u8], cap: usize, hint: usize) -> Captured {
+        let (mut w, r) = tokio::io::duplex(7);
+        tokio::spawn(async move { w.write_all(data).await });
+        capture(r, cap, hint).await
+    }
+
+    #[tokio::test]
+    async fn capture_keeps_the_cap_and_counts_the_rest() {
+        let data: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+        for (cap, hint) in [(100, 0), (100, 36), (36, 0), (10, 36), (1, 0), (0, 0)] {
+            let c = captured(data, cap, hint).await;
+            assert_eq!(c.data, &data[..cap.min(36)], "cap {cap}, hint {hint}");
+            assert_eq!(c.total, 36, "cap {cap}, hint {hint}");
+        }
+    }
 }

@@ -123,6 +123,22 @@ async fn offsets_text_append_and_modes() {
     assert_eq!(structured(&s)["mode"], "0600");
     assert_eq!(structured(&s)["type"], "file");
     std::fs::remove_file(&path).unwrap();
+    // files whose size says 0 and files that are not regular read in full
+    let r = b
+        .call("read_file", json!({"path": "/proc/sys/kernel/ostype"}))
+        .await;
+    assert_eq!(blob(&r), b"Linux\n");
+    let r = b
+        .call(
+            "read_file",
+            json!({"path": "/proc/sys/kernel/ostype", "offset": 2}),
+        )
+        .await;
+    assert_eq!(blob(&r), b"nux\n");
+    let r = b
+        .call("read_file", json!({"path": "/dev/zero", "length": 5}))
+        .await;
+    assert_eq!(blob(&r), b"\0\0\0\0\0");
 }
 
 #[tokio::test(flavor = "multi_thread")]
