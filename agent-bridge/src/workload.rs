@@ -346,7 +346,6 @@ pub fn widen_pipe(fd: std::os::fd::BorrowedFd<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncWriteExt as _;
 
     /// `data` through a pipe that holds 7 bytes at a time.
     async fn captured(data: &'static [u8], cap: usize, hint: usize) -> Captured {
