@@ -61,18 +61,19 @@ pub fn sweep_stale() -> usize {
             if Path::new("/proc").join(owner).exists() {
                 continue;
             }
-            let stale = CallCgroups {
+            let mut stale = CallCgroups {
                 dirs: vec![e.path()],
                 tracking: Some(e.path()),
             };
-            drop(stale); // kills what is left, removes the directory
+            stale.remove();
             removed += usize::from(!e.path().exists());
         }
     }
     removed
 }
 
-/// The cgroups of one call, removed (after killing what is left) on drop.
+/// The cgroups of one call, removed (after killing what is left) when the
+/// last reference goes: on a blocking thread when that is inside a runtime.
 #[derive(Debug, Default)]
 pub struct CallCgroups {
     dirs: Vec<PathBuf>,
@@ -195,17 +196,37 @@ impl CallCgroups {
     }
 }
 
-impl Drop for CallCgroups {
-    fn drop(&mut self) {
+impl CallCgroups {
+    /// Kills what is left and removes the directories: blocking.
+    fn remove(&mut self) {
         self.kill_all();
-        for dir in &self.dirs {
+        self.tracking = None;
+        for dir in self.dirs.drain(..) {
             // a v1 memory cgroup may take a moment to release its charges
             for _ in 0..100 {
-                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                if std::fs::remove_dir(&dir).is_ok() || !dir.exists() {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
+        }
+    }
+}
+
+impl Drop for CallCgroups {
+    fn drop(&mut self) {
+        if self.dirs.is_empty() {
+            return;
+        }
+        let mut left = CallCgroups {
+            dirs: std::mem::take(&mut self.dirs),
+            tracking: self.tracking.take(),
+        };
+        // the kill and the removal can wait on the kernel for seconds: on an
+        // async runtime's thread that would stall every session it serves
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || left.remove())),
+            Err(_) => left.remove(),
         }
     }
 }

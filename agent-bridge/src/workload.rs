@@ -320,10 +320,9 @@ impl Running {
             .ok()
             .and_then(Result::ok)
             .unwrap_or_default();
-        // removing the call's cgroups can wait for the kernel to release
-        // them: not on the reply path
-        let tree = self.tree;
-        tokio::task::spawn_blocking(move || drop(tree));
+        // the call's cgroups are removed when the last reference goes, off
+        // the runtime's threads (see `CallCgroups`'s Drop)
+        drop(self.tree);
         Finished {
             exit,
             duration,
