@@ -266,6 +266,9 @@ pub async fn serve_http(
     let mut http = StreamableHttpServerConfig::default()
         .with_max_request_body_bytes(opts.max_body)
         .with_sse_keep_alive(Some(Duration::from_secs(15)))
+        // sessionless calls (2026-07-28) get plain JSON where nothing comes
+        // before the answer: no copy of a 64 MiB answer into an SSE event
+        .with_json_response(true)
         .with_cancellation_token(shutdown.child_token());
     if !loopback {
         // the bearer token guards a public address; Host names vary there

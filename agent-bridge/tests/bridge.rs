@@ -566,6 +566,25 @@ async fn sessionless_clients_keep_their_sandbox_between_calls() {
         assert_eq!(structured(&p)["stdout"]["text"], "up\n");
         let cursor = structured(&p)["stdout"]["cursor"].as_u64().unwrap();
         if let Some(url) = &b.url {
+            // answered as one JSON document, without an event stream's framing
+            let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}});
+            let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+                "name": "poll_process", "arguments": {"id": id}, "_meta": meta}});
+            let resp = reqwest::Client::new()
+                .post(url)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", "poll_process")
+                .body(call.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.headers()["content-type"], "application/json");
+            let v: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+            assert_eq!(v["result"]["structuredContent"]["running"], true, "{v}");
             // every sessionless client of a bridge is in the same sandbox…
             let (other, _) = Bridge::connect_http_as(url, None, true).await.unwrap();
             let p = try_call(&other, "poll_process", json!({"id": id}))
@@ -666,11 +685,26 @@ async fn a_cancelled_call_kills_its_workload() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn long_calls_send_progress() {
-    let b = Bridge::stdio(Opts::default()).await;
-    let r = b.call("exec", json!({"command": "sleep 2.5"})).await;
-    assert_eq!(structured(&r)["exit_code"], 0);
-    let n = b.handler.progress.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(n >= 2, "{n} progress notifications for a 2.5 s call");
+    // sessionless HTTP answers plain JSON, unless a call has news before
+    // its answer: then an event stream, so no notification is lost
+    for sessionless_http in [false, true] {
+        let b = if sessionless_http {
+            Bridge::http(Opts {
+                sessionless: true,
+                ..Opts::default()
+            })
+            .await
+        } else {
+            Bridge::stdio(Opts::default()).await
+        };
+        let r = b.call("exec", json!({"command": "sleep 2.5"})).await;
+        assert_eq!(structured(&r)["exit_code"], 0);
+        let n = b.handler.progress.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            n >= 2,
+            "{n} progress notifications for a 2.5 s call (sessionless HTTP: {sessionless_http})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
