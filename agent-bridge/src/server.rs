@@ -44,12 +44,10 @@ impl Bridge {
     /// be applied fails at start.
     pub fn new(config: Arc<Config>) -> std::io::Result<Bridge> {
         let session = Arc::new(Session::new(config.clone())?);
-        let bridge = Bridge::lazy(config, SessionSlot::default());
-        bridge
-            .own
-            .set(session)
-            .unwrap_or_else(|_| unreachable!("a new slot is empty"));
-        Ok(bridge)
+        Ok(Bridge {
+            own: Arc::new(OnceCell::new_with(Some(session))),
+            ..Bridge::lazy(config, SessionSlot::default())
+        })
     }
 
     /// A bridge whose session is set up by its first tool call; sessionless

@@ -62,9 +62,11 @@ fn num(args: &[OsString], i: usize) -> io::Result<Option<u64>> {
 fn run(args: &[OsString]) -> io::Result<()> {
     let op = arg(args, 0)?.to_string_lossy().into_owned();
     let path = PathBuf::from(arg(args, 1)?);
+    if op == "read" {
+        return read(&path, num(args, 2)?.unwrap_or(0), num(args, 3)?);
+    }
     let mut stdout = io::stdout().lock();
     match op.as_str() {
-        "read" => read(&path, num(args, 2)?.unwrap_or(0), num(args, 3)?),
         "write" => {
             let mode = num(args, 2)?.map(|m| m as u32);
             let append = arg(args, 3)? == "append";
