@@ -229,6 +229,10 @@ struct ServeArgs {
     #[arg(long, conflicts_with = "http", required_unless_present = "http")]
     stdio: bool,
     /// Serve Streamable HTTP at http://ADDR/mcp (e.g. 127.0.0.1:8765; port 0 picks one).
+    ///
+    /// Each MCP session gets a sandbox session of its own (probe session,
+    /// background processes, disks); clients of protocol 2026-07-28, which
+    /// has no sessions, share one.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
     /// Sandbox profile applied to every workload: a built-in name or a TOML file.
