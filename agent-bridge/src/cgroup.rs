@@ -145,6 +145,11 @@ impl CallCgroups {
             .collect()
     }
 
+    /// Whether a cgroup holds the call's whole tree (not without root).
+    pub fn tracks(&self) -> bool {
+        self.tracking.is_some()
+    }
+
     /// Whether anything still runs in the call's tree, child cgroups
     /// included (v2 `cgroup.events`; v1: the listed processes).
     pub fn populated(&self) -> bool {

@@ -181,7 +181,7 @@ impl Background {
             let (tree, pid) = (self.tree.clone(), self.pid);
             let _ = tokio::task::spawn_blocking(move || Running::kill_tree(&tree, pid)).await;
         } else {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.pid as i32), sig);
+            crate::workload::kill_group(self.pid, sig);
         }
     }
 

@@ -220,6 +220,14 @@ pub async fn capture(mut r: impl AsyncRead + Unpin, cap: usize, hint: usize) -> 
     Captured { data, total }
 }
 
+/// Signals the process group the workload leads: the fallback when no
+/// cgroup tracks the tree (no root). Once the leader is reaped its pid may
+/// be reused, so where a cgroup holds the tree the cgroup is signalled
+/// instead: a workload cannot leave it, and it names no one else.
+pub fn kill_group(leader: u32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(leader as i32), sig);
+}
+
 pub fn exit_status(s: std::process::ExitStatus) -> ExitStatus {
     ExitStatus {
         code: s.code(),
@@ -234,8 +242,8 @@ pub struct Stops {
 }
 
 impl Running {
-    /// Kills the whole tree, the call's cgroup and its process group, and
-    /// waits (up to 2 s) until it is gone: blocking.
+    /// Kills the whole tree (its cgroup, or its process group without one)
+    /// and waits (up to 2 s) until it is gone: blocking.
     pub fn kill_tree(tree: &CallCgroups, pid: u32) {
         Running::signal_tree(tree, pid);
         tree.kill_all();
@@ -244,11 +252,11 @@ impl Running {
     /// SIGKILLs the whole tree once, without waiting: for the runtime's
     /// threads (the protocol side may be a single thread).
     pub fn signal_tree(tree: &CallCgroups, pid: u32) {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        tree.signal_all();
+        if tree.tracks() {
+            tree.signal_all();
+        } else {
+            kill_group(pid, nix::sys::signal::Signal::SIGKILL);
+        }
     }
 
     /// Feeds `stdin`, captures output, enforces the deadline and the
@@ -301,11 +309,9 @@ impl Running {
         let kernel = self.kernel.end(&self.span, Some(&exit), timed_out_ms).await;
         // whatever the workload left running dies with the call (usually
         // nothing is left: then no blocking kill-and-wait on the reply path)
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(self.pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        if self.tree.populated() {
+        if !self.tree.tracks() {
+            kill_group(self.pid, nix::sys::signal::Signal::SIGKILL);
+        } else if self.tree.populated() {
             let tree = self.tree.clone();
             let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
         }

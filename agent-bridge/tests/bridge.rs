@@ -630,6 +630,28 @@ async fn timeouts_kill_the_tree_and_say_timeout() {
     std::fs::remove_file(&marker).unwrap();
 }
 
+/// What a call leaves running dies when it ends, even a process that left
+/// the call's process group: the call's cgroup holds it (root only).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_leaves_nothing_running_even_in_a_new_session() {
+    if !root() {
+        return;
+    }
+    let b = Bridge::stdio(Opts::default()).await;
+    let r = b
+        .call(
+            "exec",
+            json!({"command": "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!"}),
+        )
+        .await;
+    assert_eq!(structured(&r)["exit_code"], 0, "{}", text(&r));
+    let pid = structured(&r)["stdout"]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(gone(&pid), "the setsid child {pid} outlived its call");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_workload_reports_its_signal() {
     let b = Bridge::stdio(Opts::default()).await;
