@@ -16,6 +16,7 @@ pub mod process;
 pub mod profile;
 pub mod results;
 pub mod sandbox;
+pub mod self_exec;
 pub mod server;
 pub mod session;
 pub mod stdio;

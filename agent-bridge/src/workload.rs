@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cgroup::{CallCgroups, Limits};
 use crate::kernel::{Kernel, Span};
 use crate::sandbox::Plan;
+use crate::self_exec::ExecByFd;
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -30,6 +31,9 @@ pub struct Spec {
     /// a pipe only when there is data to write.
     pub stdin_pipe: bool,
     pub label: String,
+    /// argv[0] is the bridge's own binary (a file tool's worker): exec'd by
+    /// fd where the kernel then names the process after it.
+    pub own_binary: bool,
 }
 
 /// Everything a session applies to its workloads.
@@ -105,6 +109,17 @@ impl Context {
         // entered again after the profile's mounts (see Plan::apply)
         let cwd = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(cwd.as_os_str()))
             .map_err(|_| StartError("the working directory contains a NUL byte".into()))?;
+        let by_fd = if spec.own_binary {
+            let env = spec
+                .env
+                .iter()
+                .chain(&self.profile_env)
+                .map(|(k, v)| (k, v));
+            ExecByFd::new(&spec.argv, env)
+                .map_err(|e| StartError(format!("cannot prepare the worker's exec: {e}")))?
+        } else {
+            None
+        };
         let label = spec.label.clone();
         let stdin_pipe = spec.stdin_pipe;
         let blocking = tokio::task::spawn_blocking(move || {
@@ -118,7 +133,13 @@ impl Context {
                     span = kernel.begin(&label, pid);
                     Ok::<(), io::Error>(())
                 },
-                move |report| plan.apply(report, &cwd),
+                move |report| {
+                    plan.apply(report, &cwd)?;
+                    match &by_fd {
+                        Some(e) => Err(e.exec()),
+                        None => Ok(()), // std execs argv[0]
+                    }
+                },
             );
             let (child, _pid) = match spawned {
                 Ok((Ok(child), pid)) => (child, pid),

@@ -61,6 +61,7 @@ impl Session {
         let spec = Spec {
             label: format!("{what}: {shown}"),
             argv,
+            own_binary: true,
             ..Spec::default()
         };
         let f = self

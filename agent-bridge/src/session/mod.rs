@@ -324,6 +324,7 @@ impl Session {
             cwd: self.cwd(&a.cwd)?,
             env: tools::environment(&a.env)?,
             stdin_pipe: false,
+            own_binary: false,
         };
         let cap = output_cap(a.max_output_bytes)?;
         let timeout = self.timeout(a.timeout_ms);

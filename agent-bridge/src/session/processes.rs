@@ -25,6 +25,7 @@ impl Session {
             cwd: self.cwd(&a.cwd)?,
             env: tools::environment(&a.env)?,
             stdin_pipe: true,
+            own_binary: false,
         };
         let running = match self.ctx.start(spec, self.next_call()).await {
             Ok(r) => r,

@@ -1,0 +1,144 @@
+//! Exec of the bridge's own binary (the file tools' worker) by file
+//! descriptor. Exec'd by the path `/proc/self/exe`, the kernel names the
+//! process after the link, `exe`, and so does the probe's evidence ("openat
+//! failed with ENOENT in exe"). Exec'd with `execveat(fd, "", AT_EMPTY_PATH)`,
+//! Linux 6.13 and later name it after the file: `agent-bridge`. The path
+//! stays the fallback, since older kernels would name it after the fd number.
+
+use std::ffi::{CString, OsStr, OsString, c_char};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd as _, RawFd};
+use std::os::unix::ffi::OsStrExt as _;
+use std::sync::OnceLock;
+
+/// The bridge's binary, opened once (close-on-exec); `None` where an exec
+/// by fd would not name the process after it.
+fn own_binary() -> Option<RawFd> {
+    static EXE: OnceLock<Option<File>> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+        let mut numbers = release
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse::<u32>().ok());
+        let version = (numbers.next()?, numbers.next()?);
+        (version >= (6, 13))
+            .then(|| File::open("/proc/self/exe").ok())
+            .flatten()
+    })
+    .as_ref()
+    .map(File::as_raw_fd)
+}
+
+/// `base` with `overrides` set over it, in order (a later pair wins).
+fn merged<'a>(
+    mut base: Vec<(OsString, OsString)>,
+    overrides: impl Iterator<Item = (&'a OsString, &'a OsString)>,
+) -> Vec<(OsString, OsString)> {
+    for (k, v) in overrides {
+        match base.iter_mut().find(|(name, _)| name == k) {
+            Some(var) => var.1 = v.clone(),
+            None => base.push((k.clone(), v.clone())),
+        }
+    }
+    base
+}
+
+/// argv and envp for `execveat`, built before fork: between fork and exec
+/// the child may not allocate.
+pub struct ExecByFd {
+    fd: RawFd,
+    argv: Vec<*const c_char>,
+    envp: Vec<*const c_char>,
+    /// Owns what `argv` and `envp` point to.
+    _strings: Vec<CString>,
+}
+
+// SAFETY: the pointers point into `_strings`, which the struct owns and
+// never changes; nothing else reaches them.
+unsafe impl Send for ExecByFd {}
+unsafe impl Sync for ExecByFd {}
+
+impl ExecByFd {
+    /// `argv` with this process's environment, then `env` over it (later
+    /// pairs win), as `Command::envs` would have set it; `None` where the
+    /// kernel cannot name the process after the binary.
+    pub fn new<'a>(
+        argv: &[OsString],
+        env: impl Iterator<Item = (&'a OsString, &'a OsString)>,
+    ) -> io::Result<Option<ExecByFd>> {
+        let Some(fd) = own_binary() else {
+            return Ok(None);
+        };
+        let vars = merged(std::env::vars_os().collect(), env);
+        let c = |s: &OsStr| {
+            CString::new(s.as_bytes()).map_err(|_| io::Error::other("a NUL byte in argv or env"))
+        };
+        let args = argv.iter().map(|a| c(a)).collect::<io::Result<Vec<_>>>()?;
+        let envs = vars
+            .iter()
+            .map(|(k, v)| {
+                let mut pair = k.clone();
+                pair.push("=");
+                pair.push(v);
+                c(&pair)
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        let pointers = |strings: &[CString]| {
+            let mut p: Vec<*const c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+            p.push(std::ptr::null());
+            p
+        };
+        let (argv, envp) = (pointers(&args), pointers(&envs));
+        let mut strings = args;
+        strings.extend(envs);
+        Ok(Some(ExecByFd {
+            fd,
+            argv,
+            envp,
+            _strings: strings,
+        }))
+    }
+
+    /// Replaces the process; returns only the error. Async-signal-safe: for
+    /// the child between fork and exec.
+    pub fn exec(&self) -> io::Error {
+        // SAFETY: NUL-terminated arrays of pointers to live C strings.
+        unsafe {
+            libc::syscall(
+                libc::SYS_execveat,
+                self.fd,
+                c"".as_ptr(),
+                self.argv.as_ptr(),
+                self.envp.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            )
+        };
+        io::Error::last_os_error()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_replace_in_place_and_new_names_are_added() {
+        let os = |s: &str| OsString::from(s);
+        let base = vec![(os("PATH"), os("/bin")), (os("HOME"), os("/root"))];
+        let overrides = [
+            (os("PATH"), os("/x")),
+            (os("NEW"), os("1")),
+            (os("PATH"), os("/y")),
+        ];
+        let env = merged(base, overrides.iter().map(|(k, v)| (k, v)));
+        assert_eq!(
+            env,
+            vec![
+                (os("PATH"), os("/y")),
+                (os("HOME"), os("/root")),
+                (os("NEW"), os("1"))
+            ]
+        );
+    }
+}
