@@ -114,14 +114,18 @@ impl Kernel {
                 Some(c) => c,
                 None => AsyncClient::connect(socket).await?,
             };
+            // an error without a code is the connection's, not the daemon's answer
+            let broken = |r: &Result<_, probe::client::ClientError>| {
+                r.as_ref().is_err_and(|e| e.code().is_none())
+            };
             let mut result = client.end_span(*id, exit, timed_out_ms).await;
-            if reused && result.as_ref().is_err_and(|e| e.code().is_none()) {
+            if reused && broken(&result) {
                 // a connection to a daemon that has since restarted (the span
                 // was begun on the other connection, which reconnected)
                 client = AsyncClient::connect(socket).await?;
                 result = client.end_span(*id, exit, timed_out_ms).await;
             }
-            if !result.as_ref().is_err_and(|e| e.code().is_none()) {
+            if !broken(&result) {
                 *guard = Some(client); // broken connections are not kept
             }
             result

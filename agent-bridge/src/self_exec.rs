@@ -12,17 +12,24 @@ use std::os::fd::{AsRawFd as _, RawFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::sync::OnceLock;
 
+/// Whether this kernel names a process exec'd by fd after the file
+/// (Linux 6.13 and later).
+pub fn names_fd_execs() -> bool {
+    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
+        return false;
+    };
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    numbers.next().zip(numbers.next()) >= Some((6, 13))
+}
+
 /// The bridge's binary, opened once (close-on-exec); `None` where an exec
 /// by fd would not name the process after it.
 fn own_binary() -> Option<RawFd> {
     static EXE: OnceLock<Option<File>> = OnceLock::new();
     EXE.get_or_init(|| {
-        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
-        let mut numbers = release
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|n| n.parse::<u32>().ok());
-        let version = (numbers.next()?, numbers.next()?);
-        (version >= (6, 13))
+        names_fd_execs()
             .then(|| File::open("/proc/self/exe").ok())
             .flatten()
     })

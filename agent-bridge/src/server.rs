@@ -14,6 +14,7 @@ use rmcp::model::{
     PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -67,7 +68,7 @@ impl Bridge {
         let sessionless = context
             .extensions
             .get::<axum::http::request::Parts>()
-            .is_some_and(|p| !p.headers.contains_key(SESSION_HEADER));
+            .is_some_and(|p| !p.headers.contains_key(HEADER_SESSION_ID));
         let slot = if sessionless {
             &self.sessionless
         } else {
@@ -78,8 +79,6 @@ impl Bridge {
             .cloned()
     }
 }
-
-const SESSION_HEADER: &str = "mcp-session-id";
 
 /// The name clients show: an interface fault is impossible to miss.
 pub fn server_name(config: &Config) -> String {

@@ -523,6 +523,12 @@ async fn background_processes_stream_take_stdin_and_die_on_kill() {
         .parse()
         .unwrap();
     let cursor = structured(&p)["stdout"]["cursor"].as_u64().unwrap();
+    kill_and_wait(&b, id, cursor, "").await;
+    assert!(gone(&grandchild.to_string()), "the grandchild survived");
+}
+
+/// `kill_process`, then the process's end: killed by SIGKILL.
+async fn kill_and_wait(b: &Bridge, id: u64, cursor: u64, context: &str) {
     b.call("kill_process", json!({"id": id})).await;
     // past the output already read, a wait returns at the exit (the exit is recorded
     // after the probe's attribution, so it is not instant)
@@ -532,9 +538,8 @@ async fn background_processes_stream_take_stdin_and_die_on_kill() {
             json!({"id": id, "stdout_cursor": cursor, "wait_ms": 10000}),
         )
         .await;
-    assert_eq!(structured(&p)["running"], false, "{p:?}");
+    assert_eq!(structured(&p)["running"], false, "{context}: {p:?}");
     assert_eq!(structured(&p)["signal"], "SIGKILL");
-    assert!(gone(&grandchild.to_string()), "the grandchild survived");
 }
 
 /// Protocol 2026-07-28 has no sessions, and rmcp serves each of its
@@ -598,15 +603,7 @@ async fn sessionless_clients_keep_their_sandbox_between_calls() {
                 .unwrap();
             assert!(is_error(&p), "a session saw another's process");
         }
-        b.call("kill_process", json!({"id": id})).await;
-        let p = b
-            .call(
-                "poll_process",
-                json!({"id": id, "stdout_cursor": cursor, "wait_ms": 10000}),
-            )
-            .await;
-        assert_eq!(structured(&p)["running"], false, "http={http}: {p:?}");
-        assert_eq!(structured(&p)["signal"], "SIGKILL");
+        kill_and_wait(&b, id, cursor, &format!("http={http}")).await;
     }
 }
 

@@ -135,12 +135,11 @@ async fn ephemeral_paths_also_hold_for_the_file_tools() {
     assert_primitive("ephemeral", structured(&r), "fs.persistence");
     // the worker is named after the bridge (exec'd by fd), not `exe`, where
     // the kernel names fd execs after the file (Linux 6.13)
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut v = release
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse::<u32>().ok());
-    let named = (v.next().unwrap(), v.next().unwrap()) >= (6, 13);
-    let who = if named { "agent-bridge" } else { "exe" };
+    let who = if agent_bridge::self_exec::names_fd_execs() {
+        "agent-bridge"
+    } else {
+        "exe"
+    };
     let explanation = structured(&r)["kernel"]["explanation"].as_str().unwrap();
     assert!(
         explanation.contains(&format!(" in {who} (pid ")),
