@@ -35,6 +35,10 @@ pub struct Plan {
     ids: Option<(libc::uid_t, libc::gid_t)>,
     drop_caps: bool,
     filters: Vec<BpfProgram>,
+    /// A seccomp rule names `execveat`: the file worker is then exec'd by
+    /// path, not by fd (see `self_exec`), so the profile denies the
+    /// workload's own execs, never the bridge's.
+    pub denies_execveat: bool,
 }
 
 fn cpath(p: &Path) -> io::Result<CString> {
@@ -119,6 +123,10 @@ impl Plan {
             ids: profile.uid.map(|u| (u, profile.gid.unwrap_or(u))),
             drop_caps: profile.drop_caps,
             filters,
+            denies_execveat: profile
+                .seccomp
+                .iter()
+                .any(|r| r.syscalls.iter().any(|s| s == "execveat")),
         })
     }
 

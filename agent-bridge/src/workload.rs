@@ -109,7 +109,7 @@ impl Context {
         // entered again after the profile's mounts (see Plan::apply)
         let cwd = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(cwd.as_os_str()))
             .map_err(|_| StartError("the working directory contains a NUL byte".into()))?;
-        let by_fd = if spec.own_binary {
+        let by_fd = if spec.own_binary && !plan.denies_execveat {
             let env = spec
                 .env
                 .iter()
@@ -135,10 +135,12 @@ impl Context {
                 },
                 move |report| {
                     plan.apply(report, &cwd)?;
-                    match &by_fd {
-                        Some(e) => Err(e.exec()),
-                        None => Ok(()), // std execs argv[0]
+                    // std execs argv[0]: at once, or where an exec by fd
+                    // failed (an outer seccomp policy, say)
+                    if let Some(e) = &by_fd {
+                        let _ = e.exec();
                     }
+                    Ok(())
                 },
             );
             let (child, _pid) = match spawned {

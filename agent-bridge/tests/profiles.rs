@@ -168,6 +168,46 @@ async fn ephemeral_paths_hold_for_sessionless_clients() {
     assert_primitive("ephemeral", structured(&r), "fs.persistence");
 }
 
+/// A user's profile that denies `execveat` (which the file worker's exec by
+/// fd uses) denies it to workloads, never to the bridge's own file tools.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_profile_denying_execveat_keeps_the_file_tools() {
+    if !root() {
+        return;
+    }
+    let file = scratch("deny-execveat.toml");
+    std::fs::write(
+        &file,
+        "reproduces = \"seccomp\"\n[[seccomp]]\naction = \"errno\"\nsyscalls = [\"execveat\"]\n",
+    )
+    .unwrap();
+    let b = Bridge::stdio(Opts {
+        profile: Some(file.clone().leak()),
+        probe: true,
+        ..Opts::default()
+    })
+    .await;
+    let f = scratch("deny-execveat-data");
+    let w = b
+        .call("write_file", json!({"path": f, "text": "still here"}))
+        .await;
+    assert!(!is_error(&w), "{}", text(&w));
+    let r = b.call("read_file", json!({"path": f})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["bytes"], 10);
+    assert_primitive("deny-execveat", structured(&r), "none");
+    // the profile still holds for the workload's own execveat
+    let denied = b
+        .call(
+            "run_code",
+            json!({"language": "python", "code": "import os\nfd = os.open('/bin/true', os.O_RDONLY)\nos.execve(fd, ['true'], {})"}),
+        )
+        .await;
+    assert_primitive("deny-execveat", structured(&denied), "seccomp");
+    let _ = std::fs::remove_file(&f);
+    let _ = std::fs::remove_file(&file);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn full_disk() {
     let f = scratch("big");
