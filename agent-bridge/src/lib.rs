@@ -5,8 +5,10 @@
 //! ([`workload`], [`process`] for background ones) under the profile
 //! ([`profile`] → [`sandbox`], [`cgroup`]) with a probe span ([`kernel`]).
 //! File tools run in a child too ([`worker`]). Payloads are described by
-//! [`bytes`]; [`fault`] corrupts them on purpose when asked.
+//! [`bytes`]; [`fault`] corrupts them on purpose when asked. [`big_alloc`]
+//! keeps freed big buffers mapped for a moment, for the next transfer.
 
+pub mod big_alloc;
 pub mod bytes;
 pub mod campaign;
 pub mod cgroup;

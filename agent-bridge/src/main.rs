@@ -15,6 +15,9 @@ use agent_bridge::session::Config;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
+#[global_allocator]
+static ALLOCATOR: agent_bridge::big_alloc::BigReuse = agent_bridge::big_alloc::BigReuse;
+
 #[derive(Parser)]
 #[command(
     name = "agent-bridge",
@@ -624,6 +627,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let max_body = agent_bridge::profile::parse_size(&args.max_body)
         .map_err(anyhow::Error::msg)
         .context("--max-body")? as usize;
+    // freed big buffers are kept for a moment only (see big_alloc)
+    std::thread::Builder::new()
+        .name("release-idle".into())
+        .spawn(|| {
+            use agent_bridge::big_alloc::{KEEP_FOR, release_idle};
+            loop {
+                std::thread::sleep(KEEP_FOR);
+                release_idle(KEEP_FOR);
+            }
+        })
+        .context("cannot start a thread")?;
     let swept = agent_bridge::cgroup::sweep_stale();
     if swept > 0 {
         tracing::info!("removed {swept} call cgroup(s) left by bridges that died");
