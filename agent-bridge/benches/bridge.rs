@@ -650,8 +650,8 @@ async fn main() {
     let raw = raw_pipe(&dir.path().join("raw.bin"));
     out.push_str(&format!(
         "\n64 MiB of non-text bytes (base64 on the wire), probe attached; baseline: `cat` of the same file into a pipe, {raw:.0} MB/s. \
-         *Bridge alone*: the median of {TRANSFERS} back-to-back transfers each way, and the first of them (cold: every buffer on fresh pages; the later ones reuse the \
-         big buffers the bridge keeps mapped for a second). *rmcp client*: the median of 3. \
+         *Bridge alone*: the median of {TRANSFERS} back-to-back transfers each way, and the first of them (the bridge holds no freed buffer yet, so only the \
+         buffers freed earlier in the same call are reused; the later ones also reuse the last call's). *rmcp client*: the median of 3. \
          *Bridge alone* sends each request pre-encoded and only frames each answer (stdio: reads to its newline; HTTP: reads the \
          response body's chunks as they arrive) while the clock runs, and checks both in full after it: what the bridge sustains. *rmcp client* is end to end through rmcp's own client, whose JSON and base64 work on the same 2 vCPUs is counted too.\n\n\
          | transport | client | write_file MB/s | read_file MB/s | bridge peak RSS (VmHWM) | peak / payload |\n|---|---|---|---|---|---|\n"
@@ -730,7 +730,8 @@ async fn main() {
          by side, and over stdio serializes with sonic-rs (SIMD escaping) straight to fd 1. Every step writes a fresh \
          64–87 MB buffer, and on this VM the first touch of fresh pages costs ~50 ms per 87 MB (fault and zeroing; \
          rewriting mapped pages takes ~4 ms): the bridge's allocator keeps up to two freed buffers of 8 MiB or more mapped \
-         for a second, which is the gap between a first transfer and the next ones. Over HTTP the answer is rmcp's to \
+         for a second, so a call's later steps write into pages its earlier steps mapped (the request line's pages take \
+         the decoded bytes), and the next call into the last one's. Over HTTP the answer is rmcp's to \
          send: serde_json's byte-at-a-time escape scan of the 87 MB string, then, for a session, a copy into an SSE \
          event. A sessionless client (protocol 2026-07-28) gets plain JSON without that copy, but rmcp's check of its \
          standard headers (SEP-2243) turns every request into a serde_json Value first, a deep copy of the 87 MB \
