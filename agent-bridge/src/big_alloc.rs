@@ -10,7 +10,7 @@
 //! buffers itself but unmaps them on free, so every transfer paid it again.
 //!
 //! Bounds: at most [`KEEP`] blocks and [`KEEP_BYTES`] are kept, each for at
-//! most [`KEEP_FOR`] ([`release_idle`] runs every second in `serve`), so an
+//! most [`KEEP_FOR`] ([`spawn_release_thread`] checks every second), so an
 //! idle bridge returns to its small size. Growing a big buffer moves its
 //! pages with `mremap`, as glibc does, instead of copying them.
 
@@ -171,10 +171,23 @@ fn give_back(b: Block) {
     }
 }
 
-/// Unmaps the kept blocks freed more than `age` ago (`serve` calls it every
-/// second with [`KEEP_FOR`]).
+/// Unmaps the kept blocks freed more than `age` ago.
 pub fn release_idle(age: Duration) {
     expire(&mut KEPT.lock().unwrap_or_else(|e| e.into_inner()), age);
+}
+
+/// Starts the thread that unmaps kept blocks once they have been idle for
+/// [`KEEP_FOR`] (for long-running commands: `serve`, `campaign run`).
+pub fn spawn_release_thread() -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("release-idle".into())
+        .spawn(|| {
+            loop {
+                std::thread::sleep(KEEP_FOR);
+                release_idle(KEEP_FOR);
+            }
+        })
+        .map(drop)
 }
 
 /// Bytes kept mapped for reuse right now.

@@ -322,7 +322,11 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
     }
     use agent_bridge::campaign::{generate, spec, validate};
     match cmd {
-        CampaignCommand::Run(a) => report(campaign_run(a)),
+        CampaignCommand::Run(a) => report(
+            agent_bridge::big_alloc::spawn_release_thread()
+                .context("cannot start a thread")
+                .and_then(|()| campaign_run(a)),
+        ),
         CampaignCommand::Runs { db, json } => report(campaign_runs(&db, json)),
         CampaignCommand::Report {
             db,
@@ -627,17 +631,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let max_body = agent_bridge::profile::parse_size(&args.max_body)
         .map_err(anyhow::Error::msg)
         .context("--max-body")? as usize;
-    // freed big buffers are kept for a moment only (see big_alloc)
-    std::thread::Builder::new()
-        .name("release-idle".into())
-        .spawn(|| {
-            use agent_bridge::big_alloc::{KEEP_FOR, release_idle};
-            loop {
-                std::thread::sleep(KEEP_FOR);
-                release_idle(KEEP_FOR);
-            }
-        })
-        .context("cannot start a thread")?;
+    agent_bridge::big_alloc::spawn_release_thread().context("cannot start a thread")?;
     let swept = agent_bridge::cgroup::sweep_stale();
     if swept > 0 {
         tracing::info!("removed {swept} call cgroup(s) left by bridges that died");
