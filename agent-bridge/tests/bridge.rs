@@ -95,6 +95,26 @@ async fn files_round_trip_over_http() {
     round_trip(&b, "http-invalid-utf8", b"\x00\xff\x00 \xc0\xaf").await;
     round_trip(&b, "http-5mib", &pattern(5 << 20, 7)).await;
     round_trip(&b, "http-64mib", &pattern(64 << 20, 9)).await;
+    // the big buffers the bridge kept for reuse are given back once idle
+    let rss = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", b.pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            << 10
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while rss() >= 64 << 20 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        rss() < 64 << 20,
+        "an idle bridge still holds {} MiB after a 64 MiB transfer",
+        rss() >> 20
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
