@@ -232,9 +232,9 @@ fn mbps(bytes: usize, d: Duration) -> f64 {
 }
 
 /// A bridge-alone row: MB/s of each transfer in the order they ran, and
-/// the bridge's peak RSS (KiB). The first transfer of each kind meets fresh
-/// pages; the later ones reuse the big buffers the bridge keeps for a
-/// moment (`big_alloc`), as back-to-back transfers do.
+/// the bridge's peak RSS (KiB). In the first transfer of each kind the
+/// bridge holds no freed big buffer yet (`big_alloc`); the later ones can
+/// also reuse the last call's, as back-to-back transfers do.
 struct Alone {
     write: Vec<f64>,
     read: Vec<f64>,
@@ -662,7 +662,7 @@ async fn main() {
             .await
             .unwrap()
     };
-    // "283 (0.38× raw; first 200)": a median, and the cold first transfer
+    // "283 (0.38× raw; first 200)": a median, and the first transfer
     let cell = |rate: f64, first: Option<f64>| {
         let first = first.map_or(String::new(), |f| format!("; first {f:.0}"));
         format!("{rate:.0} ({:.2}× raw{first})", rate / raw)

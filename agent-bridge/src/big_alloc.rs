@@ -38,7 +38,9 @@ struct Block {
     freed: Instant,
 }
 
-static KEPT: Mutex<[Option<Block>; KEEP]> = Mutex::new([None; KEEP]);
+type Kept = [Option<Block>; KEEP];
+
+static KEPT: Mutex<Kept> = Mutex::new([None; KEEP]);
 
 /// The global allocator (set in `main.rs`).
 ///
@@ -106,8 +108,6 @@ impl Drop for Unmap {
         self.0.iter_mut().filter_map(Option::take).for_each(unmap);
     }
 }
-
-type Kept = [Option<Block>; KEEP];
 
 fn lock() -> std::sync::MutexGuard<'static, Kept> {
     KEPT.lock().unwrap_or_else(|e| e.into_inner())

@@ -3,7 +3,9 @@
 //! process after the link, `exe`, and so does the probe's evidence ("openat
 //! failed with ENOENT in exe"). Exec'd with `execveat(fd, "", AT_EMPTY_PATH)`,
 //! Linux 6.13 and later name it after the file: `agent-bridge`. The path
-//! stays the fallback, since older kernels would name it after the fd number.
+//! stays the fallback: on older kernels (which would name it after the fd
+//! number), under a profile whose seccomp rules name `execveat`, and where
+//! the exec by fd fails.
 
 use std::ffi::{CString, OsStr, OsString, c_char};
 use std::fs::File;
