@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
 
 fn png(width: u32, height: u32) -> Vec<u8> {
@@ -96,16 +97,7 @@ async fn files_round_trip_over_http() {
     round_trip(&b, "http-5mib", &pattern(5 << 20, 7)).await;
     round_trip(&b, "http-64mib", &pattern(64 << 20, 9)).await;
     // the big buffers the bridge kept for reuse are given back once idle
-    let rss = || {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", b.pid())).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-        line.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-            << 10
-    };
+    let rss = || status_bytes(b.pid(), "VmRSS");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while rss() >= 64 << 20 && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -492,11 +484,11 @@ async fn malformed_json_rpc_gets_errors_and_the_server_stays_up() {
 #[tokio::test(flavor = "multi_thread")]
 async fn background_processes_stream_take_stdin_and_die_on_kill() {
     let b = Bridge::stdio(Opts::default()).await;
-    let r = b.call("start_process", json!({"command": "echo ready; while read line; do echo \"got $line\"; done; echo bye >&2"})).await;
-    let id = structured(&r)["id"].as_u64().unwrap();
-    let p = b
-        .call("poll_process", json!({"id": id, "wait_ms": 5000}))
-        .await;
+    let (id, _, p) = start_and_poll(
+        &b,
+        "echo ready; while read line; do echo \"got $line\"; done; echo bye >&2",
+    )
+    .await;
     assert_eq!(structured(&p)["stdout"]["text"], "ready\n");
     let cursor = structured(&p)["stdout"]["cursor"].as_u64().unwrap();
     b.call(
@@ -526,16 +518,7 @@ async fn background_processes_stream_take_stdin_and_die_on_kill() {
     assert_eq!(last["exit_code"], 0);
     assert_eq!(last["stderr"]["text"], "bye\n");
     // a process tree killed on request: the grandchild dies too
-    let r = b
-        .call(
-            "start_process",
-            json!({"command": "sleep 300 & echo $!; wait"}),
-        )
-        .await;
-    let id = structured(&r)["id"].as_u64().unwrap();
-    let p = b
-        .call("poll_process", json!({"id": id, "wait_ms": 5000}))
-        .await;
+    let (id, _, p) = start_and_poll(&b, "sleep 300 & echo $!; wait").await;
     let grandchild: i32 = structured(&p)["stdout"]["text"]
         .as_str()
         .unwrap()
@@ -545,6 +528,17 @@ async fn background_processes_stream_take_stdin_and_die_on_kill() {
     let cursor = structured(&p)["stdout"]["cursor"].as_u64().unwrap();
     kill_and_wait(&b, id, cursor, "").await;
     assert!(gone(&grandchild.to_string()), "the grandchild survived");
+}
+
+/// `start_process` of `command`, then a poll that waits for its first
+/// output: (id, start answer, poll answer).
+async fn start_and_poll(b: &Bridge, command: &str) -> (u64, CallToolResult, CallToolResult) {
+    let r = b.call("start_process", json!({"command": command})).await;
+    let id = structured(&r)["id"].as_u64().unwrap();
+    let p = b
+        .call("poll_process", json!({"id": id, "wait_ms": 5000}))
+        .await;
+    (id, r, p)
 }
 
 /// `kill_process`, then the process's end: killed by SIGKILL.
@@ -576,16 +570,7 @@ async fn sessionless_clients_keep_their_sandbox_between_calls() {
         } else {
             Bridge::stdio(o).await
         };
-        let r = b
-            .call(
-                "start_process",
-                json!({"command": "echo up; exec sleep 300"}),
-            )
-            .await;
-        let id = structured(&r)["id"].as_u64().unwrap();
-        let p = b
-            .call("poll_process", json!({"id": id, "wait_ms": 5000}))
-            .await;
+        let (id, r, p) = start_and_poll(&b, "echo up; exec sleep 300").await;
         assert!(!is_error(&p), "http={http}: {}", text(&p));
         assert_eq!(structured(&p)["pid"], structured(&r)["pid"]);
         assert_eq!(structured(&p)["stdout"]["text"], "up\n");

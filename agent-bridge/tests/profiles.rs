@@ -7,15 +7,20 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 
-/// Runs `steps` (exec commands) in one session under `profile` and returns
-/// the last step's result.
-async fn under(profile: &'static str, steps: &[&str]) -> Value {
-    let b = Bridge::stdio(Opts {
+/// A stdio bridge under `profile` (a name or a file), probe attached.
+async fn probed(profile: &'static str) -> Bridge {
+    Bridge::stdio(Opts {
         profile: Some(profile),
         probe: true,
         ..Opts::default()
     })
-    .await;
+    .await
+}
+
+/// Runs `steps` (exec commands) in one session under `profile` and returns
+/// the last step's result.
+async fn under(profile: &'static str, steps: &[&str]) -> Value {
+    let b = probed(profile).await;
     let mut last = Value::Null;
     for cmd in steps {
         let r = b
@@ -118,12 +123,7 @@ async fn ephemeral_paths_also_hold_for_the_file_tools() {
     if !root() {
         return;
     }
-    let b = Bridge::stdio(Opts {
-        profile: Some("ephemeral"),
-        probe: true,
-        ..Opts::default()
-    })
-    .await;
+    let b = probed("ephemeral").await;
     let f = scratch("ephemeral-tools");
     let w = b
         .call("write_file", json!({"path": f, "text": "kept?"}))
@@ -181,12 +181,7 @@ async fn a_profile_denying_execveat_keeps_the_file_tools() {
         "reproduces = \"seccomp\"\n[[seccomp]]\naction = \"errno\"\nsyscalls = [\"execveat\"]\n",
     )
     .unwrap();
-    let b = Bridge::stdio(Opts {
-        profile: Some(file.clone().leak()),
-        probe: true,
-        ..Opts::default()
-    })
-    .await;
+    let b = probed(file.clone().leak()).await;
     let f = scratch("deny-execveat-data");
     let w = b
         .call("write_file", json!({"path": f, "text": "still here"}))

@@ -407,6 +407,21 @@ pub fn gone(pid: &str) -> bool {
     }
 }
 
+/// A `/proc/PID/status` field given in kB (`VmRSS`, `VmHWM`), in bytes.
+pub fn status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    line.trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .unwrap()
+        << 10
+}
+
 /// A unique path under /tmp for one test.
 pub fn scratch(name: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
