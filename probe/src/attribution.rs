@@ -2,18 +2,19 @@
 //! made it fail, with a confidence and a sentence a person can act on.
 //!
 //! Decided by what made the workload fail, in this order: the caller's
-//! timeout, an OOM kill, a seccomp SIGSYS, another fatal signal, then the
-//! strongest rule match among failures of processes that exited non-zero
-//! (latest first). Processes that exited 0 handled their own failures, and
-//! failures that match no rule (ENOTTY, EAGAIN on reads, module searches)
-//! are never blamed.
+//! timeout, an OOM kill, a seccomp SIGSYS, another fatal signal (unless the
+//! process raised it on itself right after a resource was refused to it:
+//! then the refusal), then the strongest rule match among failures of
+//! processes that exited non-zero (latest first). Processes that exited 0
+//! handled their own failures, and failures that match no rule (ENOTTY,
+//! EAGAIN on reads, module searches) are never blamed.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
 use crate::event::{KernelEvent, Kind, SYS_SECCOMP, errno_desc};
-use crate::primitive::{Layer, Primitive, classify};
+use crate::primitive::{Layer, Primitive, SYMPTOM_SIGNALS, SYMPTOM_WINDOW_NS, classify};
 use crate::spans::{Drops, SpanEvidence};
 
 /// How the span's first process ended.
@@ -316,6 +317,9 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
             "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP",
         ]
         .contains(&sig.as_str());
+        if let Some(v) = resource_failure_behind_crash(span, pid, &sig, decisive.as_ref(), &who) {
+            return v;
+        }
         let sender = info.and_then(|p| p.signal_sender.clone());
         let explanation = match (crash, sender) {
             (true, _) => format!("{} crashed with {sig}", who(pid)),
@@ -374,6 +378,103 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
         ),
         decisive: None,
     }
+}
+
+/// A crash the process brought on itself right after the kernel refused it
+/// a resource (Chromium under RLIMIT_AS: mmap ENOMEM ×4 in one thread, then
+/// its own SIGTRAP in another): the refusal is the cause, the signal its
+/// symptom. `signal` is the fatal signal's event, when seen. None when the
+/// signal is not one of [`SYMPTOM_SIGNALS`], another process sent it, or no
+/// `mem.limit` / `proc.limit` failure of the same process (tgid: the
+/// `pid` of every event) came within [`SYMPTOM_WINDOW_NS`] before it.
+fn resource_failure_behind_crash(
+    span: &SpanEvidence,
+    pid: u32,
+    sig: &str,
+    signal: Option<&KernelEvent>,
+    who: &dyn Fn(u32) -> String,
+) -> Option<Verdict> {
+    if !SYMPTOM_SIGNALS.contains(&sig) {
+        return None;
+    }
+    // a fault, abort(), raise() and a trap instruction all generate the
+    // signal from the dying process's own thread, so it is the sender
+    let sender = signal.and_then(|e| e.sender_pid).or_else(|| {
+        span.processes
+            .get(&pid)
+            .and_then(|p| p.signal_sender.as_ref())
+            .map(|(s, _)| *s)
+    });
+    if sender.is_some_and(|s| s != pid) {
+        return None;
+    }
+    let crashed_at = signal.map(|e| e.ts_ns).or_else(|| {
+        span.events
+            .iter()
+            .rev()
+            .find(|e| e.kind == Kind::Exit && e.pid == pid)
+            .map(|e| e.ts_ns)
+    })?;
+    let events = &span.events;
+    let execs = last_exec(events);
+    // a run of identical failures carries the time of its first one: a run
+    // that began before the window is left out even if it lasted into it
+    let refusals: Vec<(usize, Primitive)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| {
+            e.kind == Kind::SyscallFailed
+                && e.pid == pid
+                && e.ts_ns <= crashed_at
+                && crashed_at - e.ts_ns <= SYMPTOM_WINDOW_NS
+        })
+        .filter_map(|(i, _)| match score(span, events, i, &execs)? {
+            (p @ (Primitive::MemLimit | Primitive::ProcLimit), _) => Some((i, p)),
+            _ => None,
+        })
+        .collect();
+    let &(last, primitive) = refusals.last()?;
+    let ev = &events[last];
+    let times = |e: &KernelEvent| 1 + e.repeats.unwrap_or(0);
+    let (same, other): (Vec<&KernelEvent>, Vec<&KernelEvent>) = refusals
+        .iter()
+        .map(|&(i, _)| &events[i])
+        .partition(|e| e.syscall_nr == ev.syscall_nr && e.ret == ev.ret);
+    let count: u64 = same.iter().map(|e| times(e)).sum();
+    let others: u64 = other.iter().map(|e| times(e)).sum();
+    let errno = ev.errno.as_deref().unwrap_or("an error");
+    let count = if count > 1 {
+        format!(" ×{count}")
+    } else {
+        String::new()
+    };
+    let limit = ev
+        .errno_nr()
+        .zip(ev.syscall_nr)
+        .and_then(|(errno, nr)| classify(nr, errno, ev.flags.unwrap_or(0)))
+        .and_then(|rule| rule.limit)
+        .map(|l| format!(" ({l})"))
+        .unwrap_or_default();
+    let others = match others {
+        0 => String::new(),
+        1 => ", after 1 other refused resource request".to_string(),
+        n => format!(", after {n} other refused resource requests"),
+    };
+    let verb = if matches!(sig, "SIGABRT" | "SIGTRAP") {
+        "aborted"
+    } else {
+        "crashed"
+    };
+    Some(Verdict {
+        primitive,
+        confidence: 0.9,
+        explanation: format!(
+            "{} failed with {errno}{count}{limit}{others}, then {} {verb} with {sig}",
+            ev.call(),
+            who(pid)
+        ),
+        decisive: Some(ev.clone()),
+    })
 }
 
 /// Paths a program looks up while searching (modules, libraries, locales,
@@ -756,7 +857,7 @@ mod tests {
         e.syscall_nr = Some(nr);
         e.ret = Some(-(errno as i64));
         e.errno = Some(crate::event::errno_name(errno));
-        e.path = Some(path.into());
+        e.path = (!path.is_empty()).then(|| path.into());
         e
     }
 
@@ -988,6 +1089,130 @@ mod tests {
         let a = attribute(&span(vec![]), &o);
         assert_eq!(a.primitive, Primitive::Timeout);
         assert_eq!(a.layer, Some(Layer::Sandbox));
+    }
+
+    /// A fatal `sig` generated for thread `tid` by process `sender`.
+    fn signal(tid: u32, ts: u64, sig: &str, sender: u32) -> KernelEvent {
+        let mut e = ev(Kind::Signal, tid, ts);
+        e.signal = Some(sig.into());
+        e.sender_pid = Some(sender);
+        e.sender_comm = Some("w".into());
+        e
+    }
+
+    fn killed_by(sig: &str) -> Outcome {
+        Outcome {
+            exit: ExitStatus {
+                code: None,
+                signal: Some(sig.into()),
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Thread `tid` of process `pid` starts (a clone with CLONE_THREAD).
+    fn thread(pid: u32, tid: u32, ts: u64) -> KernelEvent {
+        let mut e = ev(Kind::Fork, pid, ts);
+        e.child_pid = Some(tid);
+        e.thread = Some(true);
+        e
+    }
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn enomem_then_its_own_sigtrap_is_mem_limit_naming_both() {
+        // Chromium under RLIMIT_AS: mmap fails ×4 in one thread (one event
+        // and three repeats counted in the kernel), another thread traps
+        let mut refused = failed(10, 20 * MS, "mmap", libc::ENOMEM, "");
+        refused.tid = 12;
+        refused.repeats = Some(3);
+        let mut died = ev(Kind::Exit, 10, 31 * MS);
+        died.comm = "chromium".into();
+        let events = vec![
+            thread(10, 12, MS),
+            thread(10, 13, 2 * MS),
+            refused,
+            signal(13, 30 * MS, "SIGTRAP", 10),
+            died,
+        ];
+        let a = attribute(&span(events), &killed_by("SIGTRAP"));
+        assert_eq!(a.primitive, Primitive::MemLimit, "{}", a.explanation);
+        assert_eq!(
+            a.explanation,
+            "mmap failed with ENOMEM ×4 (RLIMIT_AS or overcommit), then chromium (pid 10) aborted with SIGTRAP"
+        );
+        assert_eq!(a.confidence, 0.9);
+        let d = a.decisive.expect("the last refusal is decisive");
+        assert_eq!((d.kind, d.tid), (Kind::SyscallFailed, 12));
+        assert_eq!(a.layer, Some(Layer::Sandbox));
+    }
+
+    #[test]
+    fn eagain_on_clone_then_its_own_sigabrt_is_proc_limit() {
+        let events = vec![
+            failed(10, 5 * MS, "mmap", libc::ENOMEM, ""),
+            failed(10, 10 * MS, "clone", libc::EAGAIN, ""),
+            signal(10, 11 * MS, "SIGABRT", 10),
+            ev(Kind::Exit, 10, 12 * MS),
+        ];
+        let a = attribute(&span(events), &killed_by("SIGABRT"));
+        assert_eq!(a.primitive, Primitive::ProcLimit, "{}", a.explanation);
+        assert_eq!(a.decisive.unwrap().syscall.as_deref(), Some("clone"));
+        assert_eq!(
+            a.explanation,
+            "clone failed with EAGAIN (pids cgroup or RLIMIT_NPROC), after 1 other refused resource request, then w (pid 10) aborted with SIGABRT"
+        );
+    }
+
+    #[test]
+    fn a_crash_with_no_refusal_before_it_is_signal() {
+        let events = vec![
+            failed(10, MS, "openat", libc::ENOENT, "/data/optional.cfg"),
+            signal(10, 2 * MS, "SIGSEGV", 10),
+            ev(Kind::Exit, 10, 3 * MS),
+        ];
+        let a = attribute(&span(events), &killed_by("SIGSEGV"));
+        assert_eq!(a.primitive, Primitive::Signal);
+        assert_eq!(a.explanation, "w (pid 10) crashed with SIGSEGV");
+    }
+
+    #[test]
+    fn refusals_of_another_process_do_not_explain_a_crash() {
+        let mut events = vec![ev(Kind::Fork, 10, 0)];
+        events[0].child_pid = Some(11);
+        events[0].thread = Some(false);
+        events.push(failed(11, MS, "mmap", libc::ENOMEM, ""));
+        events.push(exit(11, 2 * MS, 1));
+        events.push(signal(10, 3 * MS, "SIGSEGV", 10));
+        let a = attribute(&span(events), &killed_by("SIGSEGV"));
+        assert_eq!(a.primitive, Primitive::Signal, "{}", a.explanation);
+    }
+
+    #[test]
+    fn a_refusal_does_not_explain_a_signal_sent_by_another_process_or_much_later() {
+        // `kill -ABRT` from outside
+        let events = vec![
+            failed(10, MS, "clone", libc::EAGAIN, ""),
+            signal(10, 2 * MS, "SIGABRT", 99),
+        ];
+        let a = attribute(&span(events), &killed_by("SIGABRT"));
+        assert_eq!(a.primitive, Primitive::Signal, "{}", a.explanation);
+        // a refusal the process got past long before it crashed
+        let late = SYMPTOM_WINDOW_NS + 10 * MS;
+        let events = vec![
+            failed(10, MS, "clone", libc::EAGAIN, ""),
+            signal(10, late, "SIGABRT", 10),
+        ];
+        let a = attribute(&span(events), &killed_by("SIGABRT"));
+        assert_eq!(a.primitive, Primitive::Signal, "{}", a.explanation);
+        // …and SIGFPE is no symptom of a refused resource
+        let events = vec![
+            failed(10, MS, "mmap", libc::ENOMEM, ""),
+            signal(10, 2 * MS, "SIGFPE", 10),
+        ];
+        let a = attribute(&span(events), &killed_by("SIGFPE"));
+        assert_eq!(a.primitive, Primitive::Signal, "{}", a.explanation);
     }
 
     #[test]

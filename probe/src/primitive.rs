@@ -191,6 +191,9 @@ pub struct Rule {
     pub primitive: Primitive,
     /// How strongly this failure explains a failing exit on its own (0..1).
     pub weight: f32,
+    /// The limit that refuses, when the row can name it (for sentences:
+    /// "mmap failed with ENOMEM ×4 (RLIMIT_AS or overcommit)").
+    pub limit: Option<&'static str>,
 }
 
 use libc::{
@@ -206,6 +209,7 @@ pub const RULES: &[Rule] = &[
         errnos: &[ENOENT],
         primitive: Primitive::ExecMissing,
         weight: 0.9,
+        limit: None,
     },
     // refined to fs.noexec when the path's mount has noexec
     Rule {
@@ -213,42 +217,58 @@ pub const RULES: &[Rule] = &[
         errnos: &[EACCES],
         primitive: Primitive::FsPermission,
         weight: 0.85,
+        limit: None,
     },
     Rule {
         class: SyscallClass::Any,
         errnos: &[EROFS],
         primitive: Primitive::FsReadonly,
         weight: 0.95,
+        limit: None,
     },
     Rule {
         class: SyscallClass::Any,
         errnos: &[ENOSPC, EDQUOT, EFBIG],
         primitive: Primitive::FsSpace,
         weight: 0.95,
+        limit: None,
     },
     Rule {
         class: SyscallClass::Fork,
         errnos: &[EAGAIN],
         primitive: Primitive::ProcLimit,
         weight: 0.95,
+        limit: Some("pids cgroup or RLIMIT_NPROC"),
     },
     Rule {
         class: SyscallClass::Fork,
         errnos: &[ENOMEM],
         primitive: Primitive::MemLimit,
         weight: 0.9,
+        limit: None,
     },
     Rule {
         class: SyscallClass::Any,
-        errnos: &[EMFILE, ENFILE],
+        errnos: &[EMFILE],
         primitive: Primitive::ProcLimit,
         weight: 0.9,
+        limit: Some("RLIMIT_NOFILE"),
+    },
+    Rule {
+        class: SyscallClass::Any,
+        errnos: &[ENFILE],
+        primitive: Primitive::ProcLimit,
+        weight: 0.9,
+        limit: Some("the system-wide file limit, fs.file-max"),
     },
     Rule {
         class: SyscallClass::Memory,
         errnos: &[ENOMEM],
         primitive: Primitive::MemLimit,
         weight: 0.9,
+        // mmap's ENOMEM does not say which: a memory cgroup never refuses
+        // a mapping (it reclaims or OOM-kills on touch)
+        limit: Some("RLIMIT_AS or overcommit"),
     },
     Rule {
         class: SyscallClass::Connect,
@@ -262,6 +282,7 @@ pub const RULES: &[Rule] = &[
         ],
         primitive: Primitive::NetEgress,
         weight: 0.9,
+        limit: None,
     },
     // a non-blocking connect still pending: the caller's own timeout gave
     // up on it (python's create_connection(timeout=…), curl --connect-timeout)
@@ -270,36 +291,42 @@ pub const RULES: &[Rule] = &[
         errnos: &[EINPROGRESS],
         primitive: Primitive::NetEgress,
         weight: 0.5,
+        limit: None,
     },
     Rule {
         class: SyscallClass::Privileged,
         errnos: &[EPERM],
         primitive: Primitive::Caps,
         weight: 0.9,
+        limit: None,
     },
     Rule {
         class: SyscallClass::PathWrite,
         errnos: &[EACCES, EPERM],
         primitive: Primitive::FsPermission,
         weight: 0.9,
+        limit: None,
     },
     Rule {
         class: SyscallClass::PathRead,
         errnos: &[EACCES, EPERM],
         primitive: Primitive::FsPermission,
         weight: 0.8,
+        limit: None,
     },
     Rule {
         class: SyscallClass::PathWrite,
         errnos: &[ENOENT, ENOTDIR],
         primitive: Primitive::FsMissing,
         weight: 0.8,
+        limit: None,
     },
     Rule {
         class: SyscallClass::PathRead,
         errnos: &[ENOENT, ENOTDIR],
         primitive: Primitive::FsMissing,
         weight: 0.6,
+        limit: None,
     },
     // stat/access probes: a search, not a need; only blamed when nothing better exists
     Rule {
@@ -307,8 +334,25 @@ pub const RULES: &[Rule] = &[
         errnos: &[ENOENT, ENOTDIR],
         primitive: Primitive::FsMissing,
         weight: 0.35,
+        limit: None,
     },
 ];
+
+/// Fatal signals a process brings on itself when the kernel refused it a
+/// resource: abort() or a CHECK's trap instruction on a failed allocation
+/// or thread start (Chromium traps with SIGTRAP), or a fault on the NULL
+/// it got back. Raised by the process itself, they are the symptom of a
+/// `mem.limit` / `proc.limit` failure shortly before ([`SYMPTOM_WINDOW_NS`]).
+/// SIGFPE is not here: no resource failure ends in a division by zero.
+pub const SYMPTOM_SIGNALS: [&str; 5] = ["SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGTRAP"];
+
+/// How long before such a signal a resource failure of the same process
+/// still explains it. A program reacts to a refused mmap or clone within
+/// the failing call's own error path (microseconds), or after a few
+/// retries with back-off (allocators and thread pools retry for up to about
+/// a second); 5 s covers both, while a failure a program got past minutes
+/// earlier says nothing about a later crash.
+pub const SYMPTOM_WINDOW_NS: u64 = 5_000_000_000;
 
 /// The rule a failed syscall matches, if any.
 pub fn classify(syscall: i64, errno: i32, open_flags: u64) -> Option<&'static Rule> {
@@ -336,7 +380,8 @@ pub fn reference_markdown() -> String {
                     .iter()
                     .map(|&e| crate::event::errno_name(e).into_owned())
                     .collect();
-                format!("{} on {}", errnos.join("/"), r.class.describe())
+                let limit = r.limit.map(|l| format!(" ({l})")).unwrap_or_default();
+                format!("{} on {}{limit}", errnos.join("/"), r.class.describe())
             })
             .collect();
         let evidence = if rules.is_empty() {
@@ -358,7 +403,14 @@ pub fn reference_markdown() -> String {
         "\nA failure that matches no rule (ENOTTY ioctls, EAGAIN on reads, ENOENT while a program \
          searches its module path and then exits 0…) is never blamed. The decisive event is the \
          strongest rule match in a process that exited non-zero, latest first; fatal signals, OOM \
-         kills and seccomp denials outrank syscall failures.\n",
+         kills and seccomp denials outrank syscall failures",
     );
+    out.push_str(&format!(
+        ", except a crash a process brought on itself ({}, sent by no other process) within {} s \
+         of `mem.limit` or `proc.limit` failures of its own: the refused resource is the cause, \
+         the crash its symptom.\n",
+        SYMPTOM_SIGNALS.join(", "),
+        SYMPTOM_WINDOW_NS / 1_000_000_000
+    ));
     out
 }

@@ -613,6 +613,146 @@ fn segfault_is_signal() {
     assert_eq!(t.code, Some(128 + 11));
 }
 
+/// Compiles the C program `source` with gcc into `dir/name`: a workload
+/// that does exactly what the test says, with no interpreter in between.
+fn compile_c(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).expect("write the C source");
+    let bin = dir.join(name);
+    let out = Command::new("gcc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("gcc builds this test's workload: install gcc");
+    assert!(
+        out.status.success(),
+        "gcc {name}.c: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// Chromium's shape: one thread maps memory until RLIMIT_AS refuses it
+/// four times, then another thread traps (int3, as IMMEDIATE_CRASH does).
+const MMAP_THEN_TRAP_C: &str = r#"
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static int go[2];
+
+static void *trapper(void *unused) {
+    char c;
+    (void)unused;
+    if (read(go[0], &c, 1) == 1)
+        __asm__ volatile("int3");
+    return NULL;
+}
+
+int main(void) {
+    pthread_t t;
+    int refused = 0;
+    if (pipe(go) != 0 || pthread_create(&t, NULL, trapper, NULL) != 0)
+        return 2;
+    while (refused < 4)
+        if (mmap(NULL, 16 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED)
+            refused++;
+    if (write(go[1], "x", 1) != 1)
+        return 3;
+    pthread_join(t, NULL);
+    return 4;
+}
+"#;
+
+#[test]
+fn mmap_enomem_then_its_own_sigtrap_is_mem_limit() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = compile_c(dir.path(), "selftrap", MMAP_THEN_TRAP_C);
+    let t = trace(&[
+        FAULT,
+        "--rlimit",
+        "as=134217728",
+        "--rlimit",
+        "core=0",
+        "--",
+        bin.to_str().unwrap(),
+    ]);
+    t.expect("mem.limit", Some("mmap"));
+    assert_eq!(t.decisive("errno"), Some("ENOMEM"), "{}", t.context());
+    assert_eq!(t.json["exit"]["signal"], "SIGTRAP", "{}", t.context());
+    let explanation = t.json["explanation"].as_str().unwrap_or("");
+    assert!(
+        explanation.starts_with("mmap failed with ENOMEM ×4")
+            && explanation.contains("then selftrap (pid ")
+            && explanation.ends_with("aborted with SIGTRAP"),
+        "{}",
+        t.context()
+    );
+}
+
+/// Forks until the pids cgroup refuses four times, then gives up with abort().
+const FORK_THEN_ABORT_C: &str = r#"
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+int main(void) {
+    int refused = 0;
+    while (refused < 4) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            /* let go of the tracer's output pipes; the cgroup's cleanup kills us */
+            close(1);
+            close(2);
+            sleep(30);
+            _exit(0);
+        }
+        if (pid < 0) {
+            if (errno != EAGAIN)
+                return 2;
+            refused++;
+        }
+    }
+    abort();
+}
+"#;
+
+#[test]
+fn fork_eagain_then_its_own_sigabrt_is_proc_limit() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = compile_c(dir.path(), "forkabort", FORK_THEN_ABORT_C);
+    let cg = Cgroup::new("pids", &[("pids.max", "pids.max", "6")]);
+    let t = sh(&format!(
+        "echo $$ > {} && exec {FAULT} --rlimit core=0 -- {}",
+        cg.procs(),
+        bin.display()
+    ));
+    t.expect("proc.limit", None);
+    let syscall = t.decisive("syscall").unwrap_or("");
+    assert!(
+        ["clone", "clone3", "fork", "vfork"].contains(&syscall),
+        "{}",
+        t.context()
+    );
+    assert_eq!(t.decisive("errno"), Some("EAGAIN"), "{}", t.context());
+    assert_eq!(t.json["exit"]["signal"], "SIGABRT", "{}", t.context());
+    let explanation = t.json["explanation"].as_str().unwrap_or("");
+    assert!(
+        explanation.contains("failed with EAGAIN ×4")
+            && explanation.contains("then forkabort (pid ")
+            && explanation.ends_with("aborted with SIGABRT"),
+        "{}",
+        t.context()
+    );
+}
+
 // ------------------------------------------------------------------ clean runs
 
 #[test]
