@@ -888,32 +888,63 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
     0
 }
 
+// Direct reclaim (the machine is short of memory) and memory-cgroup reclaim
+// (a cgroup at its limit charges a page: `try_to_free_mem_cgroup_pages`)
+// stall the thread the same way and feed the same timing. They never nest:
+// reclaim runs with PF_MEMALLOC, under which a charge does not reclaim again.
+
 #[tracepoint]
 pub fn direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    if span_of(tid).is_none() {
-        return 0;
-    }
-    if let Some(state) = TASKS.get_ptr_mut(tid) {
-        // SAFETY: this thread's own entry.
-        unsafe { (*state).reclaim_ts = now() };
-    }
+    reclaim_begin();
     0
 }
 
 #[tracepoint]
 pub fn direct_reclaim_end(_ctx: TracePointContext) -> u32 {
+    reclaim_end(0);
+    0
+}
+
+#[tracepoint]
+pub fn memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    reclaim_begin();
+    0
+}
+
+#[tracepoint]
+pub fn memcg_reclaim_end(_ctx: TracePointContext) -> u32 {
+    reclaim_end(flags::MEMCG_RECLAIM);
+    0
+}
+
+/// A traced thread entered reclaim: note when.
+#[inline(always)]
+fn reclaim_begin() {
     let tid = bpf_get_current_pid_tgid() as u32;
     if span_of(tid).is_none() {
-        return 0;
+        return;
+    }
+    if let Some(state) = TASKS.get_ptr_mut(tid) {
+        // SAFETY: this thread's own entry.
+        unsafe { (*state).reclaim_ts = now() };
+    }
+}
+
+/// A traced thread left reclaim: send the stall, with `kind_flags` saying
+/// which reclaim it was.
+#[inline(always)]
+fn reclaim_end(kind_flags: u32) {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if span_of(tid).is_none() {
+        return;
     }
     let Some(state) = TASKS.get_ptr_mut(tid) else {
-        return 0;
+        return;
     };
     // SAFETY: this thread's own entry.
     let st = unsafe { &mut *state };
     if st.reclaim_ts == 0 {
-        return 0;
+        return;
     }
     let ts = now();
     let began = st.reclaim_ts;
@@ -921,10 +952,12 @@ pub fn direct_reclaim_end(_ctx: TracePointContext) -> u32 {
     if let Some(mut entry) = reserve(EventKind::ReclaimStall, st.span, ts) {
         let ev = entry.as_mut_ptr();
         // SAFETY: reserved Event, header already written.
-        unsafe { (*ev).duration_ns = ts.wrapping_sub(began) };
+        unsafe {
+            (*ev).duration_ns = ts.wrapping_sub(began);
+            (*ev).flags |= kind_flags;
+        }
         submit(entry, false);
     }
-    0
 }
 
 #[cfg(not(test))]

@@ -82,8 +82,9 @@ pub struct Attribution {
     pub counts: BTreeMap<String, u64>,
     pub drops: Drops,
     pub duration_ms: f64,
-    /// Memory stalls during the span: the span's own direct reclaim, and
-    /// the machine-wide PSI `some` time (where PSI exists).
+    /// Memory stalls during the span: the span's own reclaim (direct, and
+    /// its memory cgroup's at its limit), and the machine-wide PSI `some`
+    /// time (where PSI exists).
     #[serde(default)]
     pub memory: MemoryStall,
 }
@@ -355,7 +356,7 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
             primitive: Primitive::MemPressure,
             confidence: 0.6,
             explanation: format!(
-                "the workload {} after spending {:.0}% of its time in direct memory reclaim",
+                "the workload {} after spending {:.0}% of its time in memory reclaim",
                 outcome.exit.describe(),
                 span.reclaim_ns as f64 * 100.0 / duration as f64
             ),

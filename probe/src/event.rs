@@ -134,6 +134,10 @@ pub struct KernelEvent {
     /// thread (counted in the kernel, not sent one by one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeats: Option<u64>,
+    /// `reclaim_stall`: the memory cgroup reclaimed at its limit (true), not
+    /// the machine short of memory (direct reclaim, absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memcg: Option<bool>,
 }
 
 /// `si_code` of a SIGSYS raised by seccomp.
@@ -170,6 +174,7 @@ impl KernelEvent {
             written_earlier: None,
             mount_ns: None,
             repeats: None,
+            memcg: None,
         }
     }
 
@@ -311,6 +316,9 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
         EventKind::ReclaimStall => {
             let mut ev = KernelEvent::bare(Kind::ReclaimStall, ts, raw.pid, raw.tid, comm);
             ev.duration_ns = Some(raw.duration_ns);
+            if raw.flags & flags::MEMCG_RECLAIM != 0 {
+                ev.memcg = Some(true);
+            }
             ev
         }
         EventKind::FdDup => {
@@ -472,6 +480,23 @@ mod tests {
         let mut un = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
         un.extend_from_slice(b"/run/x.sock\0");
         assert_eq!(sockaddr(&un).as_deref(), Some("unix:/run/x.sock"));
+    }
+
+    #[test]
+    fn reclaim_stall_says_whether_a_memory_cgroup_reclaimed() {
+        let mut r = raw(EventKind::ReclaimStall);
+        r.duration_ns = 5_000_000;
+        let direct = decode(&r, 0).unwrap();
+        assert_eq!((direct.duration_ns, direct.memcg), (Some(5_000_000), None));
+        r.flags = flags::MEMCG_RECLAIM;
+        let memcg = decode(&r, 0).unwrap();
+        assert_eq!(
+            (memcg.duration_ns, memcg.memcg),
+            (Some(5_000_000), Some(true))
+        );
+        let json = serde_json::to_value(&memcg).unwrap();
+        assert_eq!(json["kind"], "reclaim_stall");
+        assert_eq!(json["memcg"], true);
     }
 
     #[test]

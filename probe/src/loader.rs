@@ -17,8 +17,11 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// The two syscall programs are BTF tracepoints (raw tracepoints typed by
 /// kernel BTF) on the same tracepoints: they get `pt_regs` (arguments of a
 /// syscall seccomp stopped), skip the perf-record copy, and read registers
-/// with plain loads instead of a helper call each.
-const PROGRAMS: [(&str, &str, &str, bool); 9] = [
+/// with plain loads instead of a helper call each. Reclaim is timed from
+/// two optional pairs: direct reclaim (the machine short of memory) and
+/// memory-cgroup reclaim (a cgroup at its limit, which never enters direct
+/// reclaim).
+const PROGRAMS: [(&str, &str, &str, bool); 11] = [
     ("sys_enter", "raw_syscalls", "sys_enter", true),
     ("sys_exit", "raw_syscalls", "sys_exit", true),
     ("sched_process_fork", "sched", "sched_process_fork", true),
@@ -36,6 +39,18 @@ const PROGRAMS: [(&str, &str, &str, bool); 9] = [
         "direct_reclaim_end",
         "vmscan",
         "mm_vmscan_direct_reclaim_end",
+        false,
+    ),
+    (
+        "memcg_reclaim_begin",
+        "vmscan",
+        "mm_vmscan_memcg_reclaim_begin",
+        false,
+    ),
+    (
+        "memcg_reclaim_end",
+        "vmscan",
+        "mm_vmscan_memcg_reclaim_end",
         false,
     ),
 ];

@@ -114,7 +114,7 @@ impl Primitive {
             }
             Primitive::MemOom => "the OOM killer killed the workload",
             Primitive::MemLimit => "an allocation was refused (RLIMIT_AS, overcommit)",
-            Primitive::MemPressure => "long direct-reclaim stalls slowed the workload",
+            Primitive::MemPressure => "long memory-reclaim stalls slowed the workload",
             Primitive::NetEgress => "an outbound connection was refused, unroutable or filtered",
             Primitive::Caps => "a privileged operation without the capability",
             Primitive::Signal => "a signal from another process, or a crash",
@@ -136,7 +136,7 @@ impl Primitive {
             Primitive::ExecMissing => "execve ENOENT and no later successful exec of that program",
             Primitive::MemOom => "oom:mark_victim for a traced pid",
             Primitive::MemPressure => {
-                "direct-reclaim stalls (vmscan tracepoints) dominating the span"
+                "direct or memory-cgroup reclaim stalls (vmscan tracepoints) dominating the span"
             }
             Primitive::Signal => "signal:signal_generate of a fatal signal, then exit by it",
             Primitive::Timeout => "the caller says it killed the workload on a deadline",

@@ -107,7 +107,7 @@ pub fn render(a: &Attribution) -> String {
     if a.memory.reclaim_ms > 0.0 || a.memory.psi_some_ms.is_some_and(|p| p > 0.0) {
         let _ = writeln!(
             out,
-            "  memory      {:.1} ms in direct reclaim{}",
+            "  memory      {:.1} ms in memory reclaim{}",
             a.memory.reclaim_ms,
             a.memory
                 .psi_some_ms

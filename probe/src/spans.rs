@@ -63,7 +63,8 @@ pub struct SpanEvidence {
     pub processes: HashMap<u32, ProcessInfo>,
     /// fd → path of files opened for writing, per pid (to name an ENOSPC write).
     pub write_fds: HashMap<(u32, i64), String>,
-    /// Total direct-reclaim stall of the span's threads.
+    /// Total reclaim stall of the span's threads: direct reclaim and their
+    /// memory cgroup's reclaim at its limit.
     pub reclaim_ns: u64,
     /// System-wide memory PSI `some` total (µs) when the span began; the
     /// delta at the end says how much the whole machine stalled meanwhile.

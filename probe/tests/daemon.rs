@@ -636,7 +636,7 @@ fn inspection_commands_read_the_db_and_socket() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("programs       9 attached")
+        text.contains("programs       11 attached")
             && text.contains("spans          0 open, 2 ended"),
         "{text}"
     );

@@ -556,6 +556,65 @@ fn allocating_past_memory_limit_is_mem_oom() {
 }
 
 #[test]
+fn page_cache_churn_at_a_memory_cgroup_limit_is_a_reclaim_stall() {
+    if !root() {
+        return;
+    }
+    // on the build's disk, not a tmpfs: tmpfs pages cannot be reclaimed
+    // without swap, so the workload would be OOM-killed instead
+    let dir = tempfile::Builder::new()
+        .prefix("probe-kt-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("tempdir");
+    let file = dir.path().join("churn.bin");
+    let cg = Cgroup::new("memory", &[("memory.limit_in_bytes", "memory.max", "64M")]);
+    let _ = std::fs::write(cg.dir.join("memory.memsw.limit_in_bytes"), "64M");
+    let _ = std::fs::write(cg.dir.join("memory.swap.max"), "0");
+    // 200 MiB of page cache through a 64 MiB cgroup: every read past the
+    // limit charges a page the cgroup must first reclaim one for. Written
+    // in synced 8 MiB steps so reclaim finds clean pages, not an OOM.
+    let script = format!(
+        "import os\n\
+         chunk = b'x' * (1 << 20)\n\
+         with open({file:?}, 'wb') as f:\n    \
+             for i in range(200):\n        \
+                 f.write(chunk)\n        \
+                 if i % 8 == 7:\n            \
+                     f.flush(); os.fsync(f.fileno())\n\
+         for _ in range(2):\n    \
+             with open({file:?}, 'rb') as f:\n        \
+                 while f.read(1 << 20): pass\n",
+        file = file.to_str().unwrap()
+    );
+    let t = trace_with(
+        &["--events"],
+        &[
+            "sh",
+            "-c",
+            &format!("echo $$ > {} && exec python3 -c \"$0\"", cg.procs()),
+            &script,
+        ],
+    );
+    assert_eq!(t.json["exit"]["code"], 0, "{}", t.context());
+    let reclaim_ms = t.json["memory"]["reclaim_ms"].as_f64().unwrap_or(0.0);
+    assert!(reclaim_ms > 0.0, "no reclaim measured: {}", t.context());
+    let events = t.json["events"].as_array().cloned().unwrap_or_default();
+    let stalls: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "reclaim_stall")
+        .collect();
+    assert!(
+        stalls
+            .iter()
+            .any(|e| e["memcg"] == true && e["duration_ns"].as_u64() > Some(0)),
+        "no memory-cgroup reclaim_stall among {} events ({} stalls): {}",
+        events.len(),
+        stalls.len(),
+        t.context()
+    );
+}
+
+#[test]
 fn connect_without_route_in_netns_is_net_egress() {
     if !root() {
         return;

@@ -35,7 +35,9 @@ pub enum EventKind {
     Exit = 6,
     /// A traced task opened a file for writing, or created one.
     FileWrite = 7,
-    /// A traced task came back from direct memory reclaim.
+    /// A traced task came back from memory reclaim: direct (the machine
+    /// short of memory) or its memory cgroup's (at its limit,
+    /// [`flags::MEMCG_RECLAIM`]).
     ReclaimStall = 8,
     /// Not an event: a fork whose child could not be tracked (TASKS full).
     TaskUntracked = 9,
@@ -100,6 +102,9 @@ pub mod flags {
     pub const GROUP_DEAD: u32 = 1 << 5;
     /// Reading the path or address from user memory failed.
     pub const DATA_FAULT: u32 = 1 << 6;
+    /// ReclaimStall: the memory cgroup's reclaim at its limit
+    /// (`vmscan:mm_vmscan_memcg_reclaim_*`), not direct reclaim.
+    pub const MEMCG_RECLAIM: u32 = 1 << 7;
 }
 
 /// Layout of a `TRACKED` slot (one u64 per thread id): the span in the
@@ -184,7 +189,8 @@ pub struct TaskState {
     pub enter_ts: u64,
     /// Clone flags of the clone/clone3 in flight (read at fork).
     pub clone_flags: u64,
-    /// Start of the direct reclaim in progress, 0 when none.
+    /// Start of the reclaim in progress (direct or memory cgroup), 0 when
+    /// none.
     pub reclaim_ts: u64,
     /// The thread's last failure sent, to fold identical ones that follow
     /// into a count instead of an event each.
