@@ -87,12 +87,18 @@ enum CampaignCommand {
         base: String,
     },
     /// Check test files (e.g. ones a coding agent wrote): every problem with file, field and reason.
+    ///
+    /// Also reports every step that names a host or address outside this
+    /// machine (IPv4/IPv6 literals, URL hosts, public domain names): a
+    /// campaign sends no packet off the machine unless --allow-egress says so.
     Validate {
         dir: PathBuf,
-        /// Machine-readable output.
         /// Machine-readable output on stdout.
         #[arg(long)]
         json: bool,
+        /// Hosts the tests may name although they are off this machine.
+        #[arg(long, value_name = "HOST[,HOST…]", value_delimiter = ',')]
+        allow_egress: Vec<String>,
     },
     /// Print the JSON Schema of a test file.
     Schema,
@@ -224,6 +230,15 @@ struct RunArgs {
     /// Plain progress lines even on a terminal.
     #[arg(long)]
     no_bar: bool,
+    /// Hosts off this machine the tests may name (refused otherwise: a
+    /// campaign sends no packet off the machine unless told to).
+    #[arg(long, value_name = "HOST[,HOST…]", value_delimiter = ',')]
+    allow_egress: Vec<String>,
+    /// Where the run's local upstream (HTTP, TCP echo, DNS stub) listens;
+    /// tests reach it through {{upstream.http}}, {{upstream.host}}… It must
+    /// be an address of this machine that the sandbox's workloads reach.
+    #[arg(long, default_value_t = agent_bridge::campaign::upstream::UPSTREAM_HOST, value_name = "IPV4")]
+    upstream_host: std::net::Ipv4Addr,
 }
 
 #[derive(clap::Args)]
@@ -373,20 +388,29 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
                     .map(|()| eprintln!("wrote {count} tests (seed {seed}) to {}", out.display())),
             )
         }
-        CampaignCommand::Validate { dir, json } => {
-            let suite = match validate::load_dir(&dir) {
+        CampaignCommand::Validate {
+            dir,
+            json,
+            allow_egress,
+        } => {
+            let mut suite = match validate::load_dir(&dir) {
                 Ok(s) => s,
                 Err(e) => {
                     return report(Err(anyhow::anyhow!("cannot read {}: {e}", dir.display())));
                 }
             };
+            // a test that names an off-machine host is valid but not runnable as is
+            let egress = suite.egress_problems(&allow_egress);
+            let offending: std::collections::HashSet<_> = egress.iter().map(|p| p.file.clone()).collect();
+            suite.problems.extend(egress);
+            let with_problems = suite.files - suite.tests.len() + offending.len();
             if json {
                 let problems: Vec<_> = suite
                     .problems
                     .iter()
                     .map(|p| serde_json::json!({"file": p.file, "field": p.field, "reason": p.reason}))
                     .collect();
-                let v = serde_json::json!({"files": suite.files, "valid": suite.tests.len(), "problems": problems});
+                let v = serde_json::json!({"files": suite.files, "valid": suite.files - with_problems, "problems": problems});
                 println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
             } else {
                 for p in &suite.problems {
@@ -395,8 +419,8 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
                 println!(
                     "{} files: {} valid, {} with problems ({} problems)",
                     suite.files,
-                    suite.tests.len(),
-                    suite.files - suite.tests.len(),
+                    suite.files - with_problems,
+                    with_problems,
                     suite.problems.len()
                 );
             }
@@ -421,6 +445,8 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         shard: a.shard,
         resume: a.resume,
         quiet: a.no_bar,
+        allow_egress: a.allow_egress,
+        upstream_host: a.upstream_host,
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let s = rt.block_on(run::run(opts))?;
@@ -428,10 +454,11 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         println!(
-            "run {}: {} recorded here ({} passed, {} failed) in {:.1} s; {} of {} suite tests recorded in all{}",
+            "run {}: {} recorded here ({} passed, {} degraded, {} failed) in {:.1} s; {} of {} suite tests recorded in all{}",
             s.run,
             s.recorded,
             s.passed,
+            s.degraded,
             s.failed,
             s.wall_s,
             s.already_recorded + s.recorded,

@@ -407,7 +407,9 @@ fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
     let role = role(entered);
     cur.aux0 = match role {
         ArgRole::Path { flags: Some(f), .. } => reg_arg(regs, f),
-        ArgRole::First => reg_arg(regs, 0),
+        // the socket: a later getsockopt(SO_ERROR) on it completes a
+        // non-blocking connect
+        ArgRole::First | ArgRole::SockAddr { .. } => reg_arg(regs, 0),
         _ => 0,
     };
     cur.data_len = 0;
@@ -570,6 +572,28 @@ fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64)
     match entered {
         nr::SECCOMP => set_seccomp(),
         nr::PRCTL if reg_arg(regs, 0) == nr::PR_SET_SECCOMP => set_seccomp(),
+        // a non-blocking connect's outcome: the call succeeds and writes
+        // the connection's error into *optval (ECONNREFUSED, ETIMEDOUT…)
+        nr::GETSOCKOPT
+            if reg_arg(regs, 1) == nr::SOL_SOCKET && reg_arg(regs, 2) == nr::SO_ERROR =>
+        {
+            // SAFETY: user pointer read with the fault-tolerant helper.
+            let err = unsafe { bpf_probe_read_user(reg_arg(regs, 3) as *const i32) }.unwrap_or(0);
+            if err <= 0 {
+                return;
+            }
+            if let Some(mut entry) = reserve(EventKind::SyscallFailed, span, now()) {
+                let ev = entry.as_mut_ptr();
+                // SAFETY: reserved Event, header already written.
+                unsafe {
+                    (*ev).syscall = entered;
+                    (*ev).ret = -(err as i64);
+                    (*ev).aux[0] = reg_arg(regs, 0);
+                    (*ev).flags |= flags::SOCKET_ERROR;
+                }
+                submit(entry, false);
+            }
+        }
         nr::DUP2 | nr::DUP3 => {
             if let Some(mut entry) = reserve(EventKind::FdDup, span, now()) {
                 let ev = entry.as_mut_ptr();

@@ -509,7 +509,10 @@ pub fn is_search_noise(path: &str) -> bool {
     ];
     const NAMES: [&str; 4] = ["pybuilddir.txt", "pyvenv.cfg", "Setup.local", "os.py"];
     let name = path.rsplit('/').next().unwrap_or(path);
-    path.starts_with('<')
+    // relative to an fd of /proc (Chromium's thread lists): threads come and go
+    let proc_relative = path.starts_with("self/") || path.starts_with("thread-self/");
+    proc_relative
+        || path.starts_with('<')
         || path.contains("/lib/python")
         || path.split('/').any(|c| COMPONENTS.contains(&c))
         || PREFIXES.iter().any(|p| path.starts_with(p))
@@ -519,6 +522,21 @@ pub fn is_search_noise(path: &str) -> bool {
         || name.ends_with(".so")
         || name.contains(".so.")
         || (name.starts_with("python3") && name.ends_with(".zip"))
+}
+
+/// A connection to an IP address that was refused, unreachable or timed
+/// out. A process that exited 0 after one usually reported it to its
+/// parent rather than failing itself (Chromium's network service renders
+/// an error page, and the browser exits 0): where a call's exit status says
+/// nothing failed, such a connection is still the failure it hid. A
+/// still-pending (EINPROGRESS) connect is not: programs race those.
+fn refused_connection(ev: &KernelEvent, primitive: Primitive) -> bool {
+    primitive == Primitive::NetEgress
+        && ev.errno.as_deref() != Some("EINPROGRESS")
+        && ev
+            .addr
+            .as_deref()
+            .is_some_and(|a| a.parse::<std::net::SocketAddr>().is_ok())
 }
 
 /// A failure event's primitive and weight, or None when it is not evidence.
@@ -642,12 +660,15 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome, with_root: bool) ->
     let execs = last_exec(events);
     let mut best: Option<(usize, Primitive, f64)> = None;
     for (i, ev) in events.iter().enumerate().rev() {
-        if !matches!(ev.kind, Kind::SyscallFailed | Kind::SeccompDenied) || !failing(ev.pid) {
+        if !matches!(ev.kind, Kind::SyscallFailed | Kind::SeccompDenied) {
             continue;
         }
         let Some((primitive, weight)) = score(span, events, i, &execs) else {
             continue;
         };
+        if !failing(ev.pid) && !(!with_root && refused_connection(ev, primitive)) {
+            continue;
+        }
         // a root that exited 0 coped with its failures, except losing
         // state an earlier call wrote: that is never the workload's intent
         if !with_root && Some(ev.pid) == span.root_pid && primitive != Primitive::FsPersistence {
@@ -744,6 +765,27 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome, with_root: bool) ->
                 ev.call()
             )
         }
+        // a non-blocking connect that never completed: the failure is the
+        // silence after it, not the EINPROGRESS its call returned
+        Primitive::NetEgress if errno == "EINPROGRESS" => format!(
+            "{} got no answer: it was still pending (EINPROGRESS) when {proc_desc} gave up on it \
+             (its own timeout): {}",
+            ev.call(),
+            primitive.meaning()
+        ),
+        Primitive::NetEgress if ev.via.is_some() => format!(
+            "{} failed with {errno} ({desc}) in {proc_desc}, {}: {}",
+            ev.call(),
+            match ev.duration_ns {
+                Some(ns) => format!(
+                    "reported by {} {:.0} ms after the non-blocking connect",
+                    ev.via.as_deref().unwrap_or(""),
+                    ns as f64 / 1e6
+                ),
+                None => format!("reported by {}", ev.via.as_deref().unwrap_or("")),
+            },
+            primitive.meaning()
+        ),
         _ => format!(
             "{} failed with {errno} ({desc}) in {proc_desc}: {}",
             ev.call(),

@@ -134,6 +134,10 @@ pub struct KernelEvent {
     /// thread (counted in the kernel, not sent one by one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeats: Option<u64>,
+    /// How the failure was learnt when not from the syscall's own return:
+    /// `getsockopt(SO_ERROR)` for a non-blocking connect's outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<Cow<'static, str>>,
     /// `reclaim_stall`: the memory cgroup reclaimed at its limit (true), not
     /// the machine short of memory (direct reclaim, absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -175,6 +179,7 @@ impl KernelEvent {
             mount_ns: None,
             repeats: None,
             memcg: None,
+            via: None,
         }
     }
 
@@ -260,7 +265,10 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
                 if role.is_timed() {
                     ev.duration_ns = Some(raw.duration_ns);
                 }
-                if is_fd_syscall(raw.syscall) {
+                if is_fd_syscall(raw.syscall)
+                    || matches!(role, ArgRole::SockAddr { .. })
+                    || raw.flags & flags::SOCKET_ERROR != 0
+                {
                     ev.fd = Some(raw.aux[0] as i64);
                 } else if matches!(role, ArgRole::Path { flags: Some(_), .. })
                     || matches!(kind, EventKind::FileWrite | EventKind::Mount)
@@ -275,6 +283,9 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
             }
             if raw.flags & flags::SECCOMP_ON != 0 {
                 ev.seccomp_filter = Some(true);
+            }
+            if raw.flags & flags::SOCKET_ERROR != 0 {
+                ev.via = Some(Cow::Borrowed("getsockopt(SO_ERROR)"));
             }
             ev
         }

@@ -247,6 +247,23 @@ impl SpanEvidence {
     }
 
     fn enrich_failure(&mut self, ev: &mut KernelEvent) {
+        // a non-blocking connect's outcome, learnt through getsockopt(SO_ERROR):
+        // it is that connect's failure (ECONNREFUSED, not the EINPROGRESS
+        // its own return said), so it takes the connect's name and address
+        if ev.via.is_some()
+            && let Some(connect) = self.events.iter().rev().find(|c| {
+                c.kind == Kind::SyscallFailed
+                    && c.syscall_nr == Some(probe_abi::nr::CONNECT)
+                    && c.errno.as_deref() == Some("EINPROGRESS")
+                    && c.pid == ev.pid
+                    && c.fd == ev.fd
+            })
+        {
+            ev.syscall = connect.syscall.clone();
+            ev.syscall_nr = connect.syscall_nr;
+            ev.addr = connect.addr.clone();
+            ev.duration_ns = Some(ev.ts_ns.saturating_sub(connect.ts_ns));
+        }
         let nr = ev.syscall_nr.unwrap_or(-1);
         // write-family: name the file behind the fd
         if probe_abi::is_fd_syscall(nr)

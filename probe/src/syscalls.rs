@@ -34,7 +34,7 @@ impl SyscallClass {
             SyscallClass::Exec => "execve/execveat",
             SyscallClass::Fork => "clone/clone3/fork/vfork",
             SyscallClass::Memory => "mmap/brk/mremap/mlock",
-            SyscallClass::Connect => "connect/sendto/sendmsg",
+            SyscallClass::Connect => "connect/sendto/sendmsg (and recvfrom/recvmsg on a connected UDP socket, which learns of an ICMP unreachable there)",
             SyscallClass::Privileged => {
                 "mount/umount2/unshare/setns/ptrace/bpf/chroot/pivot_root/set*id/setgroups/module/reboot/sethostname/perf_event_open/mknod/capset/prlimit"
             }
@@ -56,7 +56,7 @@ pub fn classes(nr: i64, open_flags: u64) -> &'static [SyscallClass] {
         59 | 322 => &[Exec],
         56 | 57 | 58 | 435 => &[Fork],
         9 | 10 | 12 | 25 | 29 | 149 | 151 | 325 => &[Memory],
-        42 | 44 | 46 => &[Connect],
+        42 | 44 | 46 | 45 | 47 => &[Connect],
         133 | 259 => &[Privileged, PathWrite],
         165 | 166 | 272 | 308 | 101 | 321 | 161 | 155 | 105 | 106 | 113 | 114 | 117 | 119 | 116
         | 122 | 123 | 175 | 313 | 176 | 169 | 170 | 171 | 164 | 227 | 298 | 167 | 168 | 172

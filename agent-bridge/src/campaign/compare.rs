@@ -35,7 +35,7 @@ pub fn compare(conn: &Connection, a: &RunRow, b: &RunRow) -> anyhow::Result<Comp
     let rb = report(conn, b)?;
     let outcomes = |run: &str| -> anyhow::Result<BTreeMap<String, bool>> {
         let mut stmt =
-            conn.prepare("SELECT test_id, outcome = 'pass' FROM campaign_tests WHERE run = ?1")?;
+            conn.prepare("SELECT test_id, outcome != 'fail' FROM campaign_tests WHERE run = ?1")?;
         let rows = stmt.query_map([run], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)
     };
@@ -222,7 +222,7 @@ pub fn matrix(conn: &Connection, baseline: &RunRow) -> anyhow::Result<Matrix> {
         .collect();
     let base_passed: BTreeSet<String> = {
         let mut stmt =
-            conn.prepare("SELECT test_id FROM campaign_tests WHERE run = ?1 AND outcome = 'pass'")?;
+            conn.prepare("SELECT test_id FROM campaign_tests WHERE run = ?1 AND outcome != 'fail'")?;
         let rows = stmt.query_map([&baseline.id], |r| r.get(0))?;
         rows.collect::<Result<_, _>>()?
     };

@@ -115,6 +115,8 @@ pub struct TestRecord {
     pub domain: String,
     pub title: String,
     pub triage: Option<Triage>,
+    /// Passed, but degraded (only when `triage` is `None`).
+    pub degraded: Option<super::triage::Degraded>,
     pub duration_ms: f64,
     pub runner: String,
     pub mcp_session: Option<String>,
@@ -125,8 +127,13 @@ pub struct TestRecord {
 /// Records one test and its steps in one transaction.
 pub fn insert(conn: &mut Connection, run: &str, t: &TestRecord) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
-    let outcome = if t.triage.is_none() { "pass" } else { "fail" };
+    let outcome = match (&t.triage, &t.degraded) {
+        (Some(_), _) => "fail",
+        (None, Some(_)) => "degraded",
+        (None, None) => "pass",
+    };
     let tr = t.triage.as_ref();
+    let dg = t.degraded.as_ref();
     tx.execute(
         "INSERT INTO campaign_tests (run, test_id, domain, title, outcome, layer, primitive, confidence,
              explanation, evidence, duration_ms, runner, mcp_session, finished_ms)
@@ -138,9 +145,10 @@ pub fn insert(conn: &mut Connection, run: &str, t: &TestRecord) -> rusqlite::Res
             t.title,
             outcome,
             tr.map(|x| x.layer),
-            tr.map(|x| &x.primitive),
+            tr.map(|x| x.primitive.as_str())
+                .or(dg.and_then(|d| d.primitive)),
             tr.map(|x| x.confidence),
-            tr.map(|x| &x.explanation),
+            tr.map(|x| &x.explanation).or(dg.map(|d| &d.explanation)),
             tr.map(|x| x.evidence.to_string()),
             t.duration_ms,
             t.runner,
@@ -151,8 +159,8 @@ pub fn insert(conn: &mut Connection, run: &str, t: &TestRecord) -> rusqlite::Res
     {
         let mut stmt = tx.prepare_cached(
             "INSERT INTO campaign_steps (run, test_id, step, tool, request, response_sha256, response_bytes,
-                 duration_ms, is_error, verdict, failures, span_id, kernel_failed, kernel_primitive, kernel)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                 duration_ms, is_error, verdict, failures, span_id, kernel_failed, kernel_primitive, kernel, degraded)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
         )?;
         for (i, (tool, request, o)) in t.steps.iter().enumerate() {
             let (verdict, failures) = match o {
@@ -180,7 +188,20 @@ pub fn insert(conn: &mut Connection, run: &str, t: &TestRecord) -> rusqlite::Res
                 k.and_then(|k| k["failed"].as_bool()),
                 k.and_then(|k| k["primitive"].as_str()),
                 k.map(Value::to_string),
+                o.as_ref()
+                    .filter(|o| !o.degraded.is_empty())
+                    .map(|o| serde_json::to_string(&o.degraded).expect("JSON")),
             ])?;
+        }
+        let mut art = tx.prepare_cached(
+            "INSERT INTO campaign_artifacts (run, test_id, step, mime, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        // kept for the tests a report lists (failed or degraded) only
+        let listed = outcome != "pass";
+        for (i, (_, _, o)) in t.steps.iter().enumerate().filter(|_| listed) {
+            if let Some((mime, data)) = o.as_ref().and_then(|o| o.artifact.as_ref()) {
+                art.execute(params![run, t.test_id, i as i64, mime, data])?;
+            }
         }
     }
     tx.commit()

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::spec::{DOMAINS, Expect, Step, TestSpec};
+use super::spec::{DOMAINS, Expect, ImageSize, Step, TestSpec};
+use super::upstream;
 use crate::bytes::{base64_encode, sha256_hex};
 
 /// splitmix64: small, seedable, stable across platforms and releases.
@@ -567,7 +568,7 @@ fn packages(rng: &mut Rng, dir: &str) -> Made {
 }
 
 fn network(rng: &mut Rng, _dir: &str) -> Made {
-    match rng.below(5) {
+    match rng.below(9) {
         0 | 1 => {
             let n = *rng.pick(&[1usize, 100, 65_536, 1 << 20]);
             let script = format!(
@@ -615,18 +616,107 @@ fn network(rng: &mut Rng, _dir: &str) -> Made {
                 )],
             )
         }
-        _ => {
-            // egress: a sandbox usually has none; the campaign records what it found
-            let port = *rng.pick(&[80u16, 443, 53, 8080]);
-            let host = format!("192.0.2.{}", 1 + rng.below(254));
+        4 | 5 => {
+            let n = *rng.pick(&[1usize, 1000, 65_536, 1 << 20, 4 << 20]) + rng.below(100) as usize;
+            let seed = rng.below(256) as u8;
+            let sha = sha256_hex(&upstream::bytes_body(n, seed));
             made(
-                format!("egress to {host}:{port} (TEST-NET-1)"),
+                format!("download {n} bytes from the upstream over HTTP"),
                 vec![code(
                     "python",
                     format!(
-                        "import socket\nsocket.create_connection(('{host}', {port}), timeout=3)\nprint('connected')"
+                        "import hashlib, urllib.request\n\
+                         r = urllib.request.urlopen('{{{{upstream.http}}}}/bytes/{n}?seed={seed}', timeout=10)\n\
+                         print(r.status, hashlib.sha256(r.read()).hexdigest())"
                     ),
-                    ok_stdout("connected\n"),
+                    ok_stdout(format!("200 {sha}\n")),
+                )],
+            )
+        }
+        6 => {
+            let k = rng.below(10_000);
+            let (what, script, want) = match rng.below(3) {
+                0 => {
+                    let n = 1 + rng.below(100_000) as usize;
+                    (
+                        format!("follow a redirect to {n} bytes"),
+                        format!(
+                            "import hashlib, urllib.request\n\
+                             r = urllib.request.urlopen('{{{{upstream.http}}}}/redirect/{n}?seed=7', timeout=10)\n\
+                             print(r.status, r.url.split('/', 3)[3], hashlib.sha256(r.read()).hexdigest())"
+                        ),
+                        format!(
+                            "200 bytes/{n}?seed=7 {}\n",
+                            sha256_hex(&upstream::bytes_body(n, 7))
+                        ),
+                    )
+                }
+                1 => (
+                    format!("a missing page is a 404 ({k})"),
+                    format!(
+                        "import urllib.request, urllib.error\n\
+                         try:\n    urllib.request.urlopen('{{{{upstream.http}}}}/missing/{k}', timeout=10); print('found')\n\
+                         except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode().strip())"
+                    ),
+                    "404 not found\n".to_string(),
+                ),
+                _ => {
+                    let ms = 100 + rng.below(1400);
+                    (
+                        format!("a slow response ({ms} ms) within the client's timeout"),
+                        format!(
+                            "import urllib.request\n\
+                             print(urllib.request.urlopen('{{{{upstream.http}}}}/slow/{ms}', timeout=10).read().decode(), end='')"
+                        ),
+                        format!("slow {ms}\n"),
+                    )
+                }
+            };
+            made(what, vec![code("python", script, ok_stdout(want))])
+        }
+        7 => {
+            let n = 1 + rng.below(1 << 20) as usize;
+            let seed = rng.below(256);
+            made(
+                format!("{n} bytes through the upstream's TCP echo"),
+                vec![code(
+                    "python",
+                    format!(
+                        "import socket\n\
+                         data = bytes((i * 7 + {seed}) % 256 for i in range({n}))\n\
+                         c = socket.create_connection(('{{{{upstream.host}}}}', {{{{upstream.echo_port}}}}), timeout=10)\n\
+                         c.sendall(data); c.shutdown(socket.SHUT_WR)\n\
+                         got = bytearray()\n\
+                         while True:\n    b = c.recv(65536)\n    if not b: break\n    got += b\n\
+                         print(len(got), bytes(got) == data)"
+                    ),
+                    ok_stdout(format!("{n} True\n")),
+                )],
+            )
+        }
+        _ => {
+            let k = rng.below(256);
+            let page = rng.below(10_000);
+            made(
+                format!("resolve names with the upstream's DNS, then fetch page {page} by name"),
+                vec![code(
+                    "python",
+                    format!(
+                        "import socket, struct, urllib.request\n\
+                         def resolve(name):\n    \
+                             q = struct.pack('>HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0) + b''.join(bytes([len(l)]) + l.encode() for l in name.split('.')) + b'\\0' + struct.pack('>HH', 1, 1)\n    \
+                             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5)\n    \
+                             s.connect(('{{{{upstream.host}}}}', {{{{upstream.dns_port}}}})); s.send(q)\n    \
+                             r = s.recv(512)\n    \
+                             return 'NXDOMAIN' if r[3] & 15 == 3 else socket.inet_ntoa(r[-4:])\n\
+                         ip = resolve('www.campaign.test')\n\
+                         print(ip, resolve('n{k}.campaign.test'), resolve('nowhere-{page}.campaign.test'))\n\
+                         html = urllib.request.urlopen(f'http://{{ip}}:{{{{upstream.http_port}}}}/page/{page}', timeout=10).read().decode()\n\
+                         print(html[html.index('<title>') + 7:html.index('</title>')])"
+                    ),
+                    ok_stdout(format!(
+                        "{{{{upstream.host}}}} 127.66.1.{k} NXDOMAIN\npage {page}\n"
+                    )),
                 )],
             )
         }
@@ -778,46 +868,194 @@ fn minimal_pdf(text: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Chromium as agents run it: headless, no sandbox of its own (the bridge's
+/// profile is the sandbox), nothing of Google's: no background networking,
+/// and every host name but the upstream's maps to NOTFOUND, so the browser
+/// sends no packet off this machine.
+const CHROMIUM: &str = "chromium --headless --no-sandbox --disable-gpu --no-first-run \
+    --disable-background-networking --disable-component-update --disable-sync \
+    --disable-default-apps --disable-domain-reliability --no-pings --disable-breakpad \
+    --host-resolver-rules='MAP * ~NOTFOUND, EXCLUDE {{upstream.host}}'";
+
+/// Steps every test starts with (emptying its directory): indices of a
+/// test's own steps are offset by this much.
+const SETUP_STEPS: usize = 1;
+
+/// A browser step: slow on a loaded machine, never slower than this when
+/// the sandbox is healthy; past it the test is `degraded`.
+fn browser_step(command: String, mut expect: Expect, max_ms: u64) -> Step {
+    expect.max_duration_ms = Some(max_ms);
+    step("exec", json!({"command": command, "timeout_ms": 90_000}), expect)
+}
+
+fn contains(text: impl Into<String>) -> Expect {
+    Expect {
+        exit_code: Some(0),
+        stdout_contains: Some(text.into()),
+        ..Expect::default()
+    }
+}
+
+/// A read_file of a file the workload made, checked against the sha256 the
+/// workload printed at `hashed_at` (an index among the test's own steps).
+fn read_made(path: &str, hashed_at: usize, mut expect: Expect) -> Step {
+    expect.sha256_from_step = Some(hashed_at + SETUP_STEPS);
+    step("read_file", json!({"path": path}), expect)
+}
+
 fn browser(rng: &mut Rng, dir: &str) -> Made {
-    const CHROMIUM: &str = "chromium --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update --no-first-run";
+    let chromium = format!("{CHROMIUM} --user-data-dir={dir}/profile");
     let n = rng.below(1_000_000);
-    let mut m = match rng.below(2) {
-        0 => {
-            let expect = Expect {
-                exit_code: Some(0),
-                stdout_contains: Some(format!("<h1>page {n}</h1>")),
-                ..Expect::default()
-            };
-            made(
-                format!("render a page and dump its DOM (page {n})"),
-                vec![exec(
-                    format!(
-                        "{CHROMIUM} --user-data-dir={dir}/profile --dump-dom 'data:text/html,<h1>page {n}</h1>'"
-                    ),
-                    expect,
-                )],
-            )
-        }
-        _ => {
+    let mut m = match rng.below(8) {
+        0 => made(
+            format!("load page {n} from the upstream over HTTP and dump its DOM"),
+            vec![browser_step(
+                format!("{chromium} --dump-dom '{{{{upstream.http}}}}/page/{n}'"),
+                contains(format!("<h1>page {n}</h1>")),
+                30_000,
+            )],
+        ),
+        1 => {
+            let (w, h) = *rng.pick(&[(320u32, 240u32), (640, 480), (800, 600), (1024, 768)]);
             let shot = format!("{dir}/shot.png");
             made(
-                format!("take a screenshot of a page (page {n})"),
+                format!("screenshot a {w}x{h} canvas page ({n}), hash it, read the PNG back"),
                 vec![
-                    exec(
+                    browser_step(
                         format!(
-                            "mkdir -p {dir} && {CHROMIUM} --user-data-dir={dir}/profile --screenshot={shot} --window-size=640,480 'data:text/html,<p>{n}</p>'"
+                            "mkdir -p {dir} && {chromium} --screenshot={shot} --window-size={w},{h} '{{{{upstream.http}}}}/canvas/{n}?w={w}&h={h}' && \
+                             python3 -c \"import struct; d = open('{shot}', 'rb').read(); print(d[:8] == b'\\x89PNG\\r\\n\\x1a\\n' and 'png', *struct.unpack('>II', d[16:24]))\""
                         ),
-                        exit(0),
+                        ok_stdout(format!("png {w} {h}\n")),
+                        30_000,
                     ),
-                    step(
-                        "stat",
-                        json!({"path": shot}),
+                    exec(format!("sha256sum {shot}"), exit(0)),
+                    read_made(
+                        &shot,
+                        1,
                         Expect {
-                            exists: Some(true),
+                            png: Some(ImageSize { width: w, height: h }),
                             ..Expect::default()
                         },
                     ),
                 ],
+            )
+        }
+        2 => {
+            let pages = 1 + rng.below(5) as u32;
+            let pdf = format!("{dir}/report.pdf");
+            made(
+                format!("print a {pages}-page report ({n}) to PDF and read it back"),
+                vec![
+                    browser_step(
+                        format!(
+                            "mkdir -p {dir} && {chromium} --print-to-pdf={pdf} --no-pdf-header-footer '{{{{upstream.http}}}}/report/{n}?pages={pages}' && \
+                             python3 -c \"d = open('{pdf}', 'rb').read(); print(d[:5].decode(), d.count(b'/Type /Page') - d.count(b'/Type /Pages'))\""
+                        ),
+                        ok_stdout(format!("%PDF- {pages}\n")),
+                        30_000,
+                    ),
+                    exec(format!("sha256sum {pdf}"), exit(0)),
+                    read_made(
+                        &pdf,
+                        1,
+                        Expect {
+                            pdf_pages: Some(pages),
+                            ..Expect::default()
+                        },
+                    ),
+                ],
+            )
+        }
+        3 => {
+            let k = 1_000 + rng.below(100_000);
+            let sum: u64 = (1..=k).map(|i| i * i).sum();
+            // no double quotes: Chromium's command line drops a data: URL with them
+            made(
+                format!("run JavaScript: the sum of squares to {k}"),
+                vec![browser_step(
+                    format!(
+                        "{chromium} --dump-dom 'data:text/html,<p id=o>waiting</p><script>let s = 0; for (let i = 1; i <= {k}; i++) s += i * i; document.getElementById(`o`).textContent = `result=` + s;</script>'"
+                    ),
+                    contains(format!("result={sum}<")),
+                    30_000,
+                )],
+            )
+        }
+        4 => {
+            let tabs = 4 + rng.below(29);
+            let mib = *rng.pick(&[4u64, 8, 16]);
+            made(
+                format!("open {tabs} tabs at once, {mib} MiB each ({n})"),
+                vec![browser_step(
+                    format!(
+                        "{chromium} --virtual-time-budget=30000 --dump-dom '{{{{upstream.http}}}}/tabs/{tabs}?mib={mib}&n={n}'"
+                    ),
+                    contains(format!("frames loaded {tabs}")),
+                    45_000,
+                )],
+            )
+        }
+        5 => {
+            let count = 2 + rng.below(4);
+            let first = n % 10_000;
+            let expected: String = (first..first + count)
+                .map(|p| {
+                    format!(
+                        "page {p}: {} words, {} links\n",
+                        upstream::page_words(p).len(),
+                        upstream::page_links(p)
+                    )
+                })
+                .collect();
+            let script = format!(
+                "import html.parser, subprocess\n\
+                 class Summary(html.parser.HTMLParser):\n    \
+                     def __init__(self):\n        super().__init__(); self.title = ''; self.words = 0; self.links = 0; self.tag = None\n    \
+                     def handle_starttag(self, tag, attrs):\n        self.tag = tag\n        if tag == 'a': self.links += 1\n    \
+                     def handle_data(self, data):\n        if self.tag == 'title': self.title += data\n        elif self.tag == 'p': self.words += len(data.split())\n\
+                 for p in range({first}, {}):\n    \
+                     dom = subprocess.run({chromium:?} + ' --dump-dom {{{{upstream.http}}}}/page/%d' % p, shell=True, capture_output=True, check=True).stdout.decode()\n    \
+                     s = Summary(); s.feed(dom)\n    \
+                     print(f'{{s.title}}: {{s.words}} words, {{s.links}} links')\n",
+                first + count
+            );
+            let mut steps = vec![code("python", script, ok_stdout(expected))];
+            steps[0].expect.max_duration_ms = Some(60_000);
+            made(
+                format!("scrape and summarize {count} pages from page {first}"),
+                steps,
+            )
+        }
+        6 => {
+            let size = *rng.pick(&[1usize << 10, 100_000, 1 << 20, 3 << 20]) + rng.below(1000) as usize;
+            let seed = rng.below(256) as u8;
+            let sha = sha256_hex(&upstream::bytes_body(size, seed));
+            made(
+                format!("the browser downloads {size} bytes and checks their sha256"),
+                vec![browser_step(
+                    format!(
+                        "{chromium} --virtual-time-budget=20000 --dump-dom '{{{{upstream.http}}}}/fetch/{size}?seed={seed}'"
+                    ),
+                    contains(format!("sha256={sha} bytes={size}<")),
+                    30_000,
+                )],
+            )
+        }
+        _ => {
+            let user = format!("user-{}", n % 10_000);
+            made(
+                format!("fill a login form as {user}, keep the session cookie, open the account page"),
+                vec![browser_step(
+                    format!(
+                        "{chromium} --virtual-time-budget=20000 --dump-dom '{{{{upstream.http}}}}/login-form?user={user}'"
+                    ),
+                    contains(format!(
+                        "welcome {user} | cookie session={}<",
+                        upstream::session_cookie(&user)
+                    )),
+                    30_000,
+                )],
             )
         }
     };

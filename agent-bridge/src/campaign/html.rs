@@ -34,13 +34,13 @@ pub fn html(r: &Report) -> String {
         r#"<!doctype html><html><head><meta charset="utf-8"><title>campaign {id}</title><style>
 body{{font:14px system-ui,sans-serif;margin:2em;color:#222}} table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} th{{background:#f3f3f3}} td.l,th.l{{text-align:left}}
-.bar{{display:flex;height:16px;width:400px;background:#eee}} .p{{background:#4caf50}} .f{{background:#e53935}}
+.bar{{display:flex;height:16px;width:400px;background:#eee}} .p{{background:#4caf50}} .d{{background:#ffb300}} .f{{background:#e53935}}
 pre{{white-space:pre-wrap;background:#f8f8f8;padding:6px;margin:0;font-size:12px}} details{{margin:2px 0}}
 #q{{width:400px;padding:4px}} .muted{{color:#777}}
 </style></head><body>
 <h1>Campaign run <code>{id}</code></h1>
 <p>{label} · target <code>{target}</code> · suite <code>{suite}</code><br>
-<b>{rec}</b> of {total} tests recorded{complete} · <b style="color:#2e7d32">{pass} passed</b> · <b style="color:#c62828">{fail} failed</b> · {wall:.0} s wall</p>
+<b>{rec}</b> of {total} tests recorded{complete} · <b style="color:#2e7d32">{pass} passed</b> · <b style="color:#b26a00">{degraded} degraded</b> · <b style="color:#c62828">{fail} failed</b> · {wall:.0} s wall</p>
 "#,
         id = esc(&run.id),
         label = esc(&run.label),
@@ -54,17 +54,22 @@ pre{{white-space:pre-wrap;background:#f8f8f8;padding:6px;margin:0;font-size:12px
             " (incomplete)"
         },
         pass = r.passed,
+        degraded = r.degraded,
         fail = r.failed,
         wall = r.wall_s
     );
-    h.push_str("<h2>Pass / fail per domain</h2><table><tr><th class=l>domain</th><th>pass</th><th>fail</th><th class=l></th></tr>");
-    for (d, (p, f)) in &r.domains {
-        let n = (p + f).max(1) as f64;
+    h.push_str("<h2>Pass / degraded / fail per domain</h2><table><tr><th class=l>domain</th><th>pass</th><th>degraded</th><th>fail</th><th class=l></th></tr>");
+    for (d, c) in &r.domains {
+        let n = (c.passed + c.degraded + c.failed).max(1) as f64;
         let _ = write!(
             h,
-            "<tr><td class=l>{d}</td><td>{p}</td><td>{f}</td><td class=l><div class=bar><div class=p style=\"width:{:.1}%\"></div><div class=f style=\"width:{:.1}%\"></div></div></td></tr>",
-            100.0 * *p as f64 / n,
-            100.0 * *f as f64 / n
+            "<tr><td class=l>{d}</td><td>{}</td><td>{}</td><td>{}</td><td class=l><div class=bar><div class=p style=\"width:{:.1}%\"></div><div class=d style=\"width:{:.1}%\"></div><div class=f style=\"width:{:.1}%\"></div></div></td></tr>",
+            c.passed,
+            c.degraded,
+            c.failed,
+            100.0 * c.passed as f64 / n,
+            100.0 * c.degraded as f64 / n,
+            100.0 * c.failed as f64 / n
         );
     }
     h.push_str("</table><h2>Failures: domain × primitive</h2>");

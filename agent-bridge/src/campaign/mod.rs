@@ -2,7 +2,9 @@
 //!
 //! - [`spec`]: the test format (one JSON file per test) and its schema.
 //! - [`validate`]: loading test files, with every problem explained.
-//! - [`generate`]: the deterministic default suite.
+//! - [`generate`]: the deterministic default suite; [`upstream`]: the local
+//!   "internet" its network and browser tests reach; [`egress`]: the guard
+//!   rail against tests that name hosts off this machine.
 //! - [`target`]: one MCP session with the bridge under test.
 //! - [`verdict`]: one step's result against its expectations.
 //! - [`triage`]: a failed test's layer and primitive.
@@ -12,6 +14,7 @@
 
 pub mod compare;
 pub mod db;
+pub mod egress;
 pub mod export;
 pub mod generate;
 pub mod html;
@@ -20,5 +23,6 @@ pub mod run;
 pub mod spec;
 pub mod target;
 pub mod triage;
+pub mod upstream;
 pub mod validate;
 pub mod verdict;

@@ -40,6 +40,15 @@ pub struct Failure {
     pub evidence: serde_json::Value,
 }
 
+/// One domain's outcomes.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Outcomes {
+    pub passed: i64,
+    /// Passed, but slowed past max_duration_ms or stalled on memory.
+    pub degraded: i64,
+    pub failed: i64,
+}
+
 /// A group of failures with the same layer and primitive.
 #[derive(Debug, Serialize)]
 pub struct Explanation {
@@ -53,15 +62,21 @@ pub struct Explanation {
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub run: RunInfo,
-    /// domain → (passed, failed)
-    pub domains: BTreeMap<String, (i64, i64)>,
+    pub domains: BTreeMap<String, Outcomes>,
     /// (layer, primitive) → failed tests
     pub layers: BTreeMap<String, BTreeMap<String, i64>>,
     /// domain → primitive → failed tests (the heat map)
     pub heat: BTreeMap<String, BTreeMap<String, i64>>,
     pub top: Vec<Explanation>,
     pub failures: Vec<Failure>,
+    /// The degraded tests (primitive `mem.pressure` or none; explanation says why).
+    pub degraded_tests: Vec<Failure>,
+    /// The image each listed (failed or degraded) test read back, as a
+    /// `data:` URL, for the HTML report (the last one when a test has several).
+    #[serde(skip)]
+    pub images: BTreeMap<String, String>,
     pub passed: i64,
+    pub degraded: i64,
     pub failed: i64,
     /// Wall time from the first to the last recorded test.
     pub wall_s: f64,
@@ -87,18 +102,44 @@ pub fn pick_run(conn: &Connection, run: Option<&str>) -> anyhow::Result<RunRow> 
 }
 
 pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
-    let mut domains: BTreeMap<String, (i64, i64)> =
-        DOMAINS.iter().map(|d| (d.to_string(), (0, 0))).collect();
+    let mut domains: BTreeMap<String, Outcomes> = DOMAINS
+        .iter()
+        .map(|d| (d.to_string(), Outcomes::default()))
+        .collect();
     let mut stmt = conn.prepare(
-        "SELECT domain, SUM(outcome = 'pass'), SUM(outcome = 'fail') FROM campaign_tests WHERE run = ?1 GROUP BY domain",
+        "SELECT domain, SUM(outcome = 'pass'), SUM(outcome = 'degraded'), SUM(outcome = 'fail')
+         FROM campaign_tests WHERE run = ?1 GROUP BY domain",
     )?;
     for row in stmt.query_map([&run.id], |r| {
-        Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?))
+        Ok((
+            r.get::<_, String>(0)?,
+            Outcomes {
+                passed: r.get(1)?,
+                degraded: r.get(2)?,
+                failed: r.get(3)?,
+            },
+        ))
     })? {
-        let (d, p, f) = row?;
-        domains.insert(d, (p, f));
+        let (d, o) = row?;
+        domains.insert(d, o);
     }
-    let failures = failures(conn, &run.id)?;
+    let failures = tests_with(conn, &run.id, "fail")?;
+    let degraded_tests = tests_with(conn, &run.id, "degraded")?;
+    let mut images = BTreeMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT a.test_id, a.mime, a.data FROM campaign_artifacts a JOIN campaign_tests t
+           ON t.run = a.run AND t.test_id = a.test_id
+         WHERE a.run = ?1 AND t.outcome != 'pass' ORDER BY a.test_id, a.step",
+    )?;
+    for row in stmt.query_map([&run.id], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Vec<u8>>(2)?))
+    })? {
+        let (test, mime, data) = row?;
+        images.insert(
+            test,
+            format!("data:{mime};base64,{}", crate::bytes::base64_encode(&data)),
+        );
+    }
     let mut layers: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
     let mut heat: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
     for f in &failures {
@@ -130,9 +171,9 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         }
     }
     top.sort_by(|a, b| b.tests.cmp(&a.tests).then(a.primitive.cmp(&b.primitive)));
-    let (passed, failed) = domains
-        .values()
-        .fold((0, 0), |(p, f), (a, b)| (p + a, f + b));
+    let (passed, degraded, failed) = domains.values().fold((0, 0, 0), |(p, d, f), o| {
+        (p + o.passed, d + o.degraded, f + o.failed)
+    });
     let (first, last, test_ms): (Option<i64>, Option<i64>, Option<f64>) = conn.query_row(
         "SELECT MIN(finished_ms - CAST(duration_ms AS INTEGER)), MAX(finished_ms), SUM(duration_ms) FROM campaign_tests WHERE run = ?1",
         [&run.id],
@@ -145,7 +186,7 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
             target: run.target.clone(),
             suite: run.suite.clone(),
             tests_total: run.tests_total,
-            recorded: passed + failed,
+            recorded: passed + degraded + failed,
             complete: run.finished_ms.is_some(),
             started_ms: run.started_ms,
             finished_ms: run.finished_ms,
@@ -155,7 +196,10 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         heat,
         top,
         failures,
+        degraded_tests,
+        images,
         passed,
+        degraded,
         failed,
         wall_s: match (first, last) {
             (Some(a), Some(b)) => (b - a) as f64 / 1000.0,
@@ -165,12 +209,13 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
     })
 }
 
-fn failures(conn: &Connection, run: &str) -> anyhow::Result<Vec<Failure>> {
+/// The tests of `run` with `outcome` (`fail` or `degraded`).
+fn tests_with(conn: &Connection, run: &str, outcome: &str) -> anyhow::Result<Vec<Failure>> {
     let mut stmt = conn.prepare(
         "SELECT test_id, domain, title, layer, primitive, confidence, explanation, evidence
-         FROM campaign_tests WHERE run = ?1 AND outcome = 'fail' ORDER BY test_id",
+         FROM campaign_tests WHERE run = ?1 AND outcome = ?2 ORDER BY test_id",
     )?;
-    let rows = stmt.query_map([run], |r| {
+    let rows = stmt.query_map([run, outcome], |r| {
         Ok(Failure {
             test_id: r.get(0)?,
             domain: r.get(1)?,
@@ -207,7 +252,7 @@ pub fn text(r: &Report) -> String {
     let run = &r.run;
     let _ = writeln!(
         o,
-        "run {} ({}) against {}\n{} of {} tests recorded{}: {} passed, {} failed; {:.0} s wall, {:.0} s of test time\n",
+        "run {} ({}) against {}\n{} of {} tests recorded{}: {} passed, {} degraded, {} failed; {:.0} s wall, {:.0} s of test time\n",
         run.id,
         run.label,
         run.target,
@@ -219,24 +264,44 @@ pub fn text(r: &Report) -> String {
             ", INCOMPLETE (resume it with --resume)"
         },
         r.passed,
+        r.degraded,
         r.failed,
         r.wall_s,
         r.test_time_s
     );
     let _ = writeln!(
         o,
-        "{:<12} {:>6} {:>6} {:>6}",
-        "DOMAIN", "PASS", "FAIL", "PASS%"
+        "{:<12} {:>6} {:>8} {:>6} {:>6}",
+        "DOMAIN", "PASS", "DEGRADED", "FAIL", "PASS%"
     );
-    for (d, (p, f)) in &r.domains {
-        let pct = if p + f > 0 {
-            100.0 * *p as f64 / (p + f) as f64
+    for (d, c) in &r.domains {
+        let all = c.passed + c.degraded + c.failed;
+        let pct = if all > 0 {
+            100.0 * c.passed as f64 / all as f64
         } else {
             0.0
         };
-        let _ = writeln!(o, "{d:<12} {p:>6} {f:>6} {pct:>5.0}%");
+        let _ = writeln!(
+            o,
+            "{d:<12} {:>6} {:>8} {:>6} {pct:>5.0}%",
+            c.passed, c.degraded, c.failed
+        );
     }
-    let _ = writeln!(o, "{:<12} {:>6} {:>6}\n", "total", r.passed, r.failed);
+    let _ = writeln!(
+        o,
+        "{:<12} {:>6} {:>8} {:>6}\n",
+        "total", r.passed, r.degraded, r.failed
+    );
+    if !r.degraded_tests.is_empty() {
+        let _ = writeln!(o, "DEGRADED (passed, but slowed or under memory pressure)");
+        for t in r.degraded_tests.iter().take(10) {
+            let _ = writeln!(o, "  {}: {}", t.test_id, cut(&t.explanation, 110));
+        }
+        if r.degraded_tests.len() > 10 {
+            let _ = writeln!(o, "  … and {} more", r.degraded_tests.len() - 10);
+        }
+        let _ = writeln!(o);
+    }
     if r.failed == 0 {
         let _ = writeln!(o, "no failures");
         return o;

@@ -22,6 +22,7 @@ use super::db::{self, RunRow, TestRecord};
 use super::spec::TestSpec;
 use super::target::{CallError, Target};
 use super::triage;
+use super::upstream::Upstream;
 use super::validate;
 use super::verdict::{self, Sent};
 
@@ -39,6 +40,10 @@ pub struct Options {
     pub resume: Option<String>,
     /// Print the plain progress lines even on a terminal.
     pub quiet: bool,
+    /// Off-machine hosts the tests may name (see [`super::egress`]).
+    pub allow_egress: Vec<String>,
+    /// Where the local upstream listens.
+    pub upstream_host: std::net::Ipv4Addr,
 }
 
 /// What a runner process did.
@@ -52,6 +57,8 @@ pub struct Summary {
     pub recorded: usize,
     pub passed: usize,
     pub failed: usize,
+    /// Passed, but a step ran past its max_duration_ms or stalled on memory.
+    pub degraded: usize,
     pub complete: bool,
     pub wall_s: f64,
     /// This runner process's own CPU time and peak RSS (not the bridges').
@@ -98,6 +105,16 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
     for p in &suite.problems {
         eprintln!("skipped: {p}");
     }
+    let egress = suite.egress_problems(&o.allow_egress);
+    if !egress.is_empty() {
+        let lines: Vec<String> = egress.iter().take(20).map(|p| format!("  {p}")).collect();
+        bail!(
+            "refusing to run: {} steps name hosts outside this machine, and no packet may leave it unless you say so:\n{}{}\nuse the local upstream ({{{{upstream.http}}}}…), or pass --allow-egress HOST[,HOST…]",
+            egress.len(),
+            lines.join("\n"),
+            if egress.len() > 20 { format!("\n  … and {} more", egress.len() - 20) } else { String::new() }
+        );
+    }
     if suite.tests.is_empty() {
         bail!(
             "{}: no valid test files ({} problems)",
@@ -106,6 +123,11 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
         );
     }
     let conn = db::open(&o.db)?;
+    let upstream = Arc::new(
+        Upstream::start(o.upstream_host)
+            .await
+            .context("the campaign's local upstream (stands in for the internet)")?,
+    );
     // fail fast when the bridge cannot start at all; learn what it injects
     let probe = o
         .target
@@ -137,22 +159,24 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
         ..Summary::default()
     };
     eprintln!(
-        "run {}: {} tests in the suite, {} already recorded, {} to run here with {} workers against {}",
+        "run {}: {} tests in the suite, {} already recorded, {} to run here with {} workers against {}\nupstream: {}",
         run.id,
         suite.tests.len(),
         done.len(),
         todo.len(),
         o.workers,
-        o.target
+        o.target,
+        upstream.describe()
     );
 
-    let (written, was_interrupted) = execute(conn, &run.id, todo, &o).await;
+    let (written, was_interrupted) = execute(conn, &run.id, todo, &o, &upstream).await;
     let counts = written?;
     summary.recorded = counts.recorded;
     summary.steps_without_kernel = counts.without_kernel;
     summary.kernel_unavailable_reason = counts.kernel_reason;
     summary.passed = counts.passed;
-    summary.failed = counts.recorded - counts.passed;
+    summary.degraded = counts.degraded;
+    summary.failed = counts.recorded - counts.passed - counts.degraded;
     let conn = db::open(&o.db)?;
     summary.complete = db::finish_if_complete(&conn, &run.id)?;
     summary.wall_s = started.elapsed().as_secs_f64();
@@ -177,6 +201,7 @@ async fn execute(
     run_id: &str,
     todo: VecDeque<TestSpec>,
     o: &Options,
+    upstream: &Arc<Upstream>,
 ) -> (anyhow::Result<Counts>, bool) {
     let total = todo.len();
     let queue = Arc::new(Mutex::new(todo));
@@ -199,12 +224,14 @@ async fn execute(
     let mut workers = Vec::new();
     for w in 0..o.workers.max(1) {
         let (queue, tx, stop, target) = (queue.clone(), tx.clone(), stop.clone(), o.target.clone());
+        let upstream = upstream.clone();
         let runner = format!("{}/w{w}", std::process::id());
         workers.push(tokio::spawn(async move {
             loop {
                 let Some(test) = queue.lock().unwrap().pop_front() else {
                     break;
                 };
+                let test = upstream.bind(&test);
                 let record = tokio::select! {
                     r = run_test(&target, &test, &runner) => r,
                     () = stop.cancelled() => break,
@@ -292,6 +319,7 @@ fn open_run(
 struct Counts {
     recorded: usize,
     passed: usize,
+    degraded: usize,
     without_kernel: usize,
     kernel_reason: Option<String>,
 }
@@ -323,10 +351,12 @@ fn write_all(
                 counts.kernel_reason.get_or_insert_with(|| reason.clone());
             }
         }
-        if record.triage.is_none() {
-            counts.passed += 1;
+        match (&record.triage, &record.degraded) {
+            (None, None) => counts.passed += 1,
+            (None, Some(_)) => counts.degraded += 1,
+            (Some(_), _) => {}
         }
-        progress.tick(&record, counts.recorded - counts.passed);
+        progress.tick(&record, counts.recorded - counts.passed - counts.degraded);
     }
     progress.finish();
     Ok(counts)
@@ -394,6 +424,7 @@ pub async fn run_test(target: &Target, test: &TestSpec, runner: &str) -> TestRec
         domain: test.domain.clone(),
         title: test.title.clone(),
         triage: triage::triage(&outcomes),
+        degraded: triage::degraded(&outcomes),
         duration_ms: started.elapsed().as_secs_f64() * 1000.0,
         runner: runner.to_string(),
         mcp_session: session,

@@ -87,9 +87,30 @@ pub struct Expect {
     /// stat/read_file: the path exists (true) or is absent (false: an ENOENT tool error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exists: Option<bool>,
-    /// The call takes at most this long, end to end.
+    /// read_file: the bytes returned hash to the sha256 the workload itself
+    /// printed in step N's stdout (the first 64-hex-digit word there), for
+    /// files the workload made (a screenshot, a PDF) whose hash no one knows
+    /// in advance. N counts from 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256_from_step: Option<usize>,
+    /// read_file: the bytes are a PNG (signature, IHDR) of this size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub png: Option<ImageSize>,
+    /// read_file: the bytes are a PDF (`%PDF-` header) with this many pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pdf_pages: Option<u32>,
+    /// The call takes at most this long, end to end. Longer is not a
+    /// failure: a test that passes but ran past it is `degraded`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_duration_ms: Option<u64>,
+}
+
+/// An image's width and height in pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImageSize {
+    pub width: u32,
+    pub height: u32,
 }
 
 /// The JSON Schema of a test file.

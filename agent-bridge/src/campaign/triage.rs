@@ -36,6 +36,36 @@ pub struct Triage {
     pub evidence: Value,
 }
 
+/// Why a test that passed is `degraded` (see [`degraded`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Degraded {
+    /// `mem.pressure` when a step stalled on memory; none for slowness alone.
+    pub primitive: Option<&'static str>,
+    /// `step N: …` for every degraded step.
+    pub explanation: String,
+}
+
+/// `Some` when every step passed but one ran past its `max_duration_ms` or
+/// stalled in memory reclaim: the test finished, in a worse state than it
+/// should have (the seed's browser tests under memory pressure).
+pub fn degraded(steps: &[StepOutcome]) -> Option<Degraded> {
+    if steps.iter().any(|s| !s.passed()) {
+        return None;
+    }
+    let why: Vec<String> = steps
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| s.degraded.iter().map(move |d| format!("step {i}: {d}")))
+        .collect();
+    (!why.is_empty()).then(|| Degraded {
+        primitive: steps
+            .iter()
+            .any(|s| s.memory_pressure)
+            .then_some("mem.pressure"),
+        explanation: why.join("; "),
+    })
+}
+
 /// `None` when every step passed.
 pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
     let (failed_at, failing) = steps.iter().enumerate().find(|(_, s)| !s.passed())?;

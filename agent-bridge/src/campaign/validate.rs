@@ -36,6 +36,26 @@ pub struct Suite {
     pub problems: Vec<Problem>,
     /// Files read in all.
     pub files: usize,
+    /// Hosts off this machine that valid tests name (see [`super::egress`]):
+    /// `validate` reports them, `run` refuses them without `--allow-egress`.
+    pub egress: Vec<(PathBuf, super::egress::Named)>,
+}
+
+impl Suite {
+    /// The egress findings whose host is not in `allowed`, as problems.
+    pub fn egress_problems(&self, allowed: &[String]) -> Vec<Problem> {
+        self.egress
+            .iter()
+            .filter(|(_, n)| !allowed.iter().any(|a| a.eq_ignore_ascii_case(&n.host)))
+            .map(|(file, n)| {
+                let why = format!(
+                    "names {}, which is outside this machine (no packet may leave it: use the upstream's {{{{upstream.…}}}} placeholders, or run with --allow-egress {})",
+                    n.host, n.host
+                );
+                problem(file, &n.field, why)
+            })
+            .collect()
+    }
 }
 
 /// Loads every `*.json` file of `dir` (sorted by name).
@@ -67,6 +87,9 @@ pub fn load_dir(dir: &Path) -> std::io::Result<Suite> {
                     continue;
                 }
                 ids.insert(spec.id.clone(), path.clone());
+                for n in super::egress::named_hosts(&spec, &[]) {
+                    suite.egress.push((path.clone(), n));
+                }
                 suite.tests.push(spec);
             }
             Err(mut p) => suite.problems.append(&mut p),
@@ -149,6 +172,16 @@ pub fn check(path: &Path, spec: &TestSpec) -> Vec<Problem> {
 /// (field within the step, reason) for each problem of one step.
 fn check_step(step: &Step) -> Vec<(String, String)> {
     let mut out = Vec::new();
+    for (name, v) in &step.arguments {
+        let text = v.to_string();
+        for p in super::upstream::unknown_placeholders(&text) {
+            let known: Vec<&str> = super::upstream::PLACEHOLDERS.iter().map(|(p, _)| *p).collect();
+            out.push((
+                format!("arguments.{name}"),
+                format!("unknown placeholder {p} (known: {})", known.join(", ")),
+            ));
+        }
+    }
     let known: Vec<String> = tools::all().iter().map(|t| t.name.to_string()).collect();
     if !known.contains(&step.tool) {
         out.push((

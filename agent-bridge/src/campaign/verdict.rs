@@ -38,6 +38,13 @@ pub struct StepOutcome {
     pub response_sha256: Option<String>,
     pub response_bytes: Option<u64>,
     pub duration_ms: f64,
+    /// Why a step that passed is degraded: it ran past its
+    /// `max_duration_ms`, or it stalled on memory reclaim.
+    pub degraded: Vec<String>,
+    /// The degradation is memory pressure (`mem.pressure`).
+    pub memory_pressure: bool,
+    /// An image the step read back (a screenshot), kept for the report.
+    pub artifact: Option<(&'static str, Vec<u8>)>,
 }
 
 impl StepOutcome {
@@ -75,18 +82,57 @@ fn cause(v: &Value) -> Option<(&str, f64, &str)> {
     ))
 }
 
-/// The bytes a test sent so far, by sha256: what came back is compared
-/// against them.
+/// What a test's earlier steps left to compare later ones with: the bytes
+/// it sent, by sha256 (what came back is compared against them), and the
+/// sha256 each step's workload printed (for `sha256_from_step`).
 #[derive(Default)]
-pub struct Sent(HashMap<String, Vec<u8>>);
+pub struct Sent {
+    bytes: HashMap<String, Vec<u8>>,
+    printed_sha256: Vec<Option<String>>,
+}
 
 impl Sent {
     fn remember(&mut self, data: Vec<u8>) -> String {
         let sha = sha256_hex(&data);
-        self.0.insert(sha.clone(), data);
+        self.bytes.insert(sha.clone(), data);
         sha
     }
 }
+
+/// How many kernel events a stored step keeps: the decisive one and its
+/// neighbours in time, the timeline a report shows (all of them live in
+/// the probe's own evidence DB).
+const EVENTS_KEPT: usize = 12;
+
+/// The `EVENTS_KEPT` events nearest the decisive one, in time order; the
+/// last ones when there is no decisive event.
+fn around_decisive(events: Vec<Value>, decisive: &Value) -> Vec<Value> {
+    if events.len() <= EVENTS_KEPT {
+        return events;
+    }
+    let at = decisive["ts_ns"]
+        .as_u64()
+        .and_then(|ts| events.iter().position(|e| e["ts_ns"].as_u64() >= Some(ts)))
+        .unwrap_or(events.len() - 1);
+    let start = at
+        .saturating_sub(EVENTS_KEPT / 2)
+        .min(events.len() - EVENTS_KEPT);
+    events.into_iter().skip(start).take(EVENTS_KEPT).collect()
+}
+
+/// The first word of 64 hex digits in `out` (`sha256sum`'s, `hashlib`'s).
+fn printed_sha256(out: &[u8]) -> Option<String> {
+    String::from_utf8_lossy(out)
+        .split(|c: char| !c.is_ascii_hexdigit())
+        .find(|w| w.len() == 64)
+        .map(str::to_ascii_lowercase)
+}
+
+/// A step that passed is degraded when it stalled in memory reclaim for at
+/// least this share of its time…
+const RECLAIM_SHARE: f64 = 0.05;
+/// …and at least this long (a few ms of reclaim are routine).
+const RECLAIM_MIN_MS: f64 = 50.0;
 
 /// The content a write_file step sends.
 fn sent_content(step: &Step) -> Option<Vec<u8>> {
@@ -121,6 +167,7 @@ pub fn judge(
     let result = match answer {
         Ok(r) => r,
         Err(e) => {
+            sent.printed_sha256.push(None);
             out.transport_lost = !matches!(e, CallError::Protocol(_));
             let primitive = if out.transport_lost {
                 "interface.transport"
@@ -137,6 +184,7 @@ pub fn judge(
     out.response_bytes = Some(raw.len() as u64);
     out.is_error = Some(result["isError"] == Value::Bool(true));
     let Some(s) = result.get("structuredContent").filter(|s| s.is_object()) else {
+        sent.printed_sha256.push(None);
         out.blame(
             "interface.protocol",
             0.9,
@@ -148,7 +196,11 @@ pub fn judge(
         Some(k) if k["available"] == Value::Bool(true) => {
             let mut k = k.clone();
             if let Some(o) = k.as_object_mut() {
-                o.remove("events");
+                let events = o.remove("events");
+                if let Some(Value::Array(events)) = events {
+                    let kept = around_decisive(events, o.get("decisive").unwrap_or(&Value::Null));
+                    o.insert("events".into(), Value::Array(kept));
+                }
             }
             out.kernel = Some(k);
         }
@@ -195,15 +247,34 @@ pub fn judge(
         }
     }
     scalar_checks(e, s, &mut out);
+    degradation(e, &mut out);
+    out
+}
+
+/// Notes what slowed a step down: past its `max_duration_ms`, or stalled
+/// in memory reclaim (the probe's `memory.reclaim_ms` for the call).
+fn degradation(e: &Expect, out: &mut StepOutcome) {
     if let Some(max) = e.max_duration_ms
         && out.duration_ms > max as f64
     {
-        out.failures.push(format!(
+        out.degraded.push(format!(
             "took {:.0} ms, more than max_duration_ms {max}",
             out.duration_ms
         ));
     }
-    out
+    let reclaim = out
+        .kernel
+        .as_ref()
+        .and_then(|k| k["memory"]["reclaim_ms"].as_f64())
+        .unwrap_or(0.0);
+    if reclaim >= RECLAIM_MIN_MS && reclaim >= out.duration_ms * RECLAIM_SHARE {
+        out.memory_pressure = true;
+        out.degraded.push(format!(
+            "memory pressure: {reclaim:.0} ms of its {:.0} ms stalled in memory reclaim ({:.0}%)",
+            out.duration_ms,
+            reclaim * 100.0 / out.duration_ms.max(1.0)
+        ));
+    }
 }
 
 fn scalar_checks(e: &Expect, s: &Value, out: &mut StepOutcome) {
@@ -236,10 +307,12 @@ fn scalar_checks(e: &Expect, s: &Value, out: &mut StepOutcome) {
 }
 
 /// Checks every payload's own integrity and the byte expectations.
-fn payloads(step: &Step, result: &Value, s: &Value, sent: &Sent, out: &mut StepOutcome) {
+fn payloads(step: &Step, result: &Value, s: &Value, sent: &mut Sent, out: &mut StepOutcome) {
     let e = &step.expect;
     let stdout = decode_payload("stdout", &s["stdout"], out);
     let stderr = decode_payload("stderr", &s["stderr"], out);
+    sent.printed_sha256
+        .push(stdout.as_deref().and_then(printed_sha256));
     if let Some(stdout) = &stdout {
         if let Some(want) = &e.stdout_equals
             && stdout != want.as_bytes()
@@ -318,6 +391,7 @@ fn payloads(step: &Step, result: &Value, s: &Value, sent: &Sent, out: &mut StepO
                 if let Some(want) = &e.sha256 {
                     compare_sha("read_file bytes", want, &data, sent, out);
                 }
+                file_checks(e, &data, sent, out);
             }
             Some(Err(err)) => out.blame(
                 "interface.protocol",
@@ -391,7 +465,7 @@ fn compare_sha(what: &str, want: &str, got: &[u8], sent: &Sent, out: &mut StepOu
         "{what}: expected sha256 {want}, got {sha} ({} bytes)",
         got.len()
     ));
-    if let Some(original) = sent.0.get(&want.to_ascii_lowercase()) {
+    if let Some(original) = sent.bytes.get(&want.to_ascii_lowercase()) {
         out.blame(
             "interface.bytes",
             0.8,
@@ -403,6 +477,79 @@ fn compare_sha(what: &str, want: &str, got: &[u8], sent: &Sent, out: &mut StepOu
         );
         corruption(what, original, got, out);
     }
+}
+
+/// The checks of a file the workload made: the hash it printed, PNG and
+/// PDF structure.
+fn file_checks(e: &Expect, data: &[u8], sent: &Sent, out: &mut StepOutcome) {
+    if let Some(n) = e.sha256_from_step {
+        match sent.printed_sha256.get(n).cloned().flatten() {
+            Some(want) if want != sha256_hex(data) => out.failures.push(format!(
+                "read_file bytes: the workload hashed the file to {want} (step {n}), the {} bytes returned hash to {}",
+                data.len(),
+                sha256_hex(data)
+            )),
+            Some(_) => {}
+            None => out
+                .failures
+                .push(format!("sha256_from_step: step {n} printed no sha256")),
+        }
+    }
+    if let Some(want) = e.png {
+        // kept as it came back, so the report shows what the agent would see
+        if data.len() <= MAX_ARTIFACT {
+            out.artifact = Some(("image/png", data.to_vec()));
+        }
+        match png_size(data) {
+            Some((w, h)) if (w, h) == (want.width, want.height) => {}
+            Some((w, h)) => out.failures.push(format!(
+                "expected a {}x{} PNG, got {w}x{h}",
+                want.width, want.height
+            )),
+            None => out.failures.push(format!(
+                "expected a PNG, the bytes start {}",
+                preview(&data[..data.len().min(16)])
+            )),
+        }
+    }
+    if let Some(want) = e.pdf_pages {
+        match pdf_pages(data) {
+            Some(n) if n == want => {}
+            Some(n) => out
+                .failures
+                .push(format!("expected a PDF of {want} pages, it has {n}")),
+            None => out.failures.push(format!(
+                "expected a PDF, the bytes start {}",
+                preview(&data[..data.len().min(16)])
+            )),
+        }
+    }
+}
+
+/// The largest image kept for the report.
+const MAX_ARTIFACT: usize = 4 << 20;
+
+/// (width, height) of a PNG: its signature, then IHDR as the first chunk.
+pub fn png_size(d: &[u8]) -> Option<(u32, u32)> {
+    if d.len() < 24 || &d[..8] != b"\x89PNG\r\n\x1a\n" || &d[12..16] != b"IHDR" {
+        return None;
+    }
+    let be = |i: usize| u32::from_be_bytes([d[i], d[i + 1], d[i + 2], d[i + 3]]);
+    Some((be(16), be(20)))
+}
+
+/// The page count of a PDF: `%PDF-` header, then its page objects
+/// (`/Type /Page`, not `/Pages`), which Chromium writes uncompressed.
+pub fn pdf_pages(d: &[u8]) -> Option<u32> {
+    if !d.starts_with(b"%PDF-") {
+        return None;
+    }
+    let needle = b"/Type /Page";
+    let pages = d
+        .windows(needle.len() + 1)
+        .filter(|w| &w[..needle.len()] == needle && !w[needle.len()].is_ascii_alphanumeric())
+        .count();
+    Some(pages as u32)
 }
 
 /// Names the interface bug when `got` is a known corruption of `want`
@@ -494,12 +641,25 @@ mod tests {
             &mut Sent::default(),
         );
         assert!(o.passed(), "{o:?}");
-        assert!(o.kernel.as_ref().unwrap().get("events").is_none());
+        assert_eq!(o.kernel.as_ref().unwrap()["events"], json!([1, 2]));
         let mut r = exec_result(b"hi\n", 0);
         r["structuredContent"]["kernel"] = json!({"available": false, "reason": "no daemon"});
         let o = judge(&s, Ok(r), Duration::ZERO, &mut Sent::default());
         assert_eq!(o.kernel_unavailable.as_deref(), Some("no daemon"));
         assert_eq!(o.kernel_failure(), None);
+    }
+
+    #[test]
+    fn a_long_timeline_keeps_the_events_around_the_decisive_one() {
+        let events: Vec<Value> = (0..40u64).map(|i| json!({"ts_ns": i * 10, "n": i})).collect();
+        let kept = around_decisive(events.clone(), &json!({"ts_ns": 200}));
+        let ns: Vec<u64> = kept.iter().map(|e| e["n"].as_u64().unwrap()).collect();
+        assert_eq!(ns, (14..26).collect::<Vec<u64>>(), "six before the decisive event, five after");
+        let kept = around_decisive(events.clone(), &json!({"ts_ns": 5}));
+        assert_eq!(kept[0]["n"], 0);
+        let kept = around_decisive(events, &Value::Null);
+        assert_eq!(kept.len(), EVENTS_KEPT);
+        assert_eq!(kept[EVENTS_KEPT - 1]["n"], 39, "without a decisive event: the last ones");
     }
 
     #[test]

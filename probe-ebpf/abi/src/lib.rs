@@ -105,6 +105,10 @@ pub mod flags {
     /// ReclaimStall: the memory cgroup's reclaim at its limit
     /// (`vmscan:mm_vmscan_memcg_reclaim_*`), not direct reclaim.
     pub const MEMCG_RECLAIM: u32 = 1 << 7;
+    /// `syscall_failed` for a getsockopt(SO_ERROR) that returned 0 but
+    /// reported an error (`ret` is minus that error): how a non-blocking
+    /// connect learns it was refused, unreachable or timed out.
+    pub const SOCKET_ERROR: u32 = 1 << 8;
 }
 
 /// Layout of a `TRACKED` slot (one u64 per thread id): the span in the
@@ -311,6 +315,10 @@ pub mod nr {
     pub const OPEN: i64 = 2;
     pub const DUP2: i64 = 33;
     pub const CONNECT: i64 = 42;
+    pub const GETSOCKOPT: i64 = 55;
+    /// getsockopt level and option of a socket's pending error.
+    pub const SOL_SOCKET: u64 = 1;
+    pub const SO_ERROR: u64 = 4;
     pub const SENDTO: i64 = 44;
     pub const CLONE: i64 = 56;
     pub const FORK: i64 = 57;
