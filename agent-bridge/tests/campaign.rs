@@ -180,25 +180,17 @@ fn a_stdio_campaign_records_every_test_and_reports_it() {
     assert_eq!(s["steps_without_kernel"], 0, "the probe was attached");
     let conn = db(&results);
     assert_whole(&conn, "clean", &suite, n);
-    // every failure is triaged; on this machine the clean failures are
-    // the absent browser and egress, each on its primitive
-    let mut stmt = conn
-        .prepare("SELECT test_id, domain, layer, primitive FROM campaign_tests WHERE run = 'clean' AND outcome = 'fail'")
-        .unwrap();
-    let failures: Vec<(String, String, String, String)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+    // on a machine `cargo xtask setup` prepared (Chromium installed) and
+    // with the run's own upstream standing in for the internet, a clean
+    // sandbox fails nothing
+    let failures: Vec<String> = conn
+        .prepare("SELECT test_id || ': ' || layer || '/' || primitive || ': ' || explanation FROM campaign_tests WHERE run = 'clean' AND outcome = 'fail'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    let chromium = which::which("chromium").is_ok() || which::which("chromium-browser").is_ok();
-    for (id, domain, layer, primitive) in &failures {
-        match domain.as_str() {
-            "browser" if !chromium => assert_eq!(primitive, "exec.missing", "{id}"),
-            "network" => assert_eq!(primitive, "net.egress", "{id}"),
-            _ => panic!("{id} failed on the clean profile: {layer}/{primitive}"),
-        }
-        assert_eq!(layer, "sandbox", "{id}");
-    }
+    assert_eq!(failures, Vec::<String>::new(), "failures on the clean profile");
     // reports: JSON, text, HTML, CSV, JSONL, and a run compared with itself
     let html = dir.path().join("report.html");
     let r: Value = serde_json::from_str(&ok(&[
@@ -211,15 +203,15 @@ fn a_stdio_campaign_records_every_test_and_reports_it() {
     ]))
     .unwrap();
     assert_eq!(
-        r["passed"].as_u64().unwrap() + r["failed"].as_u64().unwrap(),
+        r["passed"].as_u64().unwrap()
+            + r["degraded"].as_u64().unwrap()
+            + r["failed"].as_u64().unwrap(),
         n as u64
     );
     assert_eq!(r["failed"].as_u64().unwrap() as usize, failures.len());
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.starts_with("<!doctype html>") && page.trim_end().ends_with("</html>"));
-    for (id, ..) in &failures {
-        assert!(page.contains(id.as_str()), "{id} missing from the HTML");
-    }
+    assert!(page.contains("<td class=l>browser</td>"), "the per-domain table");
     let text = ok(&["report", "--db", results.to_str().unwrap()]);
     assert!(
         text.contains("DOMAIN") && text.contains("complete"),
@@ -655,4 +647,180 @@ fn a_full_disk_stops_the_run_and_keeps_what_was_recorded() {
            (SELECT 1 FROM campaign_steps s WHERE s.run = t.run AND s.test_id = t.test_id)",
     );
     assert_eq!(partial, 0);
+}
+
+/// A suite of one test per file, written into `dir/suite`.
+fn one_test(dir: &Path, test: Value) -> PathBuf {
+    let suite = dir.join("suite");
+    std::fs::create_dir_all(&suite).unwrap();
+    let id = test["id"].as_str().unwrap().to_string();
+    std::fs::write(suite.join(format!("{id}.json")), test.to_string()).unwrap();
+    suite
+}
+
+#[test]
+fn a_test_naming_a_host_off_this_machine_is_reported_and_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    // it only names the hosts (echo): even when allowed, nothing is sent
+    let suite = one_test(
+        dir.path(),
+        serde_json::json!({"id": "network-9001", "domain": "network", "title": "names hosts",
+            "steps": [{"tool": "exec", "arguments": {"command": "echo https://pypi.org/simple 192.0.2.10"},
+                       "expect": {"exit_code": 0}}]}),
+    );
+    let out = campaign(&["validate", suite.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    for host in ["pypi.org", "192.0.2.10"] {
+        assert!(
+            text.contains(&format!("steps[0].arguments.command: names {host}, which is outside this machine")),
+            "{text}"
+        );
+    }
+    let results = dir.path().join("results.db");
+    let target = format!("stdio:{BRIDGE} serve --stdio --no-probe");
+    let out = run(&suite, &target, &results, &["--no-bar"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it ran: {stderr}");
+    assert!(
+        stderr.contains("refusing to run") && stderr.contains("names pypi.org") && stderr.contains("--allow-egress"),
+        "{stderr}"
+    );
+    assert!(!results.exists() || count(&db(&results), "SELECT COUNT(*) FROM campaign_tests") == 0);
+    // one host allowed is not enough; both are
+    let out = run(&suite, &target, &results, &["--no-bar", "--allow-egress", "pypi.org"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("names 192.0.2.10"));
+    run_ok(&suite, &target, &results, &["--no-bar", "--allow-egress", "pypi.org,192.0.2.10", "--run", "allowed"]);
+    assert_eq!(
+        count(&db(&results), "SELECT COUNT(*) FROM campaign_tests WHERE run = 'allowed' AND outcome = 'pass'"),
+        1
+    );
+    let out = campaign(&["validate", suite.to_str().unwrap(), "--allow-egress", "PyPI.org,192.0.2.10"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn network_tests_reach_the_runs_upstream_and_not_under_no_network() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, n) = suite(dir.path(), 200, &["network"]);
+    let results = dir.path().join("results.db");
+    for (name, extra) in [("clean", ""), ("no-network", "--profile no-network")] {
+        run_ok(&suite, &stdio_target(extra), &results, &["--run", name, "--workers", "4", "--no-bar"]);
+    }
+    let conn = db(&results);
+    assert_eq!(
+        count(&conn, "SELECT COUNT(*) FROM campaign_tests WHERE run = 'clean' AND outcome = 'pass'"),
+        n as i64,
+        "every network test passes against the upstream"
+    );
+    // the tests that reach the upstream fail without a network, on net.egress,
+    // with the real error named (never EINPROGRESS alone)
+    let mut stmt = conn
+        .prepare("SELECT test_id, layer, primitive, explanation FROM campaign_tests WHERE run = 'no-network' AND outcome = 'fail'")
+        .unwrap();
+    let failed: Vec<(String, String, String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(failed.len() * 2 >= n, "only {} of {n} network tests need the network", failed.len());
+    for (id, layer, primitive, why) in &failed {
+        assert_eq!((layer.as_str(), primitive.as_str()), ("sandbox", "net.egress"), "{id}: {why}");
+        assert!(
+            ["ECONNREFUSED", "ENETUNREACH", "EHOSTUNREACH", "ETIMEDOUT", "got no answer"].iter().any(|e| why.contains(e)),
+            "{id}: {why}"
+        );
+    }
+}
+
+#[test]
+fn browser_tests_fail_on_the_primitive_a_profile_breaks_and_on_interface_faults() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, _) = suite(dir.path(), 600, &["browser"]);
+    // every screenshot and PDF test, and the first ten of the other kinds
+    let mut others = 0;
+    for t in agent_bridge::campaign::validate::load_dir(&suite).unwrap().tests {
+        let binary = t.title.starts_with("screenshot") || t.title.starts_with("print");
+        if !binary {
+            others += 1;
+            if others > 10 {
+                std::fs::remove_file(suite.join(format!("{}.json", t.id))).unwrap();
+            }
+        }
+    }
+    let n = std::fs::read_dir(&suite).unwrap().count();
+    // Chromium checks what its own syscalls return: a refused socketpair
+    // (its IPC) makes it trap, after the setup step's mkdir went through
+    let seccomp = dir.path().join("no-socketpair.toml");
+    std::fs::write(
+        &seccomp,
+        "description = \"socketpair refused\"\nreproduces = \"seccomp\"\n[[seccomp]]\naction = \"errno\"\nsyscalls = [\"socketpair\"]\n",
+    )
+    .unwrap();
+    let seccomp_arg = format!("--profile {}", seccomp.display());
+    let results = dir.path().join("results.db");
+    let mut runs = vec![
+        ("clean", String::new()),
+        ("pids-limit", "--profile pids-limit".to_string()),
+        ("memory-limit", "--profile memory-limit".to_string()),
+        ("no-socketpair", seccomp_arg),
+    ];
+    for f in ["lossy-utf8", "nul-truncate", "crlf", "trim", "drop-tail"] {
+        runs.push((f, format!("--interface-fault {f}")));
+    }
+    for (name, extra) in &runs {
+        run_ok(&suite, &stdio_target(extra), &results, &["--run", name, "--workers", "4", "--no-bar"]);
+    }
+    let conn = db(&results);
+    assert_eq!(
+        count(&conn, "SELECT COUNT(*) FROM campaign_tests WHERE run = 'clean' AND outcome != 'fail'"),
+        n as i64,
+        "every browser test passes in a clean sandbox"
+    );
+    let m: Value = serde_json::from_str(&ok(&[
+        "matrix", "--db", results.to_str().unwrap(), "--baseline", "clean", "--json",
+    ]))
+    .unwrap();
+    for row in m["rows"].as_array().unwrap() {
+        let label = row["label"].as_str().unwrap();
+        let want = match label {
+            "pids-limit" => "proc.limit",
+            "memory-limit" => "mem.oom",
+            "no-socketpair" => "seccomp",
+            _ => "interface",
+        };
+        assert_eq!(row["injected"], want, "{row}");
+        assert!(row["accuracy"].as_f64().unwrap() >= 0.95, "{row}");
+        if want != "interface" {
+            assert_eq!(row["newly_failed"].as_i64().unwrap(), n as i64, "{row}: Chromium cannot run under it");
+        }
+    }
+    // the seed's corrupted image: every screenshot and PDF read back is
+    // broken by every interface fault, and placed on interface.bytes
+    let binary = count(
+        &conn,
+        "SELECT COUNT(*) FROM campaign_tests WHERE run = 'clean' AND (title LIKE 'screenshot%' OR title LIKE 'print%')",
+    );
+    assert!(binary >= 8, "only {binary} binary browser tests in the suite");
+    for f in ["lossy-utf8", "nul-truncate", "crlf", "trim", "drop-tail"] {
+        let broken = count(
+            &conn,
+            &format!(
+                "SELECT COUNT(*) FROM campaign_tests WHERE run = '{f}' AND (title LIKE 'screenshot%' OR title LIKE 'print%')
+                 AND outcome = 'fail' AND layer = 'interface' AND primitive = 'interface.bytes'"
+            ),
+        );
+        assert_eq!(broken, binary, "{f}");
+    }
+    // a failed screenshot test keeps the PNG that came back for the report
+    let kept = count(&conn, "SELECT COUNT(*) FROM campaign_artifacts WHERE run = 'lossy-utf8' AND mime = 'image/png'");
+    let shots = count(&conn, "SELECT COUNT(*) FROM campaign_tests WHERE run = 'lossy-utf8' AND title LIKE 'screenshot%'");
+    assert_eq!(kept, shots);
 }

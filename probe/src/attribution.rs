@@ -386,8 +386,10 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
 /// its own SIGTRAP in another): the refusal is the cause, the signal its
 /// symptom. `signal` is the fatal signal's event, when seen. None when the
 /// signal is not one of [`SYMPTOM_SIGNALS`], another process sent it, or no
-/// `mem.limit` / `proc.limit` failure of the same process (tgid: the
-/// `pid` of every event) came within [`SYMPTOM_WINDOW_NS`] before it.
+/// `mem.limit` / `proc.limit` failure or seccomp denial of the same process
+/// (tgid: the `pid` of every event) came within [`SYMPTOM_WINDOW_NS`]
+/// before it (Chromium checks every syscall it makes and traps on the
+/// ones a filter refused).
 fn resource_failure_behind_crash(
     span: &SpanEvidence,
     pid: u32,
@@ -424,13 +426,15 @@ fn resource_failure_behind_crash(
         .iter()
         .enumerate()
         .filter(|(_, e)| {
-            e.kind == Kind::SyscallFailed
+            matches!(e.kind, Kind::SyscallFailed | Kind::SeccompDenied)
                 && e.pid == pid
                 && e.ts_ns <= crashed_at
                 && crashed_at - e.ts_ns <= SYMPTOM_WINDOW_NS
         })
         .filter_map(|(i, _)| match score(span, events, i, &execs)? {
-            (p @ (Primitive::MemLimit | Primitive::ProcLimit), _) => Some((i, p)),
+            (p @ (Primitive::MemLimit | Primitive::ProcLimit | Primitive::Seccomp), _) => {
+                Some((i, p))
+            }
             _ => None,
         })
         .collect();
@@ -469,11 +473,19 @@ fn resource_failure_behind_crash(
     Some(Verdict {
         primitive,
         confidence: 0.9,
-        explanation: format!(
-            "{} failed with {errno}{count}{limit}{others}, then {} {verb} with {sig}",
-            ev.call(),
-            who(pid)
-        ),
+        explanation: if primitive == Primitive::Seccomp {
+            format!(
+                "{} was denied by the seccomp filter ({errno}; the syscall never ran){count}{others}, then {} {verb} with {sig}",
+                ev.call(),
+                who(pid)
+            )
+        } else {
+            format!(
+                "{} failed with {errno}{count}{limit}{others}, then {} {verb} with {sig}",
+                ev.call(),
+                who(pid)
+            )
+        },
         decisive: Some(ev.clone()),
     })
 }
@@ -666,7 +678,9 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome, with_root: bool) ->
         let Some((primitive, weight)) = score(span, events, i, &execs) else {
             continue;
         };
-        if !failing(ev.pid) && !(!with_root && refused_connection(ev, primitive)) {
+        // a hidden failure may also be a connection a process that exited 0 reported
+        let hidden_refusal = !with_root && refused_connection(ev, primitive);
+        if !failing(ev.pid) && !hidden_refusal {
             continue;
         }
         // a root that exited 0 coped with its failures, except losing
@@ -1205,6 +1219,27 @@ mod tests {
         assert_eq!(
             a.explanation,
             "clone failed with EAGAIN (pids cgroup or RLIMIT_NPROC), after 1 other refused resource request, then w (pid 10) aborted with SIGABRT"
+        );
+    }
+
+    #[test]
+    fn a_seccomp_denial_then_its_own_sigtrap_is_seccomp() {
+        let mut denied = failed(10, 5 * MS, "memfd_create", libc::EPERM, "");
+        denied.kind = Kind::SeccompDenied;
+        denied.seccomp_filter = Some(true);
+        let events = vec![
+            denied,
+            signal(10, 6 * MS, "SIGTRAP", 10),
+            ev(Kind::Exit, 10, 7 * MS),
+        ];
+        let a = attribute(&span(events), &killed_by("SIGTRAP"));
+        assert_eq!(a.primitive, Primitive::Seccomp, "{}", a.explanation);
+        assert!(
+            a.explanation.starts_with("memfd_create")
+                && a.explanation.contains("denied by the seccomp filter (EPERM")
+                && a.explanation.ends_with("aborted with SIGTRAP"),
+            "{}",
+            a.explanation
         );
     }
 

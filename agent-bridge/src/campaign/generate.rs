@@ -1177,6 +1177,37 @@ mod tests {
     }
 
     #[test]
+    fn no_seed_names_a_host_off_this_machine() {
+        for seed in [1, 2, 42, 123_456_789] {
+            for t in suite(1000, seed, DEFAULT_BASE) {
+                let named = super::super::egress::named_hosts(&t, &[]);
+                assert!(named.is_empty(), "seed {seed}: {}: {named:?}", t.id);
+                for step in &t.steps {
+                    let text = serde_json::to_string(&step.arguments).unwrap();
+                    let unknown = upstream::unknown_placeholders(&text);
+                    assert!(unknown.is_empty(), "seed {seed}: {}: {unknown:?}", t.id);
+                }
+            }
+        }
+        // and the detector is not blind: the old suite's egress test is caught
+        let old = r#"import socket\nsocket.create_connection(('192.0.2.107', 80), timeout=3)"#;
+        assert_eq!(super::super::egress::hosts_in(old), vec!["192.0.2.107"]);
+    }
+
+    #[test]
+    fn network_and_browser_tests_reach_the_upstream_by_placeholder() {
+        let tests = suite(1000, 1, DEFAULT_BASE);
+        for domain in ["network", "browser"] {
+            let reaching = tests
+                .iter()
+                .filter(|t| t.domain == domain)
+                .filter(|t| serde_json::to_string(&t.steps).unwrap().contains("{{upstream."))
+                .count();
+            assert!(reaching >= 40, "{domain}: only {reaching} tests use the upstream");
+        }
+    }
+
+    #[test]
     fn nested_shells_quote_each_level() {
         for depth in 1..=6 {
             let cmd = nested_shells(depth, "echo 'a b'");

@@ -11,6 +11,7 @@
 //! - [`db`]: results in SQLite; [`run`]: workers, shards, resume.
 //! - [`report`]: one run as data and tables; [`html`], [`export`] (CSV,
 //!   JSON lines); [`compare`]: runs side by side, the confusion matrix.
+//! - [`pattern`]: an explanation with its pids, ports and digests as placeholders.
 
 pub mod compare;
 pub mod db;
@@ -18,6 +19,7 @@ pub mod egress;
 pub mod export;
 pub mod generate;
 pub mod html;
+pub mod pattern;
 pub mod report;
 pub mod run;
 pub mod spec;

@@ -122,11 +122,7 @@ impl Upstream {
     /// Every string inside `v`, substituted.
     pub fn substitute_json(&self, v: &mut serde_json::Value) {
         match v {
-            serde_json::Value::String(s) => {
-                if s.contains("{{upstream.") {
-                    *s = self.substitute(s);
-                }
-            }
+            serde_json::Value::String(s) => *s = self.substitute(s),
             serde_json::Value::Array(a) => a.iter_mut().for_each(|v| self.substitute_json(v)),
             serde_json::Value::Object(o) => o.values_mut().for_each(|v| self.substitute_json(v)),
             _ => {}
