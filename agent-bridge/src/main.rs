@@ -330,10 +330,14 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
 }
 
 fn campaign(cmd: CampaignCommand) -> ExitCode {
-    // `campaign export | head` ends quietly, like other CLI tools
-    // SAFETY: setting a signal disposition before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    // `campaign export | head` ends quietly, like other CLI tools; but a
+    // runner talks to stdio bridges through pipes, and a bridge that died
+    // must be an EPIPE it records (interface.transport), not its own death
+    if !matches!(cmd, CampaignCommand::Run(_)) {
+        // SAFETY: setting a signal disposition before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
     }
     use agent_bridge::campaign::{generate, spec, validate};
     match cmd {
@@ -401,7 +405,8 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
             };
             // a test that names an off-machine host is valid but not runnable as is
             let egress = suite.egress_problems(&allow_egress);
-            let offending: std::collections::HashSet<_> = egress.iter().map(|p| p.file.clone()).collect();
+            let offending: std::collections::HashSet<_> =
+                egress.iter().map(|p| p.file.clone()).collect();
             suite.problems.extend(egress);
             let with_problems = suite.files - suite.tests.len() + offending.len();
             if json {

@@ -190,7 +190,11 @@ fn a_stdio_campaign_records_every_test_and_reports_it() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(failures, Vec::<String>::new(), "failures on the clean profile");
+    assert_eq!(
+        failures,
+        Vec::<String>::new(),
+        "failures on the clean profile"
+    );
     // reports: JSON, text, HTML, CSV, JSONL, and a run compared with itself
     let html = dir.path().join("report.html");
     let r: Value = serde_json::from_str(&ok(&[
@@ -211,7 +215,10 @@ fn a_stdio_campaign_records_every_test_and_reports_it() {
     assert_eq!(r["failed"].as_u64().unwrap() as usize, failures.len());
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.starts_with("<!doctype html>") && page.trim_end().ends_with("</html>"));
-    assert!(page.contains("<td class=l>browser</td>"), "the per-domain table");
+    assert!(
+        page.contains("<td class=l>browser</td>"),
+        "the per-domain table"
+    );
     let text = ok(&["report", "--db", results.to_str().unwrap()]);
     assert!(
         text.contains("DOMAIN") && text.contains("complete"),
@@ -673,7 +680,9 @@ fn a_test_naming_a_host_off_this_machine_is_reported_and_refused_unless_allowed(
     assert!(!out.status.success(), "{text}");
     for host in ["pypi.org", "192.0.2.10"] {
         assert!(
-            text.contains(&format!("steps[0].arguments.command: names {host}, which is outside this machine")),
+            text.contains(&format!(
+                "steps[0].arguments.command: names {host}, which is outside this machine"
+            )),
             "{text}"
         );
     }
@@ -683,21 +692,51 @@ fn a_test_naming_a_host_off_this_machine_is_reported_and_refused_unless_allowed(
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "it ran: {stderr}");
     assert!(
-        stderr.contains("refusing to run") && stderr.contains("names pypi.org") && stderr.contains("--allow-egress"),
+        stderr.contains("refusing to run")
+            && stderr.contains("names pypi.org")
+            && stderr.contains("--allow-egress"),
         "{stderr}"
     );
     assert!(!results.exists() || count(&db(&results), "SELECT COUNT(*) FROM campaign_tests") == 0);
     // one host allowed is not enough; both are
-    let out = run(&suite, &target, &results, &["--no-bar", "--allow-egress", "pypi.org"]);
+    let out = run(
+        &suite,
+        &target,
+        &results,
+        &["--no-bar", "--allow-egress", "pypi.org"],
+    );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("names 192.0.2.10"));
-    run_ok(&suite, &target, &results, &["--no-bar", "--allow-egress", "pypi.org,192.0.2.10", "--run", "allowed"]);
+    run_ok(
+        &suite,
+        &target,
+        &results,
+        &[
+            "--no-bar",
+            "--allow-egress",
+            "pypi.org,192.0.2.10",
+            "--run",
+            "allowed",
+        ],
+    );
     assert_eq!(
-        count(&db(&results), "SELECT COUNT(*) FROM campaign_tests WHERE run = 'allowed' AND outcome = 'pass'"),
+        count(
+            &db(&results),
+            "SELECT COUNT(*) FROM campaign_tests WHERE run = 'allowed' AND outcome = 'pass'"
+        ),
         1
     );
-    let out = campaign(&["validate", suite.to_str().unwrap(), "--allow-egress", "PyPI.org,192.0.2.10"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = campaign(&[
+        "validate",
+        suite.to_str().unwrap(),
+        "--allow-egress",
+        "PyPI.org,192.0.2.10",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
@@ -709,11 +748,19 @@ fn network_tests_reach_the_runs_upstream_and_not_under_no_network() {
     let (suite, n) = suite(dir.path(), 200, &["network"]);
     let results = dir.path().join("results.db");
     for (name, extra) in [("clean", ""), ("no-network", "--profile no-network")] {
-        run_ok(&suite, &stdio_target(extra), &results, &["--run", name, "--workers", "4", "--no-bar"]);
+        run_ok(
+            &suite,
+            &stdio_target(extra),
+            &results,
+            &["--run", name, "--workers", "4", "--no-bar"],
+        );
     }
     let conn = db(&results);
     assert_eq!(
-        count(&conn, "SELECT COUNT(*) FROM campaign_tests WHERE run = 'clean' AND outcome = 'pass'"),
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM campaign_tests WHERE run = 'clean' AND outcome = 'pass'"
+        ),
         n as i64,
         "every network test passes against the upstream"
     );
@@ -727,11 +774,27 @@ fn network_tests_reach_the_runs_upstream_and_not_under_no_network() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert!(failed.len() * 2 >= n, "only {} of {n} network tests need the network", failed.len());
+    assert!(
+        failed.len() * 2 >= n,
+        "only {} of {n} network tests need the network",
+        failed.len()
+    );
     for (id, layer, primitive, why) in &failed {
-        assert_eq!((layer.as_str(), primitive.as_str()), ("sandbox", "net.egress"), "{id}: {why}");
+        assert_eq!(
+            (layer.as_str(), primitive.as_str()),
+            ("sandbox", "net.egress"),
+            "{id}: {why}"
+        );
         assert!(
-            ["ECONNREFUSED", "ENETUNREACH", "EHOSTUNREACH", "ETIMEDOUT", "got no answer"].iter().any(|e| why.contains(e)),
+            [
+                "ECONNREFUSED",
+                "ENETUNREACH",
+                "EHOSTUNREACH",
+                "ETIMEDOUT",
+                "got no answer"
+            ]
+            .iter()
+            .any(|e| why.contains(e)),
             "{id}: {why}"
         );
     }
@@ -746,7 +809,10 @@ fn browser_tests_fail_on_the_primitive_a_profile_breaks_and_on_interface_faults(
     let (suite, _) = suite(dir.path(), 600, &["browser"]);
     // every screenshot and PDF test, and the first ten of the other kinds
     let mut others = 0;
-    for t in agent_bridge::campaign::validate::load_dir(&suite).unwrap().tests {
+    for t in agent_bridge::campaign::validate::load_dir(&suite)
+        .unwrap()
+        .tests
+    {
         let binary = t.title.starts_with("screenshot") || t.title.starts_with("print");
         if !binary {
             others += 1;
@@ -776,16 +842,29 @@ fn browser_tests_fail_on_the_primitive_a_profile_breaks_and_on_interface_faults(
         runs.push((f, format!("--interface-fault {f}")));
     }
     for (name, extra) in &runs {
-        run_ok(&suite, &stdio_target(extra), &results, &["--run", name, "--workers", "4", "--no-bar"]);
+        run_ok(
+            &suite,
+            &stdio_target(extra),
+            &results,
+            &["--run", name, "--workers", "4", "--no-bar"],
+        );
     }
     let conn = db(&results);
     assert_eq!(
-        count(&conn, "SELECT COUNT(*) FROM campaign_tests WHERE run = 'clean' AND outcome != 'fail'"),
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM campaign_tests WHERE run = 'clean' AND outcome != 'fail'"
+        ),
         n as i64,
         "every browser test passes in a clean sandbox"
     );
     let m: Value = serde_json::from_str(&ok(&[
-        "matrix", "--db", results.to_str().unwrap(), "--baseline", "clean", "--json",
+        "matrix",
+        "--db",
+        results.to_str().unwrap(),
+        "--baseline",
+        "clean",
+        "--json",
     ]))
     .unwrap();
     for row in m["rows"].as_array().unwrap() {
@@ -799,7 +878,11 @@ fn browser_tests_fail_on_the_primitive_a_profile_breaks_and_on_interface_faults(
         assert_eq!(row["injected"], want, "{row}");
         assert!(row["accuracy"].as_f64().unwrap() >= 0.95, "{row}");
         if want != "interface" {
-            assert_eq!(row["newly_failed"].as_i64().unwrap(), n as i64, "{row}: Chromium cannot run under it");
+            assert_eq!(
+                row["newly_failed"].as_i64().unwrap(),
+                n as i64,
+                "{row}: Chromium cannot run under it"
+            );
         }
     }
     // the seed's corrupted image: every screenshot and PDF read back is
@@ -808,7 +891,10 @@ fn browser_tests_fail_on_the_primitive_a_profile_breaks_and_on_interface_faults(
         &conn,
         "SELECT COUNT(*) FROM campaign_tests WHERE run = 'clean' AND (title LIKE 'screenshot%' OR title LIKE 'print%')",
     );
-    assert!(binary >= 8, "only {binary} binary browser tests in the suite");
+    assert!(
+        binary >= 8,
+        "only {binary} binary browser tests in the suite"
+    );
     for f in ["lossy-utf8", "nul-truncate", "crlf", "trim", "drop-tail"] {
         let broken = count(
             &conn,
@@ -820,7 +906,13 @@ fn browser_tests_fail_on_the_primitive_a_profile_breaks_and_on_interface_faults(
         assert_eq!(broken, binary, "{f}");
     }
     // a failed screenshot test keeps the PNG that came back for the report
-    let kept = count(&conn, "SELECT COUNT(*) FROM campaign_artifacts WHERE run = 'lossy-utf8' AND mime = 'image/png'");
-    let shots = count(&conn, "SELECT COUNT(*) FROM campaign_tests WHERE run = 'lossy-utf8' AND title LIKE 'screenshot%'");
+    let kept = count(
+        &conn,
+        "SELECT COUNT(*) FROM campaign_artifacts WHERE run = 'lossy-utf8' AND mime = 'image/png'",
+    );
+    let shots = count(
+        &conn,
+        "SELECT COUNT(*) FROM campaign_tests WHERE run = 'lossy-utf8' AND title LIKE 'screenshot%'",
+    );
     assert_eq!(kept, shots);
 }

@@ -211,6 +211,33 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
         format!("{} (pid {pid})", comm.unwrap_or("process"))
     };
 
+    // an OOM kill outranks the caller's timeout: a browser whose renderer
+    // the OOM killer took waits for it until the caller gives up
+    if let Some(oom) = span.events.iter().find(|e| e.kind == Kind::OomVictim) {
+        let rss = oom
+            .anon_rss_kb
+            .map(|kb| format!(" at {} MiB anon RSS", kb / 1024))
+            .unwrap_or_default();
+        let then = outcome
+            .timed_out
+            .map(|limit| {
+                format!(
+                    "; the workload then hung until the time limit of {:.1}s killed it",
+                    limit.as_secs_f64()
+                )
+            })
+            .unwrap_or_default();
+        return Verdict {
+            primitive: Primitive::MemOom,
+            confidence: 0.97,
+            explanation: format!(
+                "{} (pid {}) was killed by the OOM killer{rss}{then}",
+                oom.comm, oom.pid
+            ),
+            decisive: Some(oom.clone()),
+        };
+    }
+
     if let Some(limit) = outcome.timed_out {
         return Verdict {
             primitive: Primitive::Timeout,
@@ -220,22 +247,6 @@ fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
                 limit.as_secs_f64()
             ),
             decisive: None,
-        };
-    }
-
-    if let Some(oom) = span.events.iter().find(|e| e.kind == Kind::OomVictim) {
-        let rss = oom
-            .anon_rss_kb
-            .map(|kb| format!(" at {} MiB anon RSS", kb / 1024))
-            .unwrap_or_default();
-        return Verdict {
-            primitive: Primitive::MemOom,
-            confidence: 0.97,
-            explanation: format!(
-                "{} (pid {}) was killed by the OOM killer{rss}",
-                oom.comm, oom.pid
-            ),
-            decisive: Some(oom.clone()),
         };
     }
 
@@ -1146,6 +1157,16 @@ mod tests {
         let a = attribute(&span(vec![]), &o);
         assert_eq!(a.primitive, Primitive::Timeout);
         assert_eq!(a.layer, Some(Layer::Sandbox));
+        // a renderer the OOM killer took, then a hang until the deadline: OOM
+        let mut oom = ev(Kind::OomVictim, 12, 5 * MS);
+        oom.comm = "chromium".into();
+        oom.anon_rss_kb = Some(300 * 1024);
+        let a = attribute(&span(vec![oom]), &o);
+        assert_eq!(a.primitive, Primitive::MemOom, "{}", a.explanation);
+        assert_eq!(
+            a.explanation,
+            "chromium (pid 12) was killed by the OOM killer at 300 MiB anon RSS; the workload then hung until the time limit of 2.0s killed it"
+        );
     }
 
     /// A fatal `sig` generated for thread `tid` by process `sender`.
@@ -1236,11 +1257,55 @@ mod tests {
         assert_eq!(a.primitive, Primitive::Seccomp, "{}", a.explanation);
         assert!(
             a.explanation.starts_with("memfd_create")
-                && a.explanation.contains("denied by the seccomp filter (EPERM")
+                && a.explanation
+                    .contains("denied by the seccomp filter (EPERM")
                 && a.explanation.ends_with("aborted with SIGTRAP"),
             "{}",
             a.explanation
         );
+    }
+
+    #[test]
+    fn a_refused_connection_a_child_reported_is_the_hidden_failure_of_a_call_that_exited_0() {
+        // Chromium: the network service's connect is refused, it reports the
+        // error page to the browser, and every process exits 0
+        let mut fork = ev(Kind::Fork, 10, 0);
+        fork.child_pid = Some(11);
+        fork.thread = Some(false);
+        let mut refused = failed(11, 3 * MS, "connect", libc::ECONNREFUSED, "");
+        refused.addr = Some("127.66.0.1:8080".into());
+        let mut pending = failed(11, 2 * MS, "connect", libc::EINPROGRESS, "");
+        pending.addr = Some("127.66.0.1:8081".into());
+        let mut unix = failed(11, 4 * MS, "connect", libc::ECONNREFUSED, "");
+        unix.addr = Some("unix:/run/dbus/system_bus_socket".into());
+        let events = vec![
+            fork,
+            pending.clone(),
+            refused,
+            unix.clone(),
+            exit(11, 5 * MS, 0),
+        ];
+        let a = attribute(&span(events), &outcome(0));
+        assert_eq!(a.primitive, Primitive::None, "the call itself succeeded");
+        let h = a
+            .hidden_failure
+            .expect("the refused connection is reported");
+        assert_eq!(h.primitive, Primitive::NetEgress);
+        assert!(
+            h.explanation
+                .contains("connect(127.66.0.1:8080) failed with ECONNREFUSED"),
+            "{}",
+            h.explanation
+        );
+        // a still-pending connect or a unix socket alone is not a hidden failure
+        let mut fork = ev(Kind::Fork, 10, 0);
+        fork.child_pid = Some(11);
+        fork.thread = Some(false);
+        let a = attribute(
+            &span(vec![fork, pending, unix, exit(11, 5 * MS, 0)]),
+            &outcome(0),
+        );
+        assert_eq!(a.hidden_failure, None);
     }
 
     #[test]

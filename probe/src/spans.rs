@@ -336,6 +336,49 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_error_completes_the_non_blocking_connect_on_that_socket() {
+        let mut s = SpanEvidence::new(1, None, "t".into(), 0);
+        let connect = |fd: i64, addr: &str, ts: u64| {
+            let mut c = ev(Kind::SyscallFailed, 7);
+            c.syscall = Some("connect".into());
+            c.syscall_nr = Some(42);
+            c.errno = Some("EINPROGRESS".into());
+            c.ret = Some(-115);
+            c.fd = Some(fd);
+            c.addr = Some(addr.into());
+            c.ts_ns = ts;
+            c
+        };
+        s.add(connect(5, "127.66.0.1:8080", 1_000_000));
+        s.add(connect(6, "127.66.0.1:9090", 2_000_000));
+        let mut err = ev(Kind::SyscallFailed, 7);
+        err.syscall = Some("getsockopt".into());
+        err.syscall_nr = Some(55);
+        err.errno = Some("ECONNREFUSED".into());
+        err.ret = Some(-111);
+        err.fd = Some(5);
+        err.via = Some("getsockopt(SO_ERROR)".into());
+        err.ts_ns = 4_000_000;
+        s.add(err.clone());
+        let got = s.events.back().unwrap();
+        assert_eq!(got.syscall.as_deref(), Some("connect"));
+        assert_eq!(got.syscall_nr, Some(42));
+        assert_eq!(
+            got.addr.as_deref(),
+            Some("127.66.0.1:8080"),
+            "the connect on fd 5"
+        );
+        assert_eq!(got.duration_ns, Some(3_000_000));
+        // no pending connect on that socket: it stays what it was
+        err.fd = Some(9);
+        s.add(err);
+        assert_eq!(
+            s.events.back().unwrap().syscall.as_deref(),
+            Some("getsockopt")
+        );
+    }
+
+    #[test]
     fn enospc_write_is_named_by_fd() {
         let mut s = SpanEvidence::new(1, None, "t".into(), 0);
         let mut open = ev(Kind::FileWrite, 3);

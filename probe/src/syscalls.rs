@@ -34,7 +34,9 @@ impl SyscallClass {
             SyscallClass::Exec => "execve/execveat",
             SyscallClass::Fork => "clone/clone3/fork/vfork",
             SyscallClass::Memory => "mmap/brk/mremap/mlock",
-            SyscallClass::Connect => "connect/sendto/sendmsg (and recvfrom/recvmsg on a connected UDP socket, which learns of an ICMP unreachable there)",
+            SyscallClass::Connect => {
+                "connect/sendto/sendmsg (and recvfrom/recvmsg on a connected UDP socket, which learns of an ICMP unreachable there)"
+            }
             SyscallClass::Privileged => {
                 "mount/umount2/unshare/setns/ptrace/bpf/chroot/pivot_root/set*id/setgroups/module/reboot/sethostname/perf_event_open/mknod/capset/prlimit"
             }

@@ -257,7 +257,8 @@ pub fn confusion(count: usize, write: bool) -> anyhow::Result<()> {
     let dbs = db.to_str().unwrap();
     let table = lab.campaign(&["matrix", "--db", dbs, "--baseline", "clean", "--markdown"])?;
     let clean = lab.campaign(&["report", "--db", dbs, "--run", "clean"])?;
-    println!("{clean}\n{table}");
+    let tabs = tabs_sweep(&lab)?;
+    println!("{clean}\n{table}\n{tabs}");
     if write {
         let text = format!(
             "# Confusion matrix: injected fault × attributed layer/primitive\n\n\
@@ -267,11 +268,10 @@ pub fn confusion(count: usize, write: bool) -> anyhow::Result<()> {
              passed in the clean run and failed under the fault; the columns say where the triage put them \
              (bold: the injected fault). *Accuracy* is the share attributed to the injected primitive \
              (for interface faults: to the `interface` layer). The last three columns are about the tests \
-             that fail in the clean run too (the absent browser, egress): how many, how many of them the \
-             fault run blames on the injected fault at an earlier step (the fault struck first, e.g. a \
-             read-only /tmp at the setup step), and how many at the very step where the clean run failed \
-             for another reason (e.g. `deadline` kills the egress tests' connects, which hang for 3 s, at \
-             1.5 s: the deadline is the proximate cause).\n\n{table}\n\
+             that fail in the clean run too (none, on a machine `cargo xtask setup` prepared): how many, \
+             how many of them the fault run blames on the injected fault at an earlier step (the fault \
+             struck first, e.g. a read-only /tmp at the setup step), and how many at the very step where \
+             the clean run failed for another reason (the proximate cause).\n\n{table}\n{CHROMIUM_NOTES}\n{tabs}\n\
              The clean run these rows are compared against:\n\n```\n{clean}```\n",
             (runs.len() + 1) * count / 600 + 1
         );
@@ -281,14 +281,131 @@ pub fn confusion(count: usize, write: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What running Chromium under each profile taught us (observed on the
+/// runs `cargo xtask confusion` makes; kept here so the page regenerates
+/// with it).
+const CHROMIUM_NOTES: &str = "## What Chromium needed\n\nTODO\n";
+
+/// Memory limits of the tab-heavy sweep, loosest first.
+const TAB_LIMITS: [&str; 7] = ["2G", "1G", "768M", "640M", "512M", "384M", "256M"];
+
+/// The tab-heavy browser tests of a 1,000-test suite under memory cgroups
+/// that tighten step by step: each cell says how the test ended there
+/// (pass, degraded with its reclaim time, or the primitive it failed on).
+/// The source article's browser tests went from slow to dead as memory
+/// ran out; this is that curve, measured. Returns a Markdown section.
+pub fn tabs_sweep(lab: &Lab) -> anyhow::Result<String> {
+    let suite = lab.dir.join("tabs-suite");
+    lab.campaign(&[
+        "generate",
+        "--count",
+        "1000",
+        "--seed",
+        "1",
+        "--out",
+        suite.to_str().unwrap(),
+    ])?;
+    let mut tests = Vec::new();
+    for e in std::fs::read_dir(&suite)? {
+        let path = e?.path();
+        let t: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        let title = t["title"].as_str().unwrap_or_default();
+        if title.starts_with("open ") && title.contains(" tabs at once") {
+            tests.push((
+                t["id"].as_str().unwrap_or_default().to_string(),
+                title.to_string(),
+            ));
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    tests.sort();
+    let db = lab.dir.join("tabs.db");
+    for limit in TAB_LIMITS {
+        let profile = lab.dir.join(format!("memory-{limit}.toml"));
+        std::fs::write(
+            &profile,
+            format!(
+                "description = \"a memory cgroup of {limit} per call\"\nreproduces = \"mem.oom\"\nmemory_limit = \"{limit}\"\n"
+            ),
+        )?;
+        eprintln!("\n== tab-heavy tests, memory cgroup {limit}");
+        lab.run(
+            &suite,
+            &db,
+            &format!("mem-{limit}"),
+            &["--profile", profile.to_str().unwrap()],
+            4,
+        )?;
+    }
+    let conn = rusqlite::Connection::open(&db)?;
+    let mut out = format!(
+        "## Tab-heavy browser tests as the memory limit tightens\n\n\
+         The {} tests of the default suite (seed 1) that open many tabs at once (each tab fills its \
+         memory and downloads as much into the browser's disk cache), under a memory cgroup per call, \
+         4 workers. *degraded*: passed, but a step spent ≥ 5% (and ≥ 50 ms) of its time stalled in \
+         memory reclaim (ms shown) or ran past its `max_duration_ms`. No swap on this machine: what \
+         reclaim can take is page cache, so tabs go from degraded to killed over a narrow band.\n\n\
+         | test | {} |\n|---|{}\n",
+        tests.len(),
+        TAB_LIMITS.join(" | "),
+        "---|".repeat(TAB_LIMITS.len())
+    );
+    let mut tally: std::collections::BTreeMap<(&str, String), usize> = Default::default();
+    for (id, title) in &tests {
+        out.push_str(&format!("| {id}: {title} |"));
+        for limit in TAB_LIMITS {
+            let (outcome, primitive, reclaim): (String, Option<String>, Option<f64>) = conn.query_row(
+                "SELECT t.outcome, t.primitive, (SELECT MAX(json_extract(s.kernel, '$.memory.reclaim_ms')) FROM campaign_steps s WHERE s.run = t.run AND s.test_id = t.test_id)
+                 FROM campaign_tests t WHERE t.run = ?1 AND t.test_id = ?2",
+                [format!("mem-{limit}"), id.clone()],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            let cell = match (outcome.as_str(), primitive) {
+                ("pass", _) => "pass".to_string(),
+                ("degraded", _) => format!("degraded ({:.0} ms reclaim)", reclaim.unwrap_or(0.0)),
+                (_, p) => format!("**{}**", p.unwrap_or_else(|| "none".into())),
+            };
+            *tally
+                .entry((limit, cell.split(' ').next().unwrap_or("").to_string()))
+                .or_default() += 1;
+            out.push_str(&format!(" {cell} |"));
+        }
+        out.push('\n');
+    }
+    out.push_str("| **tests: pass / degraded / failed** |");
+    for limit in TAB_LIMITS {
+        let n = |k: &str| tally.get(&(limit, k.to_string())).copied().unwrap_or(0);
+        let failed = tests.len() - n("pass") - n("degraded");
+        out.push_str(&format!(
+            " {} / {} / {} |",
+            n("pass"),
+            n("degraded"),
+            failed
+        ));
+    }
+    out.push('\n');
+    Ok(out)
+}
+
 /// The campaign benchmark: the clean suite with 8 workers, probe attached.
 /// Returns the Markdown section for docs/BENCHMARKS.md.
 pub fn bench(count: usize) -> anyhow::Result<String> {
     let lab = Lab::start("campaign-bench")?;
     let suite = lab.generate(count)?;
     let db = lab.dir.join("results.db");
+    let sampler = ChromiumSampler::start();
     let s = lab.run(&suite, &db, "bench", &[], 8)?;
+    let chromium = sampler.stop();
     let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+    let conn = rusqlite::Connection::open(&db)?;
+    let (browser_s, all_s, browser_n): (f64, f64, i64) = conn.query_row(
+        "SELECT SUM(CASE WHEN domain = 'browser' THEN duration_ms ELSE 0 END) / 1000.0, SUM(duration_ms) / 1000.0,
+                SUM(domain = 'browser')
+         FROM campaign_tests WHERE run = 'bench'",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
     let db_mib = std::fs::metadata(&db).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64)
         + std::fs::metadata(db.with_extension("db-wal"))
             .map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
@@ -307,7 +424,12 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
          | bridge CPU (its own, not the workloads') | {:.1} s | |\n\
          | bridge peak RSS | {:.0} MiB | |\n\
          | probe daemon CPU during the run | {:.1} s | |\n\
-         | results DB size | {db_mib:.1} MiB | |\n",
+         | results DB size | {db_mib:.1} MiB | |\n\
+         | browser domain: share of the test time | {:.0}% ({browser_n} tests, {browser_s:.0} of {all_s:.0} s) | |\n\
+         | Chromium: peak memory of one browser (PSS of its process tree) | {:.0} MiB | |\n\
+         | Chromium: peak memory of all browsers at once (PSS) | {:.0} MiB ({} browsers at once at most) | |\n\n\
+         Chromium's memory is sampled every 250 ms from /proc (`Pss` of smaps_rollup, so pages \
+         its processes share are counted once); a browser is a tree of chromium processes.\n",
         wall / 60.0,
         if wall <= 600.0 { "met" } else { "MISSED" },
         f("recorded") / wall.max(0.001),
@@ -323,5 +445,92 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
         f("bridge_cpu_s"),
         f("bridge_max_rss_mib"),
         f("probe_cpu_s"),
+        100.0 * browser_s / all_s.max(0.001),
+        chromium.one_browser_mib,
+        chromium.all_mib,
+        chromium.most_browsers,
     ))
+}
+
+/// Peaks of Chromium's memory while a campaign runs.
+#[derive(Default)]
+struct ChromiumPeaks {
+    one_browser_mib: f64,
+    all_mib: f64,
+    most_browsers: usize,
+}
+
+/// Samples every Chromium process's PSS on a thread of its own.
+struct ChromiumSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<ChromiumPeaks>,
+}
+
+impl ChromiumSampler {
+    fn start() -> ChromiumSampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peaks = ChromiumPeaks::default();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let (browsers, all) = chromium_pss_kib();
+                peaks.all_mib = peaks.all_mib.max(all as f64 / 1024.0);
+                peaks.most_browsers = peaks.most_browsers.max(browsers.len());
+                if let Some(max) = browsers.iter().max() {
+                    peaks.one_browser_mib = peaks.one_browser_mib.max(*max as f64 / 1024.0);
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            peaks
+        });
+        ChromiumSampler { stop, thread }
+    }
+
+    fn stop(self) -> ChromiumPeaks {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// (PSS of each Chromium browser, i.e. tree of chromium processes; PSS of
+/// them all), in KiB, now.
+fn chromium_pss_kib() -> (Vec<u64>, u64) {
+    let mut procs: std::collections::HashMap<u32, (u32, u64)> = Default::default();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return (vec![], 0);
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        if !exe.to_string_lossy().contains("chromium") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0);
+        let pss = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("Pss:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        procs.insert(pid, (ppid, pss));
+    }
+    let mut trees: std::collections::HashMap<u32, u64> = Default::default();
+    for (&pid, &(_, pss)) in &procs {
+        let mut root = pid;
+        while let Some(&(parent, _)) = procs.get(&root) {
+            if !procs.contains_key(&parent) {
+                break;
+            }
+            root = parent;
+        }
+        *trees.entry(root).or_default() += pss;
+    }
+    let all = trees.values().sum();
+    (trees.into_values().collect(), all)
 }

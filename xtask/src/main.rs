@@ -27,7 +27,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Install what the build and tests need: nightly rust-src, bpf-linker
-    /// 0.10.0, Debian packages (iproute2, util-linux, strace, bpftrace, gcc).
+    /// 0.10.0, Debian packages (iproute2, util-linux, strace, bpftrace, gcc,
+    /// and Chromium with its fonts for the campaign's browser domain).
     Setup,
     /// Run every test: unit tests, the Python SDK and conformance clients,
     /// then the kernel, daemon and bridge tests (as root).
@@ -169,14 +170,21 @@ fn quiet_ok(cmd: &mut Command) -> bool {
 }
 
 const BPF_LINKER: &str = "0.10.0";
-const DEBIAN_PACKAGES: [(&str, &str); 7] = [
-    ("bpftool", "bpftool"),
-    ("iproute2", "ip"),
-    ("util-linux", "unshare"),
-    ("strace", "strace"),
-    ("bpftrace", "bpftrace"),
-    ("gcc", "gcc"),
-    ("procps", "ps"),
+/// (Debian package, shell check that it is installed).
+const DEBIAN_PACKAGES: [(&str, &str); 9] = [
+    ("bpftool", "command -v bpftool"),
+    ("iproute2", "command -v ip"),
+    ("util-linux", "command -v unshare"),
+    ("strace", "command -v strace"),
+    ("bpftrace", "command -v bpftrace"),
+    ("gcc", "command -v gcc"),
+    ("procps", "command -v ps"),
+    // the campaign's browser domain, and fonts for its screenshots and PDFs
+    ("chromium", "command -v chromium"),
+    (
+        "fonts-liberation",
+        "test -d /usr/share/fonts/truetype/liberation",
+    ),
 ];
 
 fn setup() -> anyhow::Result<()> {
@@ -218,7 +226,7 @@ fn setup() -> anyhow::Result<()> {
     }
     let missing: Vec<&str> = DEBIAN_PACKAGES
         .iter()
-        .filter(|(_, bin)| !quiet_ok(Command::new("sh").args(["-c", &format!("command -v {bin}")])))
+        .filter(|(_, check)| !quiet_ok(Command::new("sh").args(["-c", check])))
         .map(|(pkg, _)| *pkg)
         .collect();
     if !missing.is_empty() {

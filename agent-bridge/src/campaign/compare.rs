@@ -28,6 +28,10 @@ pub struct Comparison {
     /// Tests recorded in only one of the runs.
     pub only_in_a: usize,
     pub only_in_b: usize,
+    /// Degraded tests (passed, but slowed or under memory pressure) in A and in B.
+    pub degraded: (i64, i64),
+    /// Tests degraded in B that were not in A (with B's reason).
+    pub newly_degraded: Vec<Failure>,
 }
 
 pub fn compare(conn: &Connection, a: &RunRow, b: &RunRow) -> anyhow::Result<Comparison> {
@@ -68,6 +72,13 @@ pub fn compare(conn: &Connection, a: &RunRow, b: &RunRow) -> anyhow::Result<Comp
         vanished: vec![],
         only_in_a: oa.keys().filter(|k| !ob.contains_key(*k)).count(),
         only_in_b: ob.keys().filter(|k| !oa.contains_key(*k)).count(),
+        degraded: (ra.degraded, rb.degraded),
+        newly_degraded: rb
+            .degraded_tests
+            .iter()
+            .filter(|t| !ra.degraded_tests.iter().any(|a| a.test_id == t.test_id))
+            .cloned()
+            .collect(),
     };
     for (id, pass_a) in &oa {
         let Some(pass_b) = ob.get(id) else { continue };
@@ -140,6 +151,15 @@ pub fn compare_text(c: &Comparison) -> String {
         c.fixed.len(),
         c.moved.len()
     );
+    if c.degraded != (0, 0) {
+        let _ = writeln!(
+            o,
+            "degraded (passed, but slowed or under memory pressure): {} in A, {} in B, {} newly in B",
+            c.degraded.0,
+            c.degraded.1,
+            c.newly_degraded.len()
+        );
+    }
     if c.only_in_a + c.only_in_b > 0 {
         let _ = writeln!(
             o,
@@ -147,7 +167,11 @@ pub fn compare_text(c: &Comparison) -> String {
             c.only_in_a, c.only_in_b
         );
     }
-    for (title, list) in [("BROKE IN B", &c.broke), ("FIXED IN B", &c.fixed)] {
+    for (title, list) in [
+        ("BROKE IN B", &c.broke),
+        ("FIXED IN B", &c.fixed),
+        ("DEGRADED IN B", &c.newly_degraded),
+    ] {
         if list.is_empty() {
             continue;
         }
@@ -221,8 +245,8 @@ pub fn matrix(conn: &Connection, baseline: &RunRow) -> anyhow::Result<Matrix> {
         .map(|f| (f.test_id.as_str(), f))
         .collect();
     let base_passed: BTreeSet<String> = {
-        let mut stmt =
-            conn.prepare("SELECT test_id FROM campaign_tests WHERE run = ?1 AND outcome != 'fail'")?;
+        let mut stmt = conn
+            .prepare("SELECT test_id FROM campaign_tests WHERE run = ?1 AND outcome != 'fail'")?;
         let rows = stmt.query_map([&baseline.id], |r| r.get(0))?;
         rows.collect::<Result<_, _>>()?
     };

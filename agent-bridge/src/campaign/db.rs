@@ -144,7 +144,8 @@ pub fn insert(conn: &mut Connection, run: &str, t: &TestRecord) -> rusqlite::Res
             t.domain,
             t.title,
             outcome,
-            tr.map(|x| x.layer),
+            tr.map(|x| x.layer)
+                .or(dg.and_then(|d| d.primitive.map(|_| "sandbox"))),
             tr.map(|x| x.primitive.as_str())
                 .or(dg.and_then(|d| d.primitive)),
             tr.map(|x| x.confidence),

@@ -40,16 +40,20 @@ pub fn named_hosts(spec: &TestSpec, allowed: &[String]) -> Vec<Named> {
     let mut out = Vec::new();
     for (i, step) in spec.steps.iter().enumerate() {
         for (name, v) in &step.arguments {
-            strings(v, &format!("steps[{i}].arguments.{name}"), &mut |field, s| {
-                for host in hosts_in(s) {
-                    if !allowed.iter().any(|a| a.eq_ignore_ascii_case(&host)) {
-                        out.push(Named {
-                            field: field.to_string(),
-                            host,
-                        });
+            strings(
+                v,
+                &format!("steps[{i}].arguments.{name}"),
+                &mut |field, s| {
+                    for host in hosts_in(s) {
+                        if !allowed.iter().any(|a| a.eq_ignore_ascii_case(&host)) {
+                            out.push(Named {
+                                field: field.to_string(),
+                                host,
+                            });
+                        }
                     }
-                }
-            });
+                },
+            );
         }
     }
     out
@@ -71,7 +75,9 @@ fn strings(v: &Value, field: &str, f: &mut impl FnMut(&str, &str)) {
 
 /// Is `host` (an address or a name) on this machine?
 pub fn is_local(host: &str) -> bool {
-    let h = host.trim_matches(|c| c == '[' || c == ']').to_ascii_lowercase();
+    let h = host
+        .trim_matches(|c| c == '[' || c == ']')
+        .to_ascii_lowercase();
     if let Ok(ip) = h.parse::<Ipv4Addr>() {
         return ip.is_loopback() || ip.is_unspecified();
     }
@@ -122,7 +128,10 @@ pub fn hosts_in(text: &str) -> Vec<String> {
             continue;
         }
         let labels: Vec<&str> = word.split('.').collect();
-        let tld = labels.last().map(|l| l.to_ascii_lowercase()).unwrap_or_default();
+        let tld = labels
+            .last()
+            .map(|l| l.to_ascii_lowercase())
+            .unwrap_or_default();
         let name_like = labels.iter().all(|l| {
             !l.is_empty() && !l.starts_with('-') && l.chars().any(|c| c.is_ascii_alphabetic())
         });
@@ -148,14 +157,23 @@ mod tests {
     #[test]
     fn off_machine_addresses_and_names_are_found() {
         for (text, want) in [
-            ("socket.create_connection(('192.0.2.7', 80))", vec!["192.0.2.7"]),
+            (
+                "socket.create_connection(('192.0.2.7', 80))",
+                vec!["192.0.2.7"],
+            ),
             ("curl -s https://pypi.org/simple/", vec!["pypi.org"]),
             ("curl http://user@10.0.0.5:8080/x", vec!["10.0.0.5"]),
             ("wget http://[2001:db8::1]:80/", vec!["2001:db8::1"]),
             ("connect(('fe80::1', 80))", vec!["fe80::1"]),
-            ("ping -c1 example.com; ping -c1 example.com", vec!["example.com"]),
+            (
+                "ping -c1 example.com; ping -c1 example.com",
+                vec!["example.com"],
+            ),
             ("curl 169.254.169.254/latest", vec!["169.254.169.254"]),
-            ("getent hosts metadata.google.internal", vec!["metadata.google.internal"]),
+            (
+                "getent hosts metadata.google.internal",
+                vec!["metadata.google.internal"],
+            ),
         ] {
             assert_eq!(hosts_in(text), want, "{text}");
         }
@@ -190,10 +208,19 @@ mod tests {
         assert_eq!(
             named,
             vec![
-                Named { field: "steps[1].arguments.argv[1]".into(), host: "pypi.org".into() },
-                Named { field: "steps[1].arguments.argv[2]".into(), host: "192.0.2.1".into() },
+                Named {
+                    field: "steps[1].arguments.argv[1]".into(),
+                    host: "pypi.org".into()
+                },
+                Named {
+                    field: "steps[1].arguments.argv[2]".into(),
+                    host: "192.0.2.1".into()
+                },
             ]
         );
-        assert_eq!(named_hosts(&spec, &["PyPI.org".into(), "192.0.2.1".into()]), vec![]);
+        assert_eq!(
+            named_hosts(&spec, &["PyPI.org".into(), "192.0.2.1".into()]),
+            vec![]
+        );
     }
 }

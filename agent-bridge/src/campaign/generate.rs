@@ -881,11 +881,16 @@ const CHROMIUM: &str = "chromium --headless --no-sandbox --disable-gpu --no-firs
 /// test's own steps are offset by this much.
 const SETUP_STEPS: usize = 1;
 
-/// A browser step: slow on a loaded machine, never slower than this when
-/// the sandbox is healthy; past it the test is `degraded`.
+/// A browser step: slow on a loaded machine, never slower than `max_ms`
+/// when the sandbox is healthy (past it the test is `degraded`), killed at
+/// twice that (a browser whose renderer died waits for it forever).
 fn browser_step(command: String, mut expect: Expect, max_ms: u64) -> Step {
     expect.max_duration_ms = Some(max_ms);
-    step("exec", json!({"command": command, "timeout_ms": 90_000}), expect)
+    step(
+        "exec",
+        json!({"command": command, "timeout_ms": 2 * max_ms}),
+        expect,
+    )
 }
 
 fn contains(text: impl Into<String>) -> Expect {
@@ -934,7 +939,10 @@ fn browser(rng: &mut Rng, dir: &str) -> Made {
                         &shot,
                         1,
                         Expect {
-                            png: Some(ImageSize { width: w, height: h }),
+                            png: Some(ImageSize {
+                                width: w,
+                                height: h,
+                            }),
                             ..Expect::default()
                         },
                     ),
@@ -992,7 +1000,7 @@ fn browser(rng: &mut Rng, dir: &str) -> Made {
                         "{chromium} --virtual-time-budget=30000 --dump-dom '{{{{upstream.http}}}}/tabs/{tabs}?mib={mib}&n={n}'"
                     ),
                     contains(format!("frames loaded {tabs}")),
-                    45_000,
+                    30_000,
                 )],
             )
         }
@@ -1028,7 +1036,8 @@ fn browser(rng: &mut Rng, dir: &str) -> Made {
             )
         }
         6 => {
-            let size = *rng.pick(&[1usize << 10, 100_000, 1 << 20, 3 << 20]) + rng.below(1000) as usize;
+            let size =
+                *rng.pick(&[1usize << 10, 100_000, 1 << 20, 3 << 20]) + rng.below(1000) as usize;
             let seed = rng.below(256) as u8;
             let sha = sha256_hex(&upstream::bytes_body(size, seed));
             made(
@@ -1045,7 +1054,9 @@ fn browser(rng: &mut Rng, dir: &str) -> Made {
         _ => {
             let user = format!("user-{}", n % 10_000);
             made(
-                format!("fill a login form as {user}, keep the session cookie, open the account page"),
+                format!(
+                    "fill a login form as {user}, keep the session cookie, open the account page"
+                ),
                 vec![browser_step(
                     format!(
                         "{chromium} --virtual-time-budget=20000 --dump-dom '{{{{upstream.http}}}}/login-form?user={user}'"
@@ -1201,9 +1212,16 @@ mod tests {
             let reaching = tests
                 .iter()
                 .filter(|t| t.domain == domain)
-                .filter(|t| serde_json::to_string(&t.steps).unwrap().contains("{{upstream."))
+                .filter(|t| {
+                    serde_json::to_string(&t.steps)
+                        .unwrap()
+                        .contains("{{upstream.")
+                })
                 .count();
-            assert!(reaching >= 40, "{domain}: only {reaching} tests use the upstream");
+            assert!(
+                reaching >= 40,
+                "{domain}: only {reaching} tests use the upstream"
+            );
         }
     }
 

@@ -132,7 +132,11 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
          WHERE a.run = ?1 AND t.outcome != 'pass' ORDER BY a.test_id, a.step",
     )?;
     for row in stmt.query_map([&run.id], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Vec<u8>>(2)?))
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Vec<u8>>(2)?,
+        ))
     })? {
         let (test, mime, data) = row?;
         images.insert(
@@ -220,9 +224,11 @@ fn tests_with(conn: &Connection, run: &str, outcome: &str) -> anyhow::Result<Vec
             test_id: r.get(0)?,
             domain: r.get(1)?,
             title: r.get(2)?,
+            // a failure without a layer is the test's own; a degraded test
+            // has one only when memory pressure slowed it
             layer: r
                 .get::<_, Option<String>>(3)?
-                .unwrap_or_else(|| "test".into()),
+                .unwrap_or_else(|| if outcome == "degraded" { "-" } else { "test" }.into()),
             primitive: r
                 .get::<_, Option<String>>(4)?
                 .unwrap_or_else(|| "none".into()),

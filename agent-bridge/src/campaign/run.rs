@@ -112,7 +112,11 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
             "refusing to run: {} steps name hosts outside this machine, and no packet may leave it unless you say so:\n{}{}\nuse the local upstream ({{{{upstream.http}}}}…), or pass --allow-egress HOST[,HOST…]",
             egress.len(),
             lines.join("\n"),
-            if egress.len() > 20 { format!("\n  … and {} more", egress.len() - 20) } else { String::new() }
+            if egress.len() > 20 {
+                format!("\n  … and {} more", egress.len() - 20)
+            } else {
+                String::new()
+            }
         );
     }
     if suite.tests.is_empty() {

@@ -39,7 +39,10 @@ pub const MAX_SLOW_MS: u64 = 10_000;
 
 /// The placeholders a test may use, and what each becomes.
 pub const PLACEHOLDERS: [(&str, &str); 5] = [
-    ("{{upstream.http}}", "http://HOST:HTTP_PORT (no trailing slash)"),
+    (
+        "{{upstream.http}}",
+        "http://HOST:HTTP_PORT (no trailing slash)",
+    ),
     ("{{upstream.host}}", "the upstream's IPv4 address"),
     ("{{upstream.http_port}}", "the HTTP server's port"),
     ("{{upstream.echo_port}}", "the TCP echo's port"),
@@ -134,11 +137,17 @@ impl Upstream {
     pub fn bind(&self, test: &super::spec::TestSpec) -> super::spec::TestSpec {
         let mut t = test.clone();
         for step in &mut t.steps {
-            step.arguments.values_mut().for_each(|v| self.substitute_json(v));
+            step.arguments
+                .values_mut()
+                .for_each(|v| self.substitute_json(v));
             let e = &mut step.expect;
-            for s in [&mut e.stdout_equals, &mut e.stdout_contains, &mut e.stderr_contains]
-                .into_iter()
-                .flatten()
+            for s in [
+                &mut e.stdout_equals,
+                &mut e.stdout_contains,
+                &mut e.stderr_contains,
+            ]
+            .into_iter()
+            .flatten()
             {
                 *s = self.substitute(s);
             }
@@ -203,9 +212,11 @@ async fn echo_conn(mut c: tokio::net::TcpStream) {
 /// `/bytes/N?seed=S`: N bytes, byte i = (i * 31 + S) mod 251 (every value
 /// but the top few, no long runs: a good check of exact transfer).
 pub fn bytes_body(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| ((i as u64 * 31 + seed as u64) % 251) as u8)
-        .collect()
+    (0..n).map(|i| body_byte(i, seed)).collect()
+}
+
+fn body_byte(i: usize, seed: u8) -> u8 {
+    ((i as u64 * 31 + seed as u64) % 251) as u8
 }
 
 /// The words of page N's paragraphs (deterministic, for scraping tests).
@@ -240,29 +251,35 @@ pub fn page_html(n: u64) -> String {
     )
 }
 
-/// `/tab/I?mib=M`: one tab's page: it fills M MiB (touching every page,
-/// as a real page's images and scripts would) and says so.
+/// `/tab/I?mib=M`: one tab's page, as heavy as a real one: it fills M MiB
+/// of its own memory (touching every page, as images and scripts would)
+/// and downloads M MiB more that the browser keeps in its disk cache (page
+/// cache of the sandbox: what memory pressure reclaims first), then says so.
 fn tab_html(i: u64, mib: u64) -> String {
     format!(
         "<!DOCTYPE html><html><head><title>tab {i}</title></head><body><p id=\"o\">tab {i}</p><script>\n\
          const a = new Uint8Array({mib} * 1048576);\n\
          for (let k = 0; k < a.length; k += 4096) a[k] = (k >> 12) & 255;\n\
          window.kept = a;\n\
-         document.getElementById('o').textContent = 'tab {i} holds {mib} MiB';\n\
-         </script></body></html>\n"
+         fetch('/bytes/' + ({mib} * 1048576) + '?seed={seed}').then(r => r.arrayBuffer()).then(b => {{\n\
+           document.getElementById('o').textContent = 'tab {i} holds {mib} MiB, cached ' + b.byteLength;\n\
+           parent.postMessage(b.byteLength, '*');\n\
+         }});\n\
+         </script></body></html>\n",
+        seed = i % 256
     )
 }
 
 /// `/tabs/N?mib=M`: a page that opens N frames of `/tab/I?mib=M` at once
-/// and reports when every one has loaded (`frames loaded N`).
+/// and reports when every one has its download (`frames loaded N`).
 fn tabs_html(n: u64, mib: u64) -> String {
     format!(
         "<!DOCTYPE html><html><head><title>{n} tabs</title></head><body><p id=\"o\">loading</p><script>\n\
          let loaded = 0;\n\
+         window.onmessage = e => {{ if (e.data === {mib} * 1048576 && ++loaded === {n}) document.getElementById('o').textContent = 'frames loaded ' + loaded; }};\n\
          for (let i = 0; i < {n}; i++) {{\n\
            const f = document.createElement('iframe');\n\
            f.src = '/tab/' + i + '?mib={mib}';\n\
-           f.onload = () => {{ loaded++; if (loaded === {n}) document.getElementById('o').textContent = 'frames loaded ' + loaded; }};\n\
            document.body.appendChild(f);\n\
          }}\n\
          </script></body></html>\n"
@@ -393,7 +410,10 @@ fn router() -> Router {
         .route("/redirect/{n}", get(redirect))
         .route("/slow/{ms}", get(slow))
         .route("/status/{code}", get(status))
-        .route("/page/{n}", get(|Path(n): Path<u64>| async move { html(page_html(n)) }))
+        .route(
+            "/page/{n}",
+            get(|Path(n): Path<u64>| async move { html(page_html(n)) }),
+        )
         .route("/tab/{i}", get(tab))
         .route("/tabs/{n}", get(tabs))
         .route("/canvas/{seed}", get(canvas))
@@ -410,10 +430,30 @@ async fn bytes(Path(n): Path<usize>, Query(p): Query<Params>) -> Response {
         return bad(format!("at most {MAX_BODY} bytes"));
     }
     (
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        bytes_body(n, p.seed.unwrap_or(0)),
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, n.to_string()),
+            // the same URL is the same bytes forever: browsers may keep it
+            (header::CACHE_CONTROL, "public, max-age=86400".to_string()),
+        ],
+        axum::body::Body::from_stream(body_chunks(n, p.seed.unwrap_or(0))),
     )
         .into_response()
+}
+
+/// [`bytes_body`] made 64 KiB at a time as it is sent: eight browsers
+/// downloading 16 MiB each would otherwise hold it all in the runner.
+fn body_chunks(
+    n: usize,
+    seed: u8,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> {
+    const CHUNK: usize = 64 << 10;
+    futures::stream::iter((0..n).step_by(CHUNK).map(move |start| {
+        let chunk: Vec<u8> = (start..(start + CHUNK).min(n))
+            .map(|i| body_byte(i, seed))
+            .collect();
+        Ok(bytes::Bytes::from(chunk))
+    }))
 }
 
 async fn download(path: Path<usize>, query: Query<Params>) -> Response {
@@ -491,7 +531,10 @@ async fn login(axum::Form(f): axum::Form<Login>) -> Response {
     if f.password != password_for(&f.user) {
         return (StatusCode::FORBIDDEN, "wrong password\n").into_response();
     }
-    let cookie = format!("session={}; Path=/; SameSite=Strict", session_cookie(&f.user));
+    let cookie = format!(
+        "session={}; Path=/; SameSite=Strict",
+        session_cookie(&f.user)
+    );
     (
         [(header::SET_COOKIE, cookie)],
         format!("logged in as {}\n", f.user),
@@ -644,8 +687,14 @@ mod tests {
 
     #[test]
     fn the_zone_resolves_and_other_names_do_not() {
-        assert_eq!(resolve("upstream.campaign.test", UPSTREAM_HOST), Some(UPSTREAM_HOST));
-        assert_eq!(resolve("N7.Campaign.Test.", UPSTREAM_HOST), Some(Ipv4Addr::new(127, 66, 1, 7)));
+        assert_eq!(
+            resolve("upstream.campaign.test", UPSTREAM_HOST),
+            Some(UPSTREAM_HOST)
+        );
+        assert_eq!(
+            resolve("N7.Campaign.Test.", UPSTREAM_HOST),
+            Some(Ipv4Addr::new(127, 66, 1, 7))
+        );
         assert_eq!(resolve("example.com", UPSTREAM_HOST), None);
         assert_eq!(resolve("n999.campaign.test", UPSTREAM_HOST), None);
     }
@@ -689,9 +738,14 @@ mod tests {
         want.extend(bytes_body(10, 0));
         assert_eq!(body.1, want);
         assert_eq!(body.2, b"404 not found\n");
-        assert_eq!(String::from_utf8_lossy(&body.3), format!("200 {}", page_html(4)));
+        assert_eq!(
+            String::from_utf8_lossy(&body.3),
+            format!("200 {}", page_html(4))
+        );
         // echo
-        let mut c = tokio::net::TcpStream::connect((up.host, up.echo_port)).await.unwrap();
+        let mut c = tokio::net::TcpStream::connect((up.host, up.echo_port))
+            .await
+            .unwrap();
         c.write_all(b"ping\0\xff").await.unwrap();
         let mut got = [0u8; 6];
         c.read_exact(&mut got).await.unwrap();

@@ -175,7 +175,10 @@ fn check_step(step: &Step) -> Vec<(String, String)> {
     for (name, v) in &step.arguments {
         let text = v.to_string();
         for p in super::upstream::unknown_placeholders(&text) {
-            let known: Vec<&str> = super::upstream::PLACEHOLDERS.iter().map(|(p, _)| *p).collect();
+            let known: Vec<&str> = super::upstream::PLACEHOLDERS
+                .iter()
+                .map(|(p, _)| *p)
+                .collect();
             out.push((
                 format!("arguments.{name}"),
                 format!("unknown placeholder {p} (known: {})", known.join(", ")),

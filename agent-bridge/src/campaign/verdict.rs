@@ -651,15 +651,25 @@ mod tests {
 
     #[test]
     fn a_long_timeline_keeps_the_events_around_the_decisive_one() {
-        let events: Vec<Value> = (0..40u64).map(|i| json!({"ts_ns": i * 10, "n": i})).collect();
+        let events: Vec<Value> = (0..40u64)
+            .map(|i| json!({"ts_ns": i * 10, "n": i}))
+            .collect();
         let kept = around_decisive(events.clone(), &json!({"ts_ns": 200}));
         let ns: Vec<u64> = kept.iter().map(|e| e["n"].as_u64().unwrap()).collect();
-        assert_eq!(ns, (14..26).collect::<Vec<u64>>(), "six before the decisive event, five after");
+        assert_eq!(
+            ns,
+            (14..26).collect::<Vec<u64>>(),
+            "six before the decisive event, five after"
+        );
         let kept = around_decisive(events.clone(), &json!({"ts_ns": 5}));
         assert_eq!(kept[0]["n"], 0);
         let kept = around_decisive(events, &Value::Null);
         assert_eq!(kept.len(), EVENTS_KEPT);
-        assert_eq!(kept[EVENTS_KEPT - 1]["n"], 39, "without a decisive event: the last ones");
+        assert_eq!(
+            kept[EVENTS_KEPT - 1]["n"],
+            39,
+            "without a decisive event: the last ones"
+        );
     }
 
     #[test]
