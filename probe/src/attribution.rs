@@ -433,7 +433,7 @@ fn resource_failure_behind_crash(
     let execs = last_exec(events);
     // a run of identical failures carries the time of its first one: a run
     // that began before the window is left out even if it lasted into it
-    let refusals: Vec<(usize, Primitive)> = events
+    let in_window: Vec<(usize, Primitive)> = events
         .iter()
         .enumerate()
         .filter(|(_, e)| {
@@ -442,13 +442,32 @@ fn resource_failure_behind_crash(
                 && e.ts_ns <= crashed_at
                 && crashed_at - e.ts_ns <= SYMPTOM_WINDOW_NS
         })
-        .filter_map(|(i, _)| match score(span, events, i, &execs)? {
-            (p @ (Primitive::MemLimit | Primitive::ProcLimit | Primitive::Seccomp), _) => {
-                Some((i, p))
-            }
-            _ => None,
-        })
+        .filter_map(|(i, _)| Some((i, score(span, events, i, &execs)?.0)))
         .collect();
+    let refused = |p: Primitive| {
+        matches!(
+            p,
+            Primitive::MemLimit | Primitive::ProcLimit | Primitive::Seccomp
+        )
+    };
+    let mut refusals: Vec<(usize, Primitive)> = in_window
+        .iter()
+        .copied()
+        .filter(|&(_, p)| refused(p))
+        .collect();
+    // A deliberate abort (a failed CHECK: SIGABRT, SIGTRAP) after files it
+    // looked for were missing: Chromium without fonts aborts in Skia once
+    // fontconfig found none. Less sure than a refusal (programs look for
+    // optional files all the time), and never for a fault (SIGSEGV…),
+    // which is a bug of its own.
+    let mut confidence = 0.9;
+    if refusals.is_empty() && matches!(sig, "SIGABRT" | "SIGTRAP") {
+        refusals = in_window
+            .into_iter()
+            .filter(|&(_, p)| p == Primitive::FsMissing)
+            .collect();
+        confidence = 0.75;
+    }
     let &(last, primitive) = refusals.last()?;
     let ev = &events[last];
     let times = |e: &KernelEvent| 1 + e.repeats.unwrap_or(0);
@@ -473,6 +492,8 @@ fn resource_failure_behind_crash(
         .unwrap_or_default();
     let others = match others {
         0 => String::new(),
+        1 if primitive == Primitive::FsMissing => ", after 1 other missing file".to_string(),
+        n if primitive == Primitive::FsMissing => format!(", after {n} other missing files"),
         1 => ", after 1 other refused resource request".to_string(),
         n => format!(", after {n} other refused resource requests"),
     };
@@ -483,7 +504,7 @@ fn resource_failure_behind_crash(
     };
     Some(Verdict {
         primitive,
-        confidence: 0.9,
+        confidence,
         explanation: if primitive == Primitive::Seccomp {
             format!(
                 "{} was denied by the seccomp filter ({errno}; the syscall never ran){count}{others}, then {} {verb} with {sig}",
@@ -547,19 +568,26 @@ pub fn is_search_noise(path: &str) -> bool {
         || (name.starts_with("python3") && name.ends_with(".zip"))
 }
 
-/// A connection to an IP address that was refused, unreachable or timed
-/// out. A process that exited 0 after one usually reported it to its
-/// parent rather than failing itself (Chromium's network service renders
-/// an error page, and the browser exits 0): where a call's exit status says
-/// nothing failed, such a connection is still the failure it hid. A
-/// still-pending (EINPROGRESS) connect is not: programs race those.
-fn refused_connection(ev: &KernelEvent, primitive: Primitive) -> bool {
-    primitive == Primitive::NetEgress
-        && ev.errno.as_deref() != Some("EINPROGRESS")
-        && ev
-            .addr
-            .as_deref()
-            .is_some_and(|a| a.parse::<std::net::SocketAddr>().is_ok())
+/// A failure a process that exited 0 most likely reported to its parent
+/// rather than failing itself (Chromium's network service renders an error
+/// page and its writer threads log a full disk, while the browser exits 0):
+/// where a call's exit status says nothing failed, it is still the failure
+/// the call hid. Only failures no program makes on purpose: a connection
+/// to an IP address refused, unreachable or timed out (a still-pending
+/// EINPROGRESS connect is not: programs race those), a full disk, a
+/// read-only filesystem.
+fn reported_failure(ev: &KernelEvent, primitive: Primitive) -> bool {
+    match primitive {
+        Primitive::NetEgress => {
+            ev.errno.as_deref() != Some("EINPROGRESS")
+                && ev
+                    .addr
+                    .as_deref()
+                    .is_some_and(|a| a.parse::<std::net::SocketAddr>().is_ok())
+        }
+        Primitive::FsSpace | Primitive::FsReadonly => true,
+        _ => false,
+    }
 }
 
 /// A failure event's primitive and weight, or None when it is not evidence.
@@ -689,9 +717,9 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome, with_root: bool) ->
         let Some((primitive, weight)) = score(span, events, i, &execs) else {
             continue;
         };
-        // a hidden failure may also be a connection a process that exited 0 reported
-        let hidden_refusal = !with_root && refused_connection(ev, primitive);
-        if !failing(ev.pid) && !hidden_refusal {
+        // a hidden failure may also be one a process that exited 0 reported
+        let hidden = !with_root && reported_failure(ev, primitive);
+        if !failing(ev.pid) && !hidden {
             continue;
         }
         // a root that exited 0 coped with its failures, except losing
@@ -1306,6 +1334,44 @@ mod tests {
             &outcome(0),
         );
         assert_eq!(a.hidden_failure, None);
+    }
+
+    #[test]
+    fn missing_files_then_its_own_sigabrt_is_fs_missing_but_not_for_a_fault() {
+        let events = |sig: &str| {
+            vec![
+                failed(
+                    10,
+                    MS,
+                    "access",
+                    libc::ENOENT,
+                    "/etc/fonts/conf.d/10-hinting-slight.conf",
+                ),
+                failed(
+                    10,
+                    2 * MS,
+                    "access",
+                    libc::ENOENT,
+                    "/etc/fonts/conf.d/45-latin.conf",
+                ),
+                signal(10, 9 * MS, sig, 10),
+                ev(Kind::Exit, 10, 10 * MS),
+            ]
+        };
+        let a = attribute(&span(events("SIGABRT")), &killed_by("SIGABRT"));
+        assert_eq!(a.primitive, Primitive::FsMissing, "{}", a.explanation);
+        assert_eq!(a.confidence, 0.75);
+        assert_eq!(
+            a.explanation,
+            "access(\"/etc/fonts/conf.d/45-latin.conf\") failed with ENOENT ×2, then w (pid 10) aborted with SIGABRT"
+        );
+        let a = attribute(&span(events("SIGSEGV")), &killed_by("SIGSEGV"));
+        assert_eq!(
+            a.primitive,
+            Primitive::Signal,
+            "a fault is a bug of its own: {}",
+            a.explanation
+        );
     }
 
     #[test]

@@ -651,6 +651,39 @@ fn a_connect_that_hangs_until_the_callers_timeout_is_net_egress() {
     t.expect("net.egress", Some("connect"));
     assert_eq!(t.decisive("errno"), Some("EINPROGRESS"));
     assert_eq!(t.decisive("addr"), Some("10.1.2.3:80"));
+    // the failure is the silence, not the EINPROGRESS the call returned
+    let why = t.json["explanation"].as_str().unwrap();
+    assert!(
+        why.contains("got no answer") && why.contains("gave up on it"),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_refused_non_blocking_connect_is_named_by_its_socket_error_not_einprogress() {
+    if !root() {
+        return;
+    }
+    // python's create_connection(timeout=…) connects non-blocking: connect
+    // returns EINPROGRESS, and the refusal comes back through
+    // getsockopt(SO_ERROR), which itself succeeds
+    let t = trace(&[
+        "unshare",
+        "-n",
+        "sh",
+        "-c",
+        "ip link set lo up && python3 -c \"import socket; socket.create_connection(('127.66.0.1', 9), timeout=5)\"",
+    ]);
+    t.expect("net.egress", Some("connect"));
+    assert_eq!(t.decisive("errno"), Some("ECONNREFUSED"), "{}", t.context());
+    assert_eq!(t.decisive("addr"), Some("127.66.0.1:9"));
+    assert_eq!(t.decisive("via"), Some("getsockopt(SO_ERROR)"));
+    let why = t.json["explanation"].as_str().unwrap();
+    assert!(
+        why.contains("failed with ECONNREFUSED")
+            && why.contains("reported by getsockopt(SO_ERROR)"),
+        "{why}"
+    );
 }
 
 #[test]

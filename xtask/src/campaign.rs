@@ -395,7 +395,11 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
     let suite = lab.generate(count)?;
     let db = lab.dir.join("results.db");
     let sampler = ChromiumSampler::start();
+    let steal_before = cpu_steal_ticks();
     let s = lab.run(&suite, &db, "bench", &[], 8)?;
+    let (steal, total) = cpu_steal_ticks();
+    let steal_pct = 100.0 * steal.saturating_sub(steal_before.0) as f64
+        / total.saturating_sub(steal_before.1).max(1) as f64;
     let chromium = sampler.stop();
     let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
     let conn = rusqlite::Connection::open(&db)?;
@@ -426,10 +430,12 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
          | probe daemon CPU during the run | {:.1} s | |\n\
          | results DB size | {db_mib:.1} MiB | |\n\
          | browser domain: share of the test time | {:.0}% ({browser_n} tests, {browser_s:.0} of {all_s:.0} s) | |\n\
-         | Chromium: peak memory of one browser (PSS of its process tree) | {:.0} MiB | |\n\
+         | Chromium: peak memory of one browser (PSS of one call's chromium processes) | {:.0} MiB | |\n\
          | Chromium: peak memory of all browsers at once (PSS) | {:.0} MiB ({} browsers at once at most) | |\n\n\
          Chromium's memory is sampled every 250 ms from /proc (`Pss` of smaps_rollup, so pages \
-         its processes share are counted once); a browser is a tree of chromium processes.\n",
+         its processes share are counted once); a browser is the chromium processes of one bridge call \
+         (the call's cgroup). CPU steal during the run (time the hypervisor gave to other guests): \
+         {steal_pct:.1}% of the vCPUs' time.\n",
         wall / 60.0,
         if wall <= 600.0 { "met" } else { "MISSED" },
         f("recorded") / wall.max(0.001),
@@ -450,6 +456,23 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
         chromium.all_mib,
         chromium.most_browsers,
     ))
+}
+
+/// (steal, all) CPU ticks of the machine so far, from /proc/stat.
+fn cpu_steal_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    (
+        ticks.get(7).copied().unwrap_or(0),
+        ticks.iter().take(8).sum(),
+    )
 }
 
 /// Peaks of Chromium's memory while a campaign runs.
@@ -492,10 +515,12 @@ impl ChromiumSampler {
     }
 }
 
-/// (PSS of each Chromium browser, i.e. tree of chromium processes; PSS of
-/// them all), in KiB, now.
+/// (PSS of each Chromium browser; PSS of them all), in KiB, now. A browser
+/// is the chromium processes of one bridge call: the call's own cgroup
+/// (`0::/…/mcp-…`, the bridge makes one per call), not the process tree,
+/// which Chromium's zygote breaks by double-forking its renderers.
 fn chromium_pss_kib() -> (Vec<u64>, u64) {
-    let mut procs: std::collections::HashMap<u32, (u32, u64)> = Default::default();
+    let mut browsers: std::collections::HashMap<String, u64> = Default::default();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return (vec![], 0);
     };
@@ -507,30 +532,19 @@ fn chromium_pss_kib() -> (Vec<u64>, u64) {
         if !exe.to_string_lossy().contains("chromium") {
             continue;
         }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or(0);
-        let pss = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+            .unwrap_or_else(|| format!("pid {pid}"));
+        let pss: u64 = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
             .unwrap_or_default()
             .lines()
             .find_map(|l| l.strip_prefix("Pss:"))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0);
-        procs.insert(pid, (ppid, pss));
+        *browsers.entry(cgroup).or_default() += pss;
     }
-    let mut trees: std::collections::HashMap<u32, u64> = Default::default();
-    for (&pid, &(_, pss)) in &procs {
-        let mut root = pid;
-        while let Some(&(parent, _)) = procs.get(&root) {
-            if !procs.contains_key(&parent) {
-                break;
-            }
-            root = parent;
-        }
-        *trees.entry(root).or_default() += pss;
-    }
-    let all = trees.values().sum();
-    (trees.into_values().collect(), all)
+    let all = browsers.values().sum();
+    (browsers.into_values().collect(), all)
 }

@@ -673,6 +673,98 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_or_reclaiming_step_is_degraded_not_failed() {
+        let s = step(
+            "exec",
+            json!({"argv": ["x"]}),
+            json!({"exit_code": 0, "max_duration_ms": 100}),
+        );
+        let o = judge(
+            &s,
+            Ok(exec_result(b"", 0)),
+            Duration::from_millis(250),
+            &mut Sent::default(),
+        );
+        assert!(o.passed(), "slowness is not a failure: {o:?}");
+        assert_eq!(
+            o.degraded,
+            vec!["took 250 ms, more than max_duration_ms 100"]
+        );
+        assert!(!o.memory_pressure);
+        // 120 ms of 1 s in reclaim: memory pressure; 20 ms is routine
+        for (reclaim, pressure) in [(120.0, true), (20.0, false)] {
+            let mut r = exec_result(b"", 0);
+            r["structuredContent"]["kernel"]["memory"] = json!({"reclaim_ms": reclaim});
+            let s = step("exec", json!({"argv": ["x"]}), json!({"exit_code": 0}));
+            let o = judge(&s, Ok(r), Duration::from_millis(1000), &mut Sent::default());
+            assert!(o.passed());
+            assert_eq!(o.memory_pressure, pressure, "{reclaim} ms");
+            assert_eq!(o.degraded.len(), usize::from(pressure));
+        }
+    }
+
+    #[test]
+    fn a_file_the_workload_made_is_checked_against_its_own_hash_and_format() {
+        let png = super::super::generate::png(7, 5, 1);
+        let read = |data: &[u8]| {
+            json!({"isError": false, "content": [{"type": "resource", "resource": {"uri": "file:///s.png", "blob": crate::bytes::base64_encode(data)}}],
+                "structuredContent": {"sha256": sha256_hex(data), "size": data.len()}})
+        };
+        let hashed = step(
+            "exec",
+            json!({"argv": ["sha256sum"]}),
+            json!({"exit_code": 0}),
+        );
+        let check = step(
+            "read_file",
+            json!({"path": "/s.png"}),
+            json!({"sha256_from_step": 0, "png": {"width": 7, "height": 5}}),
+        );
+        let mut sent = Sent::default();
+        let printed = format!("{}  /s.png\n", sha256_hex(&png));
+        assert!(
+            judge(
+                &hashed,
+                Ok(exec_result(printed.as_bytes(), 0)),
+                Duration::ZERO,
+                &mut sent
+            )
+            .passed()
+        );
+        let o = judge(&check, Ok(read(&png)), Duration::ZERO, &mut sent);
+        assert!(o.passed(), "{o:?}");
+        assert_eq!(
+            o.artifact.as_ref().map(|(m, d)| (*m, d.len())),
+            Some(("image/png", png.len()))
+        );
+        // other bytes than the workload hashed; the wrong size; not a PNG
+        let mut other = png.clone();
+        other.push(0);
+        let o = judge(&check, Ok(read(&other)), Duration::ZERO, &mut sent);
+        assert!(
+            o.failures[0].contains("the workload hashed the file to"),
+            "{o:?}"
+        );
+        let small = super::super::generate::png(3, 5, 1);
+        let o = judge(&check, Ok(read(&small)), Duration::ZERO, &mut sent);
+        assert!(
+            o.failures
+                .iter()
+                .any(|f| f == "expected a 7x5 PNG, got 3x5"),
+            "{o:?}"
+        );
+        let o = judge(&check, Ok(read(b"GIF89a")), Duration::ZERO, &mut sent);
+        assert!(
+            o.failures.iter().any(|f| f.starts_with("expected a PNG")),
+            "{o:?}"
+        );
+        // PDF pages: page objects, not the page tree
+        let pdf = b"%PDF-1.4\n1 0 obj << /Type /Pages /Count 2 >>\n2 0 obj << /Type /Page >>\n3 0 obj << /Type /Page>>\n%%EOF\n";
+        assert_eq!(pdf_pages(pdf), Some(2));
+        assert_eq!(pdf_pages(b"not a pdf"), None);
+    }
+
+    #[test]
     fn a_crlf_corruption_is_interface_evidence() {
         let s = step(
             "exec",
