@@ -461,11 +461,24 @@ fn resource_failure_behind_crash(
     // optional files all the time), and never for a fault (SIGSEGV…),
     // which is a bug of its own.
     let mut confidence = 0.9;
+    let mut hidden_from_it = false;
     if refusals.is_empty() && matches!(sig, "SIGABRT" | "SIGTRAP") {
         refusals = in_window
             .into_iter()
             .filter(|&(_, p)| p == Primitive::FsMissing)
             .collect();
+        // files the workload could not see but that exist out here were
+        // hidden from it (a slimmed image, an emptied mount): those, when
+        // there are any, rather than files nobody has
+        let hidden: Vec<(usize, Primitive)> = refusals
+            .iter()
+            .copied()
+            .filter(|&(i, _)| exists_outside(&events[i]))
+            .collect();
+        if !hidden.is_empty() {
+            refusals = hidden;
+            hidden_from_it = true;
+        }
         confidence = 0.75;
     }
     let &(last, primitive) = refusals.last()?;
@@ -512,14 +525,27 @@ fn resource_failure_behind_crash(
                 who(pid)
             )
         } else {
+            let hidden = if hidden_from_it {
+                " (present outside the sandbox: hidden from it)"
+            } else {
+                ""
+            };
             format!(
-                "{} failed with {errno}{count}{limit}{others}, then {} {verb} with {sig}",
+                "{} failed with {errno}{count}{limit}{hidden}{others}, then {} {verb} with {sig}",
                 ev.call(),
                 who(pid)
             )
         },
         decisive: Some(ev.clone()),
     })
+}
+
+/// The failed event names an absolute path that exists where the probe
+/// runs: the workload's own view (its mount namespace) did not have it.
+fn exists_outside(ev: &KernelEvent) -> bool {
+    ev.path
+        .as_deref()
+        .is_some_and(|p| p.starts_with('/') && std::path::Path::new(p).exists())
 }
 
 /// Paths a program looks up while searching (modules, libraries, locales,
@@ -1338,34 +1364,38 @@ mod tests {
 
     #[test]
     fn missing_files_then_its_own_sigabrt_is_fs_missing_but_not_for_a_fault() {
-        let events = |sig: &str| {
-            vec![
-                failed(
-                    10,
-                    MS,
-                    "access",
-                    libc::ENOENT,
-                    "/etc/fonts/conf.d/10-hinting-slight.conf",
-                ),
-                failed(
-                    10,
-                    2 * MS,
-                    "access",
-                    libc::ENOENT,
-                    "/etc/fonts/conf.d/45-latin.conf",
-                ),
-                signal(10, 9 * MS, sig, 10),
-                ev(Kind::Exit, 10, 10 * MS),
-            ]
+        let events = |sig: &str, paths: &[&str]| {
+            let mut v: Vec<KernelEvent> = paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| failed(10, (i as u64 + 1) * MS, "access", libc::ENOENT, p))
+                .collect();
+            v.push(signal(10, 9 * MS, sig, 10));
+            v.push(ev(Kind::Exit, 10, 10 * MS));
+            v
         };
-        let a = attribute(&span(events("SIGABRT")), &killed_by("SIGABRT"));
+        let nowhere = [
+            "/nonexistent-probe-test/a.conf",
+            "/nonexistent-probe-test/b.conf",
+        ];
+        let a = attribute(&span(events("SIGABRT", &nowhere)), &killed_by("SIGABRT"));
         assert_eq!(a.primitive, Primitive::FsMissing, "{}", a.explanation);
         assert_eq!(a.confidence, 0.75);
         assert_eq!(
             a.explanation,
-            "access(\"/etc/fonts/conf.d/45-latin.conf\") failed with ENOENT ×2, then w (pid 10) aborted with SIGABRT"
+            "access(\"/nonexistent-probe-test/b.conf\") failed with ENOENT ×2, then w (pid 10) aborted with SIGABRT"
         );
-        let a = attribute(&span(events("SIGSEGV")), &killed_by("SIGSEGV"));
+        // a file the workload could not see but that exists out here wins:
+        // the sandbox hid it
+        let a = attribute(
+            &span(events("SIGABRT", &["/etc/passwd", nowhere[0], nowhere[1]])),
+            &killed_by("SIGABRT"),
+        );
+        assert_eq!(
+            a.explanation,
+            "access(\"/etc/passwd\") failed with ENOENT (present outside the sandbox: hidden from it), then w (pid 10) aborted with SIGABRT"
+        );
+        let a = attribute(&span(events("SIGSEGV", &nowhere)), &killed_by("SIGSEGV"));
         assert_eq!(
             a.primitive,
             Primitive::Signal,

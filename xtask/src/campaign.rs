@@ -273,7 +273,7 @@ pub fn confusion(count: usize, write: bool) -> anyhow::Result<()> {
              struck first, e.g. a read-only /tmp at the setup step), and how many at the very step where \
              the clean run failed for another reason (the proximate cause).\n\n{table}\n{CHROMIUM_NOTES}\n{tabs}\n\
              The clean run these rows are compared against:\n\n```\n{clean}```\n",
-            (runs.len() + 1) * count / 600 + 1
+            (runs.len() + 1) * count / 400 + 9
         );
         std::fs::write("docs/CONFUSION.md", text)?;
         eprintln!("xtask: wrote docs/CONFUSION.md");
@@ -284,7 +284,46 @@ pub fn confusion(count: usize, write: bool) -> anyhow::Result<()> {
 /// What running Chromium under each profile taught us (observed on the
 /// runs `cargo xtask confusion` makes; kept here so the page regenerates
 /// with it).
-const CHROMIUM_NOTES: &str = "## What Chromium needed\n\nTODO\n";
+const CHROMIUM_NOTES: &str = "## What Chromium needed
+
+The browser domain runs Debian's Chromium 148 headless, as an agent would. What it needed from the \
+sandbox, found by running it under every profile above:
+
+- **Threads, not processes.** A DOM dump starts more than 24 tasks (a pids cgroup counts threads): under `pids-limit` (24) its `clone` fails with EAGAIN and Chromium kills \
+  itself with SIGTRAP at once. The probe used to name the SIGTRAP (`signal`); a fatal signal a process \
+  raises on itself right after refused resources of its own is now attributed to them.
+- **Address space, not memory.** Chromium reserves about 1.4 TiB of virtual address space at start \
+  (V8's pointer-compression cages, PartitionAlloc's pools; the OOM killer's report says total-vm \
+  1,518,639,104 kB). Under RLIMIT_AS of 1 GiB (`address-space`) its `mmap` fails with ENOMEM and it \
+  traps: `mem.limit`, with nothing allocated yet.
+- **Memory.** One browser of a tab-heavy test peaks near 1 GiB (PSS, see BENCHMARKS.md); under the 64 MiB \
+  `memory-limit` even a one-page DOM dump is OOM-killed. When the OOM killer takes a renderer, the \
+  browser does not exit: it waits for the dead renderer until the caller's timeout. The probe now \
+  blames the OOM kill, not the timeout it caused.
+- **Fonts.** With /usr/share emptied (`hidden-data`) most pages still render, but a form with a \
+  password field makes Skia abort (`FATAL … SkFontMgr_FontConfigInterface.cpp: Not implemented`): \
+  fontconfig found no fonts behind /etc/fonts/conf.d's now dangling links. A deliberate abort \
+  (SIGABRT, SIGTRAP) right after missing files of its own is `fs.missing`, naming first the files that \
+  exist outside the sandbox (hidden from it).
+- **Its IPC.** A seccomp filter that refuses `socketpair` makes it trap at start (`seccomp`, tested); \
+  the built-in seccomp profiles refuse `mkdir` and `socket`, which the tests' setup step needs first.
+- **The network, quietly.** Even with every host name mapped to NOTFOUND it `connect()`s a UDP socket \
+  to a public IPv6 address to learn its route (no packet is sent); in a network namespace without \
+  routes that connect fails with ENETUNREACH. Its network service connects non-blocking, learns a \
+  refusal from `getsockopt(SO_ERROR)` (not a failing syscall), renders an error page, and every \
+  process exits 0. The probe now reads SO_ERROR, and counts a refused connection or a full disk that \
+  a process reported (then exited 0) as the call's hidden failure.
+- **A writable profile.** Its profile directory, shader and GPU caches are written on every start: on \
+  the 1 MiB `full-disk` /tmp its writes hit ENOSPC and it exits 0 without the PDF (`fs.space`, from \
+  the hidden failure). Under `readonly` and `unprivileged` the tests' own setup step fails first.
+- **/dev/shm, decided by its launcher.** /usr/bin/chromium is a shell script. It runs \
+  `ls /usr/share/chromium/extensions/*` (exit 2 when there is none: the probe must not take that for \
+  the workload's failure), and /etc/chromium.d/dev-shm moves Chromium's shared memory from /dev/shm to \
+  /tmp (`--disable-dev-shm-usage`) when /dev/shm has less than 3.8 GB free, because Chromium crashes \
+  when /dev/shm runs out. On this machine that check itself breaks (`[: …: unexpected operator`: \
+  `findmnt` prints two mounts), so Chromium keeps /dev/shm, and a sandbox with a small /dev/shm would \
+  crash it where the check was meant to save it.
+";
 
 /// Memory limits of the tab-heavy sweep, loosest first.
 const TAB_LIMITS: [&str; 7] = ["2G", "1G", "768M", "640M", "512M", "384M", "256M"];
