@@ -53,6 +53,19 @@ fn run_ok(suite: &Path, target: &str, db: &Path, more: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// One run per (name, bridge arguments), 4 workers, each a stdio bridge
+/// with the probe attached, all into `results`.
+fn run_each(suite: &Path, results: &Path, runs: &[(&str, &str)]) {
+    for (name, extra) in runs {
+        run_ok(
+            suite,
+            &stdio_target(extra),
+            results,
+            &["--run", name, "--workers", "4", "--no-bar"],
+        );
+    }
+}
+
 fn stdio_target(extra: &str) -> String {
     format!(
         "stdio:{BRIDGE} serve --stdio --probe-socket {} {extra}",
@@ -462,20 +475,17 @@ fn injected_faults_land_on_their_layer_and_primitive() {
         &["files", "encoding", "packages", "persistence"],
     );
     let results = dir.path().join("results.db");
-    for (name, extra) in [
-        ("clean", ""),
-        ("crlf", "--interface-fault crlf"),
-        ("lossy", "--interface-fault lossy-utf8"),
-        ("noexec", "--profile noexec"),
-        ("ephemeral", "--profile ephemeral"),
-    ] {
-        run_ok(
-            &suite,
-            &stdio_target(extra),
-            &results,
-            &["--run", name, "--workers", "4", "--no-bar"],
-        );
-    }
+    run_each(
+        &suite,
+        &results,
+        &[
+            ("clean", ""),
+            ("crlf", "--interface-fault crlf"),
+            ("lossy", "--interface-fault lossy-utf8"),
+            ("noexec", "--profile noexec"),
+            ("ephemeral", "--profile ephemeral"),
+        ],
+    );
     let m: Value = serde_json::from_str(&ok(&[
         "matrix",
         "--db",
@@ -747,14 +757,11 @@ fn network_tests_reach_the_runs_upstream_and_not_under_no_network() {
     let dir = tempfile::tempdir().unwrap();
     let (suite, n) = suite(dir.path(), 200, &["network"]);
     let results = dir.path().join("results.db");
-    for (name, extra) in [("clean", ""), ("no-network", "--profile no-network")] {
-        run_ok(
-            &suite,
-            &stdio_target(extra),
-            &results,
-            &["--run", name, "--workers", "4", "--no-bar"],
-        );
-    }
+    run_each(
+        &suite,
+        &results,
+        &[("clean", ""), ("no-network", "--profile no-network")],
+    );
     let conn = db(&results);
     assert_eq!(
         count(
@@ -841,14 +848,8 @@ fn browser_tests_fail_on_the_primitive_a_profile_breaks_and_on_interface_faults(
     for f in ["lossy-utf8", "nul-truncate", "crlf", "trim", "drop-tail"] {
         runs.push((f, format!("--interface-fault {f}")));
     }
-    for (name, extra) in &runs {
-        run_ok(
-            &suite,
-            &stdio_target(extra),
-            &results,
-            &["--run", name, "--workers", "4", "--no-bar"],
-        );
-    }
+    let runs: Vec<(&str, &str)> = runs.iter().map(|(n, e)| (*n, e.as_str())).collect();
+    run_each(&suite, &results, &runs);
     let conn = db(&results);
     assert_eq!(
         count(
