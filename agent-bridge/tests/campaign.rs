@@ -469,9 +469,10 @@ fn injected_faults_land_on_their_layer_and_primitive() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // 200: enough compile-and-run tests (6) for noexec to break
     let (suite, _) = suite(
         dir.path(),
-        100,
+        200,
         &["files", "encoding", "packages", "persistence"],
     );
     let results = dir.path().join("results.db");
