@@ -168,7 +168,7 @@ fn lifecycle_sigterm_detaches_and_restart_reuses_the_db() {
     assert_eq!(ours.len(), 1, "the daemon loaded one sys_enter program");
     let status = d.client().status().unwrap();
     assert_eq!(status["protocol"], 1);
-    assert_eq!(status["programs"].as_array().unwrap().len(), 9);
+    assert_eq!(status["programs"].as_array().unwrap().len(), 11);
     let a = run_span(&mut d.client(), "s", &["sh", "-c", "exit 3"]);
     assert_eq!(a.span, 1);
     assert_eq!(a.exit.code, Some(3));
