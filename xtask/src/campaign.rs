@@ -461,7 +461,7 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
          | measure | value | target |\n|---|---:|---|\n\
          | wall time | {wall:.1} s ({:.1} min) | ≤ 10 min: {} |\n\
          | tests/s | {:.1} | |\n\
-         | tests passed / failed | {} / {} | |\n\
+         | tests passed / degraded / failed | {} / {} / {} | |\n\
          | runner CPU | {:.1} s | |\n\
          | runner peak RSS | {:.0} MiB | ≤ 200 MiB: {} |\n\
          | bridge CPU (its own, not the workloads') | {:.1} s | |\n\
@@ -479,6 +479,7 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
         if wall <= 600.0 { "met" } else { "MISSED" },
         f("recorded") / wall.max(0.001),
         s["passed"],
+        s["degraded"],
         s["failed"],
         f("runner_cpu_s"),
         f("runner_max_rss_mib"),
