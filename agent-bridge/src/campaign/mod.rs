@@ -11,6 +11,7 @@
 //! - [`db`]: results in SQLite; [`run`]: workers, shards, resume.
 //! - [`report`]: one run as data and tables; [`html`], [`export`] (CSV,
 //!   JSON lines); [`compare`]: runs side by side, the confusion matrix.
+//! - [`mangle`]: how bytes that came back differ from the bytes sent.
 //! - [`pattern`]: an explanation with its pids, ports and digests as placeholders.
 
 pub mod compare;
@@ -19,6 +20,7 @@ pub mod egress;
 pub mod export;
 pub mod generate;
 pub mod html;
+pub mod mangle;
 pub mod pattern;
 pub mod report;
 pub mod run;

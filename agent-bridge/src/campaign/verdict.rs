@@ -568,6 +568,17 @@ fn corruption(what: &str, want: &[u8], got: &[u8], out: &mut StepOutcome) {
             return;
         }
     }
+    // a transform or added text is an encoding layer's doing; bytes cut
+    // short or changed may as well be a full disk or a failed command
+    match super::mangle::describe(want, got) {
+        Some(m) if !matches!(m.kind.as_str(), "truncated" | "changed") => out.blame(
+            "interface.bytes",
+            0.9,
+            format!("{what}: {} ({})", m.description, m.kind),
+        ),
+        Some(m) if m.kind == "truncated" => out.failures.push(format!("{what}: {}", m.description)),
+        _ => {}
+    }
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
