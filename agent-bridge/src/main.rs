@@ -180,6 +180,9 @@ enum CampaignCommand {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+    /// Target adapters: run the campaign against MCP servers that are not agent-bridge.
+    #[command(subcommand)]
+    Adapter(AdapterCommand),
     /// Merge `probe export` files (SQLite or JSONL) into a results DB, so the
     /// kernel evidence travels with the results (join: spans.session = campaign_tests.mcp_session).
     Import {
@@ -239,6 +242,33 @@ struct RunArgs {
     /// be an address of this machine that the sandbox's workloads reach.
     #[arg(long, default_value_t = agent_bridge::campaign::upstream::UPSTREAM_HOST, value_name = "IPV4")]
     upstream_host: std::net::Ipv4Addr,
+    /// The target is not an agent-bridge: map the campaign's steps onto its
+    /// tools with this adapter (docs/ADAPTERS.md). Checked against the
+    /// target's tools/list before anything runs.
+    #[arg(long, value_name = "FILE")]
+    adapter: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum AdapterCommand {
+    /// Check an adapter against a server: every mapped tool or argument it does not have.
+    #[command(after_help = "Examples:\n  \
+        agent-bridge campaign adapter check adapters/desktop-commander.toml \\\n      \
+            --target stdio:'agent-bridge proxy -- node dc/dist/index.js'\n  \
+        agent-bridge campaign adapter check adapters/agent-bridge.toml --target http://127.0.0.1:8765/mcp --json\n\n\
+        Loading the file checks it on its own (unknown steps, bad templates, patterns that do not\n\
+        match their example); then tools/list shows what the server has. Exit status: 0 when every\n\
+        mapping fits, 1 when some do not, 2 when the file or the server cannot be read.")]
+    Check {
+        /// The adapter file (TOML).
+        file: PathBuf,
+        /// stdio:'COMMAND' or http(s)://HOST:PORT/mcp.
+        #[arg(long, value_name = "TARGET", value_parser = clap::value_parser!(agent_bridge::campaign::target::Target))]
+        target: agent_bridge::campaign::target::Target,
+        /// Machine-readable output on stdout.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -372,6 +402,13 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
             out,
         } => report(campaign_export(&db, run.as_deref(), format, out)),
         CampaignCommand::Import { db, files } => report(campaign_import(&db, &files)),
+        CampaignCommand::Adapter(AdapterCommand::Check { file, target, json }) => {
+            match adapter_check(&file, &target, json) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => report(Err(e)),
+            }
+        }
         CampaignCommand::Schema => {
             println!(
                 "{}",
@@ -438,8 +475,40 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
     }
 }
 
+/// `campaign adapter check`: true when every mapping fits the server.
+fn adapter_check(
+    file: &std::path::Path,
+    target: &agent_bridge::campaign::target::Target,
+    json: bool,
+) -> anyhow::Result<bool> {
+    use agent_bridge::campaign::{adapter::Adapter, adapter_check};
+    let adapter = Adapter::load(file).map_err(anyhow::Error::msg)?;
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let tools = rt.block_on(async {
+        let conn = target.connect().await.map_err(anyhow::Error::msg)?;
+        let tools = conn.list_tools().await;
+        conn.close().await;
+        tools.map_err(|e| anyhow::anyhow!("tools/list: {e}"))
+    })?;
+    let rows = adapter_check::rows(&adapter, &tools);
+    if json {
+        let v = adapter_check::json(&adapter, &rows);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", adapter_check::text(&adapter, &rows));
+    }
+    Ok(rows.iter().all(|r| r.problems.is_empty()))
+}
+
 fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
     use agent_bridge::campaign::run;
+    let adapter = a
+        .adapter
+        .as_deref()
+        .map(agent_bridge::campaign::adapter::Adapter::load)
+        .transpose()
+        .map_err(anyhow::Error::msg)?
+        .map(std::sync::Arc::new);
     let opts = run::Options {
         suite: a.suite,
         target: a.target,
@@ -452,6 +521,7 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         quiet: a.no_bar,
         allow_egress: a.allow_egress,
         upstream_host: a.upstream_host,
+        adapter,
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let s = rt.block_on(run::run(opts))?;
@@ -459,12 +529,17 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         println!(
-            "run {}: {} recorded here ({} passed, {} degraded, {} failed) in {:.1} s; {} of {} suite tests recorded in all{}",
+            "run {}: {} recorded here ({} passed, {} degraded, {} failed{}) in {:.1} s; {} of {} suite tests recorded in all{}",
             s.run,
             s.recorded,
             s.passed,
             s.degraded,
             s.failed,
+            if s.unsupported > 0 {
+                format!(", {} unsupported by the target", s.unsupported)
+            } else {
+                String::new()
+            },
             s.wall_s,
             s.already_recorded + s.recorded,
             s.suite_tests,

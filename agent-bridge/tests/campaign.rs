@@ -918,3 +918,254 @@ fn browser_tests_fail_on_the_primitive_a_profile_breaks_and_on_interface_faults(
     );
     assert_eq!(kept, shots);
 }
+
+const IDENTITY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/adapters/agent-bridge.toml");
+
+/// (test, outcome, layer, primitive) of every test of a run, degraded as
+/// passed (how long a step took is not the mapping's doing).
+fn outcomes(conn: &rusqlite::Connection, run: &str) -> Vec<(String, String, String, String)> {
+    conn.prepare(
+        "SELECT test_id, REPLACE(outcome, 'degraded', 'pass'), IFNULL(layer, '-'), IFNULL(primitive, '-')
+         FROM campaign_tests WHERE run = ?1 AND outcome != 'degraded' ORDER BY test_id",
+    )
+    .unwrap()
+    .query_map([run], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+#[test]
+fn the_identity_adapter_changes_nothing() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, total) = suite(
+        dir.path(),
+        150,
+        &["files", "encoding", "process", "persistence", "compute"],
+    );
+    let results = dir.path().join("results.db");
+    for (name, extra) in [
+        ("clean", ""),
+        ("nul", "--interface-fault nul-truncate"),
+        ("readonly", "--profile readonly"),
+    ] {
+        let target = stdio_target(extra);
+        for (run, more) in [
+            (format!("{name}-direct"), vec![]),
+            (format!("{name}-adapted"), vec!["--adapter", IDENTITY]),
+        ] {
+            let mut args = vec!["--run", &run, "--workers", "4", "--no-bar"];
+            args.extend(more);
+            run_ok(&suite, &target, &results, &args);
+        }
+    }
+    let conn = db(&results);
+    for name in ["clean", "nul", "readonly"] {
+        let (direct, adapted) = (format!("{name}-direct"), format!("{name}-adapted"));
+        assert_whole(&conn, &adapted, &suite, total);
+        let (a, b) = (outcomes(&conn, &direct), outcomes(&conn, &adapted));
+        assert_eq!(a.len(), b.len(), "{name}: different tests were degraded");
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x, y, "{name}: the identity adapter changed a verdict");
+        }
+        let adapter: Option<String> = conn
+            .query_row(
+                "SELECT adapter FROM campaign_runs WHERE id = ?1",
+                [&adapted],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(adapter.unwrap().starts_with("agent-bridge (sha256 "));
+        // it reads everything the suite expects: nothing unchecked, nothing unsupported
+        let skipped = count(
+            &conn,
+            &format!(
+                "SELECT COUNT(*) FROM campaign_steps WHERE run = '{adapted}' AND (unchecked IS NOT NULL OR verdict = 'unsupported')"
+            ),
+        );
+        assert_eq!(skipped, 0, "{name}");
+        let sent = count(
+            &conn,
+            &format!(
+                "SELECT COUNT(*) FROM campaign_steps WHERE run = '{adapted}' AND verdict != 'not-run' AND target_call IS NULL"
+            ),
+        );
+        assert_eq!(sent, 0, "{name}: a step without the call the adapter sent");
+    }
+    // the comparison means something: the faults broke tests, on their layer
+    let broken = |run: &str, layer: &str| {
+        count(
+            &conn,
+            &format!(
+                "SELECT COUNT(*) FROM campaign_tests WHERE run = '{run}' AND outcome = 'fail' AND layer = '{layer}'"
+            ),
+        )
+    };
+    assert!(broken("nul-adapted", "interface") >= 3);
+    assert!(broken("readonly-adapted", "sandbox") >= 3);
+}
+
+#[test]
+fn a_text_only_target_leaves_binary_writes_unsupported_never_passed_or_failed() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, total) = suite(dir.path(), 100, &["encoding", "files"]);
+    let adapter = dir.path().join("text-only.toml");
+    std::fs::write(
+        &adapter,
+        r#"
+name = "text-only"
+limits = ["write_file: UTF-8 text only", "exec: a shell command line only"]
+[steps.exec]
+tool = "exec"
+arguments = { command = "{{command}}", timeout_ms = "{{timeout_ms}}" }
+result.stdout = { from = "structured", path = "/stdout", decode = "payload" }
+result.exit_code = { from = "structured", path = "/exit_code" }
+[steps.write_file]
+tool = "write_file"
+arguments = { path = "{{path}}", text = "{{content|text}}", append = "{{append}}" }
+ignore = ["sha256"]
+[steps.read_file]
+tool = "read_file"
+arguments = { path = "{{path}}" }
+result.bytes = { from = "resource" }
+"#,
+    )
+    .unwrap();
+    let results = dir.path().join("results.db");
+    let summary: Value = serde_json::from_str(&run_ok(
+        &suite,
+        &stdio_target(""),
+        &results,
+        &[
+            "--run",
+            "text",
+            "--adapter",
+            adapter.to_str().unwrap(),
+            "--json",
+            "--no-bar",
+        ],
+    ))
+    .unwrap();
+    let unsupported = summary["unsupported"].as_u64().unwrap();
+    assert!(unsupported >= 5, "{summary}");
+    assert_eq!(
+        summary["passed"].as_u64().unwrap()
+            + summary["degraded"].as_u64().unwrap()
+            + summary["failed"].as_u64().unwrap()
+            + unsupported,
+        total as u64
+    );
+    let conn = db(&results);
+    // binary content cannot be sent as text: unsupported, and said why
+    let why: String = conn
+        .query_row(
+            "SELECT explanation FROM campaign_tests WHERE run = 'text' AND outcome = 'unsupported' LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        why.contains("not UTF-8") && why.contains("text only"),
+        "{why}"
+    );
+    // what it cannot report is unchecked, named per step
+    let unchecked = count(
+        &conn,
+        "SELECT COUNT(*) FROM campaign_steps WHERE run = 'text' AND unchecked LIKE '%size (the adapter reads no size)%'",
+    );
+    assert!(unchecked > 0);
+    let report = ok(&["report", "--db", results.to_str().unwrap(), "--run", "text"]);
+    assert!(
+        report.contains("UNSUPPORTED (steps the target cannot express"),
+        "{report}"
+    );
+    assert!(report.contains("through adapter text-only"), "{report}");
+}
+
+#[test]
+fn an_adapter_is_checked_against_the_servers_tools_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("stdio:{BRIDGE} serve --stdio --no-probe");
+    let out = campaign(&["adapter", "check", IDENTITY, "--target", &target]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("every mapped tool and argument exists"),
+        "{text}"
+    );
+    assert_eq!(text.matches(" ok\n").count(), 10, "{text}");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "name = 'bad'\n[steps.exec]\ntool = 'shell'\narguments = { cmd = '{{command}}' }\n\
+         [steps.stat]\ntool = 'stat'\narguments = { path = '{{path}}', follow = true }\n",
+    )
+    .unwrap();
+    let out = campaign(&[
+        "adapter",
+        "check",
+        bad.to_str().unwrap(),
+        "--target",
+        &target,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    let all = v["mappings"].to_string();
+    assert!(
+        all.contains("steps.exec.tool: the server has no tool `shell`"),
+        "{all}"
+    );
+    assert!(
+        all.contains("steps.stat.arguments.follow: `stat` takes no `follow`"),
+        "{all}"
+    );
+
+    // a run refuses it before recording anything
+    let (suite, _) = suite(dir.path(), 10, &["files"]);
+    let results = dir.path().join("results.db");
+    let out = run(
+        &suite,
+        &target,
+        &results,
+        &["--adapter", bad.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("the target lacks what the adapter maps") && stderr.contains("shell"),
+        "{stderr}"
+    );
+    assert_eq!(
+        count(&db(&results), "SELECT COUNT(*) FROM campaign_runs"),
+        0
+    );
+
+    // a broken file is named with its field, before the server is even started
+    std::fs::write(&bad, "name = 'bad'\n[steps.exek]\ntool = 'x'\n").unwrap();
+    let out = campaign(&[
+        "adapter",
+        "check",
+        bad.to_str().unwrap(),
+        "--target",
+        "stdio:false",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("bad.toml: steps.exek: unknown step `exek`"),
+        "{stderr}"
+    );
+}

@@ -32,6 +32,8 @@ pub struct Comparison {
     pub degraded: (i64, i64),
     /// Tests degraded in B that were not in A (with B's reason).
     pub newly_degraded: Vec<Failure>,
+    /// Tests the target could not express, in A and in B.
+    pub unsupported: (i64, i64),
 }
 
 pub fn compare(conn: &Connection, a: &RunRow, b: &RunRow) -> anyhow::Result<Comparison> {
@@ -39,7 +41,7 @@ pub fn compare(conn: &Connection, a: &RunRow, b: &RunRow) -> anyhow::Result<Comp
     let rb = report(conn, b)?;
     let outcomes = |run: &str| -> anyhow::Result<BTreeMap<String, bool>> {
         let mut stmt =
-            conn.prepare("SELECT test_id, outcome != 'fail' FROM campaign_tests WHERE run = ?1")?;
+            conn.prepare("SELECT test_id, outcome != 'fail' FROM campaign_tests WHERE run = ?1 AND outcome != 'unsupported'")?;
         let rows = stmt.query_map([run], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)
     };
@@ -73,6 +75,7 @@ pub fn compare(conn: &Connection, a: &RunRow, b: &RunRow) -> anyhow::Result<Comp
         only_in_a: oa.keys().filter(|k| !ob.contains_key(*k)).count(),
         only_in_b: ob.keys().filter(|k| !oa.contains_key(*k)).count(),
         degraded: (ra.degraded, rb.degraded),
+        unsupported: (ra.unsupported, rb.unsupported),
         newly_degraded: rb
             .degraded_tests
             .iter()
@@ -158,6 +161,13 @@ pub fn compare_text(c: &Comparison) -> String {
             c.degraded.0,
             c.degraded.1,
             c.newly_degraded.len()
+        );
+    }
+    if c.unsupported != (0, 0) {
+        let _ = writeln!(
+            o,
+            "unsupported (steps the target cannot express; neither pass nor fail): {} in A, {} in B",
+            c.unsupported.0, c.unsupported.1
         );
     }
     if c.only_in_a + c.only_in_b > 0 {

@@ -39,11 +39,13 @@ pub struct RunRow {
     pub injected: Option<String>,
     pub started_ms: i64,
     pub finished_ms: Option<i64>,
+    /// The target adapter: `NAME (sha256 …)`, when the target is not an agent-bridge.
+    pub adapter: Option<String>,
 }
 
 pub fn run(conn: &Connection, id: &str) -> rusqlite::Result<Option<RunRow>> {
     conn.query_row(
-        "SELECT id, label, target, suite, suite_digest, tests_total, profile, injected, started_ms, finished_ms
+        "SELECT id, label, target, suite, suite_digest, tests_total, profile, injected, started_ms, finished_ms, adapter
          FROM campaign_runs WHERE id = ?1",
         [id],
         |r| {
@@ -58,6 +60,7 @@ pub fn run(conn: &Connection, id: &str) -> rusqlite::Result<Option<RunRow>> {
                 injected: r.get(7)?,
                 started_ms: r.get(8)?,
                 finished_ms: r.get(9)?,
+                adapter: r.get(10)?,
             })
         },
     )
@@ -78,9 +81,9 @@ pub fn runs(conn: &Connection) -> rusqlite::Result<Vec<RunRow>> {
 /// Creates the run, or returns the existing one of that id.
 pub fn create_run(conn: &Connection, r: &RunRow) -> rusqlite::Result<(RunRow, bool)> {
     let created = conn.execute(
-        "INSERT INTO campaign_runs (id, label, target, suite, suite_digest, tests_total, profile, injected, started_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO NOTHING",
-        params![r.id, r.label, r.target, r.suite, r.suite_digest, r.tests_total, r.profile, r.injected, r.started_ms],
+        "INSERT INTO campaign_runs (id, label, target, suite, suite_digest, tests_total, profile, injected, started_ms, adapter)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT (id) DO NOTHING",
+        params![r.id, r.label, r.target, r.suite, r.suite_digest, r.tests_total, r.profile, r.injected, r.started_ms, r.adapter],
     )? == 1;
     Ok((run(conn, &r.id)?.expect("just inserted"), created))
 }
@@ -117,6 +120,8 @@ pub struct TestRecord {
     pub triage: Option<Triage>,
     /// Passed, but degraded (only when `triage` is `None`).
     pub degraded: Option<super::triage::Degraded>,
+    /// A step the target cannot express stopped the test: why.
+    pub unsupported: Option<String>,
     pub duration_ms: f64,
     pub runner: String,
     pub mcp_session: Option<String>,
@@ -128,6 +133,7 @@ pub struct TestRecord {
 pub fn insert(conn: &mut Connection, run: &str, t: &TestRecord) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     let outcome = match (&t.triage, &t.degraded) {
+        _ if t.unsupported.is_some() => "unsupported",
         (Some(_), _) => "fail",
         (None, Some(_)) => "degraded",
         (None, None) => "pass",
@@ -149,7 +155,9 @@ pub fn insert(conn: &mut Connection, run: &str, t: &TestRecord) -> rusqlite::Res
             tr.map(|x| x.primitive.as_str())
                 .or(dg.and_then(|d| d.primitive)),
             tr.map(|x| x.confidence),
-            tr.map(|x| &x.explanation).or(dg.map(|d| &d.explanation)),
+            tr.map(|x| &x.explanation)
+                .or(dg.map(|d| &d.explanation))
+                .or(t.unsupported.as_ref()),
             tr.map(|x| x.evidence.to_string()),
             t.duration_ms,
             t.runner,
@@ -160,12 +168,17 @@ pub fn insert(conn: &mut Connection, run: &str, t: &TestRecord) -> rusqlite::Res
     {
         let mut stmt = tx.prepare_cached(
             "INSERT INTO campaign_steps (run, test_id, step, tool, request, response_sha256, response_bytes,
-                 duration_ms, is_error, verdict, failures, span_id, kernel_failed, kernel_primitive, kernel, degraded)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                 duration_ms, is_error, verdict, failures, span_id, kernel_failed, kernel_primitive, kernel, degraded,
+                 unchecked, target_call)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
         )?;
         for (i, (tool, request, o)) in t.steps.iter().enumerate() {
             let (verdict, failures) = match o {
                 None => ("not-run", None),
+                Some(o) if o.unsupported.is_some() => (
+                    "unsupported",
+                    Some(serde_json::to_string(&[&o.unsupported]).expect("JSON")),
+                ),
                 Some(o) if o.passed() => ("pass", None),
                 Some(o) => {
                     let all: Vec<&String> = o.interface.iter().chain(&o.failures).collect();
@@ -192,6 +205,12 @@ pub fn insert(conn: &mut Connection, run: &str, t: &TestRecord) -> rusqlite::Res
                 o.as_ref()
                     .filter(|o| !o.degraded.is_empty())
                     .map(|o| serde_json::to_string(&o.degraded).expect("JSON")),
+                o.as_ref()
+                    .filter(|o| !o.unchecked.is_empty())
+                    .map(|o| serde_json::to_string(&o.unchecked).expect("JSON")),
+                o.as_ref()
+                    .and_then(|o| o.target_call.as_ref())
+                    .map(Value::to_string),
             ])?;
         }
         let mut art = tx.prepare_cached(

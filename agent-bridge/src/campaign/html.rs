@@ -58,7 +58,7 @@ pub fn html(r: &Report) -> String {
         r##"<!doctype html><html><head><meta charset="utf-8"><title>campaign {id}</title><style>{STYLE}</style></head><body>
 <h1>Campaign run <code>{id}</code></h1>
 <p>{label} · target <code>{target}</code> · suite <code>{suite}</code><br>
-<b>{rec}</b> of {total} tests recorded{complete} · <b style="color:#2e7d32">{pass} passed</b> · <a href="#degraded"><b style="color:#b26a00">{degraded} degraded</b></a> · <a href="#failed"><b style="color:#c62828">{fail} failed</b></a> · {wall:.0} s wall</p>
+<b>{rec}</b> of {total} tests recorded{complete} · <b style="color:#2e7d32">{pass} passed</b> · <a href="#degraded"><b style="color:#b26a00">{degraded} degraded</b></a> · <a href="#failed"><b style="color:#c62828">{fail} failed</b></a> · {unsupported} unsupported by the target{adapter} · {wall:.0} s wall</p>
 "##,
         id = esc(&run.id),
         label = esc(&run.label),
@@ -74,6 +74,11 @@ pub fn html(r: &Report) -> String {
         pass = r.passed,
         degraded = r.degraded,
         fail = r.failed,
+        unsupported = r.unsupported,
+        adapter = run.adapter.as_ref().map_or(String::new(), |a| format!(
+            " (adapter <code>{}</code>)",
+            esc(a)
+        )),
         wall = r.wall_s
     );
     domains(r, &mut h);
@@ -86,16 +91,17 @@ pub fn html(r: &Report) -> String {
 }
 
 fn domains(r: &Report, h: &mut String) {
-    h.push_str("<h2>Pass / degraded / fail per domain</h2><table><tr><th class=l>domain</th><th>pass</th><th>degraded</th><th>fail</th><th class=l></th></tr>");
+    h.push_str("<h2>Pass / degraded / fail per domain</h2><table><tr><th class=l>domain</th><th>pass</th><th>degraded</th><th>fail</th><th>unsupported</th><th class=l></th></tr>");
     for (d, c) in &r.domains {
         let n = (c.passed + c.degraded + c.failed).max(1) as f64;
         let _ = write!(
             h,
-            "<tr><td class=l>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=l><div class=bar><div class=p style=\"width:{:.1}%\"></div><div class=d style=\"width:{:.1}%\"></div><div class=f style=\"width:{:.1}%\"></div></div></td></tr>",
+            "<tr><td class=l>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=l><div class=bar><div class=p style=\"width:{:.1}%\"></div><div class=d style=\"width:{:.1}%\"></div><div class=f style=\"width:{:.1}%\"></div></div></td></tr>",
             esc(d),
             c.passed,
             c.degraded,
             c.failed,
+            c.unsupported,
             100.0 * c.passed as f64 / n,
             100.0 * c.degraded as f64 / n,
             100.0 * c.failed as f64 / n
@@ -322,6 +328,13 @@ fn test(r: &Report, f: &Failure, h: &mut String) {
     );
     if f.explanation.chars().count() > 160 {
         let _ = write!(h, "<p>{}</p>", esc(&f.explanation));
+    }
+    if let Some(m) = &f.minimized {
+        let _ = write!(
+            h,
+            "<p><b>minimized cause</b> (campaign shrink): {}</p>",
+            esc(m)
+        );
     }
     let ev = &f.evidence;
     let step = ev["step"].as_u64();
@@ -558,6 +571,7 @@ mod tests {
             confidence: 0.9,
             explanation: explanation.into(),
             evidence,
+            minimized: None,
         }
     }
 
@@ -573,6 +587,7 @@ mod tests {
                 complete: true,
                 started_ms: 0,
                 finished_ms: Some(1),
+                adapter: None,
             },
             domains: BTreeMap::from([(
                 "network".to_string(),
@@ -580,6 +595,7 @@ mod tests {
                     passed: 5,
                     degraded: degraded_tests.len() as i64,
                     failed: failures.len() as i64,
+                    unsupported: 0,
                 },
             )]),
             layers: BTreeMap::new(),
@@ -589,6 +605,8 @@ mod tests {
             degraded: degraded_tests.len() as i64,
             failures,
             degraded_tests,
+            unsupported_tests: Vec::new(),
+            unsupported: 0,
             images: BTreeMap::new(),
             passed: 5,
             wall_s: 1.0,

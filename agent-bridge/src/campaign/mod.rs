@@ -5,7 +5,8 @@
 //! - [`generate`]: the deterministic default suite; [`upstream`]: the local
 //!   "internet" its network and browser tests reach; [`egress`]: the guard
 //!   rail against tests that name hosts off this machine.
-//! - [`target`]: one MCP session with the bridge under test.
+//! - [`target`]: one MCP session with the bridge under test; [`adapter`]:
+//!   the campaign's steps on another server's tools.
 //! - [`verdict`]: one step's result against its expectations.
 //! - [`triage`]: a failed test's layer and primitive.
 //! - [`db`]: results in SQLite; [`run`]: workers, shards, resume.
@@ -14,6 +15,8 @@
 //! - [`mangle`]: how bytes that came back differ from the bytes sent.
 //! - [`pattern`]: an explanation with its pids, ports and digests as placeholders.
 
+pub mod adapter;
+pub mod adapter_check;
 pub mod compare;
 pub mod db;
 pub mod egress;

@@ -25,6 +25,9 @@ pub struct RunInfo {
     pub complete: bool,
     pub started_ms: i64,
     pub finished_ms: Option<i64>,
+    /// The target adapter, when the target is not an agent-bridge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
 }
 
 /// One failed test, as listed in reports.
@@ -38,6 +41,9 @@ pub struct Failure {
     pub confidence: f64,
     pub explanation: String,
     pub evidence: serde_json::Value,
+    /// What `campaign shrink` found: the smallest input that fails the same way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub minimized: Option<String>,
 }
 
 /// One domain's outcomes.
@@ -47,6 +53,8 @@ pub struct Outcomes {
     /// Passed, but slowed past max_duration_ms or stalled on memory.
     pub degraded: i64,
     pub failed: i64,
+    /// A step the target cannot express (through its adapter).
+    pub unsupported: i64,
 }
 
 /// A group of failures with the same layer and primitive.
@@ -71,6 +79,8 @@ pub struct Report {
     pub failures: Vec<Failure>,
     /// The degraded tests (primitive `mem.pressure` or none; explanation says why).
     pub degraded_tests: Vec<Failure>,
+    /// The tests the target cannot run (explanation: the step and why).
+    pub unsupported_tests: Vec<Failure>,
     /// The image each listed (failed or degraded) test read back, as a
     /// `data:` URL, for the HTML report (the last one when a test has several).
     #[serde(skip)]
@@ -78,6 +88,7 @@ pub struct Report {
     pub passed: i64,
     pub degraded: i64,
     pub failed: i64,
+    pub unsupported: i64,
     /// Wall time from the first to the last recorded test.
     pub wall_s: f64,
     pub test_time_s: f64,
@@ -107,7 +118,8 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         .map(|d| (d.to_string(), Outcomes::default()))
         .collect();
     let mut stmt = conn.prepare(
-        "SELECT domain, SUM(outcome = 'pass'), SUM(outcome = 'degraded'), SUM(outcome = 'fail')
+        "SELECT domain, SUM(outcome = 'pass'), SUM(outcome = 'degraded'), SUM(outcome = 'fail'),
+                SUM(outcome = 'unsupported')
          FROM campaign_tests WHERE run = ?1 GROUP BY domain",
     )?;
     for row in stmt.query_map([&run.id], |r| {
@@ -117,6 +129,7 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
                 passed: r.get(1)?,
                 degraded: r.get(2)?,
                 failed: r.get(3)?,
+                unsupported: r.get(4)?,
             },
         ))
     })? {
@@ -125,6 +138,7 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
     }
     let failures = tests_with(conn, &run.id, "fail")?;
     let degraded_tests = tests_with(conn, &run.id, "degraded")?;
+    let unsupported_tests = tests_with(conn, &run.id, "unsupported")?;
     let mut images = BTreeMap::new();
     let mut stmt = conn.prepare(
         "SELECT a.test_id, a.mime, a.data FROM campaign_artifacts a JOIN campaign_tests t
@@ -175,9 +189,15 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         }
     }
     top.sort_by(|a, b| b.tests.cmp(&a.tests).then(a.primitive.cmp(&b.primitive)));
-    let (passed, degraded, failed) = domains.values().fold((0, 0, 0), |(p, d, f), o| {
-        (p + o.passed, d + o.degraded, f + o.failed)
-    });
+    let (passed, degraded, failed, unsupported) =
+        domains.values().fold((0, 0, 0, 0), |(p, d, f, u), o| {
+            (
+                p + o.passed,
+                d + o.degraded,
+                f + o.failed,
+                u + o.unsupported,
+            )
+        });
     let (first, last, test_ms): (Option<i64>, Option<i64>, Option<f64>) = conn.query_row(
         "SELECT MIN(finished_ms - CAST(duration_ms AS INTEGER)), MAX(finished_ms), SUM(duration_ms) FROM campaign_tests WHERE run = ?1",
         [&run.id],
@@ -190,10 +210,11 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
             target: run.target.clone(),
             suite: run.suite.clone(),
             tests_total: run.tests_total,
-            recorded: passed + degraded + failed,
+            recorded: passed + degraded + failed + unsupported,
             complete: run.finished_ms.is_some(),
             started_ms: run.started_ms,
             finished_ms: run.finished_ms,
+            adapter: run.adapter.clone(),
         },
         domains,
         layers,
@@ -201,10 +222,12 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         top,
         failures,
         degraded_tests,
+        unsupported_tests,
         images,
         passed,
         degraded,
         failed,
+        unsupported,
         wall_s: match (first, last) {
             (Some(a), Some(b)) => (b - a) as f64 / 1000.0,
             _ => 0.0,
@@ -213,11 +236,13 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
     })
 }
 
-/// The tests of `run` with `outcome` (`fail` or `degraded`).
+/// The tests of `run` with `outcome` (`fail`, `degraded` or `unsupported`).
 fn tests_with(conn: &Connection, run: &str, outcome: &str) -> anyhow::Result<Vec<Failure>> {
     let mut stmt = conn.prepare(
-        "SELECT test_id, domain, title, layer, primitive, confidence, explanation, evidence
-         FROM campaign_tests WHERE run = ?1 AND outcome = ?2 ORDER BY test_id",
+        "SELECT t.test_id, domain, title, layer, primitive, confidence, explanation, evidence,
+                (SELECT cause FROM campaign_shrinks s
+                  WHERE s.run = t.run AND s.test_id = t.test_id ORDER BY step LIMIT 1)
+         FROM campaign_tests t WHERE t.run = ?1 AND outcome = ?2 ORDER BY t.test_id",
     )?;
     let rows = stmt.query_map([run, outcome], |r| {
         Ok(Failure {
@@ -238,6 +263,7 @@ fn tests_with(conn: &Connection, run: &str, outcome: &str) -> anyhow::Result<Vec
                 .get::<_, Option<String>>(7)?
                 .and_then(|e| serde_json::from_str(&e).ok())
                 .unwrap_or_default(),
+            minimized: r.get(8)?,
         })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
@@ -258,10 +284,13 @@ pub fn text(r: &Report) -> String {
     let run = &r.run;
     let _ = writeln!(
         o,
-        "run {} ({}) against {}\n{} of {} tests recorded{}: {} passed, {} degraded, {} failed; {:.0} s wall, {:.0} s of test time\n",
+        "run {} ({}) against {}{}\n{} of {} tests recorded{}: {} passed, {} degraded, {} failed, {} unsupported; {:.0} s wall, {:.0} s of test time\n",
         run.id,
         run.label,
         run.target,
+        run.adapter
+            .as_ref()
+            .map_or(String::new(), |a| format!(" through adapter {a}")),
         run.recorded,
         run.tests_total,
         if run.complete {
@@ -272,15 +301,17 @@ pub fn text(r: &Report) -> String {
         r.passed,
         r.degraded,
         r.failed,
+        r.unsupported,
         r.wall_s,
         r.test_time_s
     );
     let _ = writeln!(
         o,
-        "{:<12} {:>6} {:>8} {:>6} {:>6}",
-        "DOMAIN", "PASS", "DEGRADED", "FAIL", "PASS%"
+        "{:<12} {:>6} {:>8} {:>6} {:>6} {:>6}",
+        "DOMAIN", "PASS", "DEGRADED", "FAIL", "UNSUP", "PASS%"
     );
     for (d, c) in &r.domains {
+        // unsupported tests say nothing of the target: not in the share
         let all = c.passed + c.degraded + c.failed;
         let pct = if all > 0 {
             100.0 * c.passed as f64 / all as f64
@@ -289,15 +320,37 @@ pub fn text(r: &Report) -> String {
         };
         let _ = writeln!(
             o,
-            "{d:<12} {:>6} {:>8} {:>6} {pct:>5.0}%",
-            c.passed, c.degraded, c.failed
+            "{d:<12} {:>6} {:>8} {:>6} {:>6} {pct:>5.0}%",
+            c.passed, c.degraded, c.failed, c.unsupported
         );
     }
     let _ = writeln!(
         o,
-        "{:<12} {:>6} {:>8} {:>6}\n",
-        "total", r.passed, r.degraded, r.failed
+        "{:<12} {:>6} {:>8} {:>6} {:>6}\n",
+        "total", r.passed, r.degraded, r.failed, r.unsupported
     );
+    if !r.unsupported_tests.is_empty() {
+        let _ = writeln!(
+            o,
+            "UNSUPPORTED (steps the target cannot express; neither pass nor fail)"
+        );
+        let mut reasons: BTreeMap<String, (usize, &str)> = BTreeMap::new();
+        for t in &r.unsupported_tests {
+            // "step N (tool): why" → grouped by tool and why
+            let why = t
+                .explanation
+                .split_once(' ')
+                .map_or(&*t.explanation, |(_, rest)| rest);
+            let why = why.split_once(' ').map_or(why, |(_, rest)| rest);
+            reasons.entry(why.to_string()).or_insert((0, &t.test_id)).0 += 1;
+        }
+        let mut reasons: Vec<_> = reasons.into_iter().collect();
+        reasons.sort_by_key(|r| std::cmp::Reverse(r.1.0));
+        for (why, (n, example)) in reasons.iter().take(10) {
+            let _ = writeln!(o, "{n:>5} × {}  e.g. {example}", cut(why, 100));
+        }
+        let _ = writeln!(o);
+    }
     if !r.degraded_tests.is_empty() {
         let _ = writeln!(o, "DEGRADED (passed, but slowed or under memory pressure)");
         for t in r.degraded_tests.iter().take(10) {
@@ -329,6 +382,24 @@ pub fn text(r: &Report) -> String {
             e.example_test,
             cut(&e.example, 110)
         );
+    }
+    let minimized: Vec<&Failure> = r
+        .failures
+        .iter()
+        .filter(|f| f.minimized.is_some())
+        .collect();
+    if !minimized.is_empty() {
+        let _ = writeln!(o, "\nMINIMIZED CAUSES (campaign shrink)");
+        for f in minimized.iter().take(10) {
+            let _ = writeln!(
+                o,
+                "  {} {}/{}: {}",
+                f.test_id,
+                f.layer,
+                f.primitive,
+                cut(f.minimized.as_deref().unwrap_or_default(), 100)
+            );
+        }
     }
     o
 }

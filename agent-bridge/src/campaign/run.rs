@@ -18,6 +18,7 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
+use super::adapter::Adapter;
 use super::db::{self, RunRow, TestRecord};
 use super::spec::TestSpec;
 use super::target::{CallError, Target};
@@ -44,6 +45,8 @@ pub struct Options {
     pub allow_egress: Vec<String>,
     /// Where the local upstream listens.
     pub upstream_host: std::net::Ipv4Addr,
+    /// How the campaign's steps map onto a target that is not an agent-bridge.
+    pub adapter: Option<Arc<Adapter>>,
 }
 
 /// What a runner process did.
@@ -59,6 +62,8 @@ pub struct Summary {
     pub failed: usize,
     /// Passed, but a step ran past its max_duration_ms or stalled on memory.
     pub degraded: usize,
+    /// A step the target cannot express (through its adapter) stopped the test.
+    pub unsupported: usize,
     pub complete: bool,
     pub wall_s: f64,
     /// This runner process's own CPU time and peak RSS (not the bridges').
@@ -132,17 +137,35 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
             .await
             .context("the campaign's local upstream (stands in for the internet)")?,
     );
-    // fail fast when the bridge cannot start at all; learn what it injects
+    // fail fast when the target cannot start at all; learn what a bridge
+    // injects, or check that a foreign server has every tool the adapter maps
     let probe = o
         .target
         .connect()
         .await
         .map_err(anyhow::Error::msg)
         .context("the target does not answer")?;
-    let (profile, injected) = probe
-        .sandbox()
-        .await
-        .map_err(|e| anyhow::anyhow!("sandbox_info: {e}"))?;
+    let (profile, injected) = match &o.adapter {
+        None => probe
+            .sandbox()
+            .await
+            .map_err(|e| anyhow::anyhow!("sandbox_info: {e}"))?,
+        Some(adapter) => {
+            let tools = probe
+                .list_tools()
+                .await
+                .map_err(|e| anyhow::anyhow!("tools/list: {e}"))?;
+            let problems = super::adapter_check::problems(adapter, &tools);
+            if !problems.is_empty() {
+                bail!(
+                    "{}: the target lacks what the adapter maps:\n  {}",
+                    adapter.file.display(),
+                    problems.join("\n  ")
+                );
+            }
+            (None, None)
+        }
+    };
     probe.close().await;
     let run = open_run(&conn, &o, &suite.tests, profile, injected)?;
     let done = db::recorded(&conn, &run.id)?;
@@ -180,7 +203,8 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
     summary.kernel_unavailable_reason = counts.kernel_reason;
     summary.passed = counts.passed;
     summary.degraded = counts.degraded;
-    summary.failed = counts.recorded - counts.passed - counts.degraded;
+    summary.unsupported = counts.unsupported;
+    summary.failed = counts.recorded - counts.passed - counts.degraded - counts.unsupported;
     let conn = db::open(&o.db)?;
     summary.complete = db::finish_if_complete(&conn, &run.id)?;
     summary.wall_s = started.elapsed().as_secs_f64();
@@ -228,6 +252,7 @@ async fn execute(
     let mut workers = Vec::new();
     for w in 0..o.workers.max(1) {
         let (queue, tx, stop, target) = (queue.clone(), tx.clone(), stop.clone(), o.target.clone());
+        let adapter = o.adapter.clone();
         let upstream = upstream.clone();
         let runner = format!("{}/w{w}", std::process::id());
         workers.push(tokio::spawn(async move {
@@ -237,7 +262,7 @@ async fn execute(
                 };
                 let test = upstream.bind(&test);
                 let record = tokio::select! {
-                    r = run_test(&target, &test, &runner) => r,
+                    r = run_test(&target, adapter.as_deref(), &test, &runner) => r,
                     () = stop.cancelled() => break,
                 };
                 if tx.send(record).is_err() {
@@ -291,6 +316,10 @@ fn open_run(
         injected,
         started_ms: probe::clock::now_ms() as i64,
         finished_ms: None,
+        adapter: o
+            .adapter
+            .as_ref()
+            .map(|a| format!("{} (sha256 {})", a.name, &a.digest[..16])),
     };
     let run = if let Some(id) = &o.resume {
         db::run(conn, id)?
@@ -324,6 +353,7 @@ struct Counts {
     recorded: usize,
     passed: usize,
     degraded: usize,
+    unsupported: usize,
     without_kernel: usize,
     kernel_reason: Option<String>,
 }
@@ -356,18 +386,28 @@ fn write_all(
             }
         }
         match (&record.triage, &record.degraded) {
+            _ if record.unsupported.is_some() => counts.unsupported += 1,
             (None, None) => counts.passed += 1,
             (None, Some(_)) => counts.degraded += 1,
             (Some(_), _) => {}
         }
-        progress.tick(&record, counts.recorded - counts.passed - counts.degraded);
+        progress.tick(
+            &record,
+            counts.recorded - counts.passed - counts.degraded - counts.unsupported,
+        );
     }
     progress.finish();
     Ok(counts)
 }
 
-/// Runs one test in its own MCP session.
-pub async fn run_test(target: &Target, test: &TestSpec, runner: &str) -> TestRecord {
+/// Runs one test in its own MCP session; through `adapter` when the
+/// target is not an agent-bridge.
+pub async fn run_test(
+    target: &Target,
+    adapter: Option<&Adapter>,
+    test: &TestSpec,
+    runner: &str,
+) -> TestRecord {
     let started = Instant::now();
     let mut steps: Vec<(String, Value, Option<verdict::StepOutcome>)> = test
         .steps
@@ -376,6 +416,7 @@ pub async fn run_test(target: &Target, test: &TestSpec, runner: &str) -> TestRec
         .collect();
     let mut outcomes = Vec::new();
     let mut session = None;
+    let mut unsupported = None;
     match target.connect().await {
         Err(e) => {
             // the bridge would not start or answer: the test's first step failed on it
@@ -392,21 +433,17 @@ pub async fn run_test(target: &Target, test: &TestSpec, runner: &str) -> TestRec
         Ok(conn) => {
             let mut sent = Sent::default();
             for (i, step) in test.steps.iter().enumerate() {
-                let wait = Duration::from_millis(
-                    step.arguments
-                        .get("timeout_ms")
-                        .and_then(Value::as_u64)
-                        .unwrap_or(60_000)
-                        + 30_000,
-                );
-                let args: serde_json::Map<String, Value> =
-                    step.arguments.clone().into_iter().collect();
-                let t0 = Instant::now();
-                let answer = conn
-                    .call(&step.tool, args, wait)
-                    .await
-                    .map(|r| serde_json::to_value(r).unwrap_or(Value::Null));
-                let o = verdict::judge(step, answer, t0.elapsed(), &mut sent);
+                let o = match run_step(&conn, adapter, step, &mut sent).await {
+                    Ok(o) => o,
+                    Err(why) => {
+                        unsupported = Some(format!("step {i} ({}): {why}", step.tool));
+                        steps[i].2 = Some(verdict::StepOutcome {
+                            unsupported: Some(why),
+                            ..Default::default()
+                        });
+                        break;
+                    }
+                };
                 if session.is_none() {
                     session = o
                         .kernel
@@ -423,17 +460,59 @@ pub async fn run_test(target: &Target, test: &TestSpec, runner: &str) -> TestRec
             conn.close().await;
         }
     }
+    let judged = unsupported.is_none();
     TestRecord {
         test_id: test.id.clone(),
         domain: test.domain.clone(),
         title: test.title.clone(),
-        triage: triage::triage(&outcomes),
-        degraded: triage::degraded(&outcomes),
+        triage: judged.then(|| triage::triage(&outcomes)).flatten(),
+        degraded: judged.then(|| triage::degraded(&outcomes)).flatten(),
+        unsupported,
         duration_ms: started.elapsed().as_secs_f64() * 1000.0,
         runner: runner.to_string(),
         mcp_session: session,
         steps,
     }
+}
+
+/// One step: sent (through the adapter when there is one) and judged; or
+/// why the target cannot express it.
+async fn run_step(
+    conn: &super::target::Connection,
+    adapter: Option<&Adapter>,
+    step: &super::spec::Step,
+    sent: &mut Sent,
+) -> Result<verdict::StepOutcome, String> {
+    let wait = Duration::from_millis(
+        step.arguments
+            .get("timeout_ms")
+            .and_then(Value::as_u64)
+            .unwrap_or(60_000)
+            + 30_000,
+    );
+    let Some(adapter) = adapter else {
+        let args: serde_json::Map<String, Value> = step.arguments.clone().into_iter().collect();
+        let t0 = Instant::now();
+        let answer = conn
+            .call(&step.tool, args, wait)
+            .await
+            .map(|r| serde_json::to_value(r).unwrap_or(Value::Null));
+        return Ok(verdict::judge(step, answer, t0.elapsed(), sent));
+    };
+    let prepared = adapter.prepare(step).map_err(|u| u.0)?;
+    let call = serde_json::json!({"tool": prepared.tool, "arguments": prepared.arguments});
+    let t0 = Instant::now();
+    let answer = conn
+        .call(&prepared.tool, prepared.arguments, wait)
+        .await
+        .map(|r| {
+            let raw = serde_json::to_value(r).unwrap_or(Value::Null);
+            adapter.read(&step.tool, &raw)
+        });
+    let mut o = verdict::judge(&prepared.judged, answer, t0.elapsed(), sent);
+    o.unchecked = prepared.unchecked;
+    o.target_call = Some(call);
+    Ok(o)
 }
 
 /// A bar on a terminal; otherwise a line every 10 % or 10 s.

@@ -178,6 +178,19 @@ impl Connection {
         }
     }
 
+    /// Every tool the server lists (following pagination).
+    pub async fn list_tools(&self) -> Result<Vec<rmcp::model::Tool>, CallError> {
+        match tokio::time::timeout(Duration::from_secs(30), self.client.list_all_tools()).await {
+            Err(_) => Err(CallError::Timeout(Duration::from_secs(30))),
+            Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(rmcp::ServiceError::McpError(e))) => Err(CallError::Protocol(format!(
+                "{} (code {})",
+                e.message, e.code.0
+            ))),
+            Ok(Err(e)) => Err(CallError::Transport(self.explain(e.to_string()))),
+        }
+    }
+
     /// The bridge's `sandbox_info`: (profile name, injected fault) where
     /// the injected fault is the profile's primitive or `interface`.
     pub async fn sandbox(&self) -> Result<(Option<String>, Option<String>), CallError> {

@@ -45,6 +45,12 @@ pub struct StepOutcome {
     pub memory_pressure: bool,
     /// An image the step read back (a screenshot), kept for the report.
     pub artifact: Option<(&'static str, Vec<u8>)>,
+    /// The target cannot express the step (through its adapter): why.
+    pub unsupported: Option<String>,
+    /// Expectations the target cannot report, left out of the judgement.
+    pub unchecked: Vec<String>,
+    /// The call as the adapter sent it (`{tool, arguments}`).
+    pub target_call: Option<Value>,
 }
 
 impl StepOutcome {
@@ -57,7 +63,10 @@ impl StepOutcome {
     }
 
     pub fn passed(&self) -> bool {
-        self.failures.is_empty() && self.interface.is_empty() && self.call_error.is_none()
+        self.failures.is_empty()
+            && self.interface.is_empty()
+            && self.call_error.is_none()
+            && self.unsupported.is_none()
     }
 
     /// The kernel attribution says the call failed, and on what.

@@ -1,0 +1,1090 @@
+//! Target adapters: the campaign's steps on another MCP server's tools.
+//!
+//! An adapter is a TOML file (docs/ADAPTERS.md) that maps each step of the
+//! campaign's vocabulary onto one of the target's tools, with argument
+//! templates, and says where each value the judge needs is found in the
+//! target's result. It never hides what the target does to bytes: what
+//! comes back is judged as our own bridge's results are.
+//!
+//! Data flows one way: a step is [`Adapter::prepare`]d (the call to send,
+//! or why the target cannot express it), sent, and its result is
+//! [`Adapter::read`] into the shape of an agent-bridge result, which
+//! [`super::verdict::judge`] checks as usual.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use regex::Regex;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::spec::{Expect, Step};
+use crate::bytes::{Payload, base64_decode, base64_encode, sha256_hex};
+
+/// The campaign's step vocabulary, with the arguments each step may have.
+pub const STEPS: &[(&str, &[&str])] = &[
+    (
+        "exec",
+        &[
+            "argv",
+            "command",
+            "stdin_base64",
+            "cwd",
+            "env",
+            "timeout_ms",
+            "max_output_bytes",
+        ],
+    ),
+    (
+        "run_code",
+        &["language", "code", "timeout_ms", "max_output_bytes"],
+    ),
+    (
+        "write_file",
+        &[
+            "path",
+            "path_base64",
+            "content_base64",
+            "text",
+            "sha256",
+            "mode",
+            "append",
+            "content",
+        ],
+    ),
+    ("read_file", &["path", "path_base64", "offset", "length"]),
+    ("list_dir", &["path", "path_base64", "recursive"]),
+    ("stat", &["path", "path_base64"]),
+    ("start_process", &["argv", "command", "cwd", "env"]),
+    (
+        "poll_process",
+        &["id", "stdout_cursor", "stderr_cursor", "wait_ms"],
+    ),
+    ("write_stdin", &["id", "text", "data_base64", "close"]),
+    ("kill_process", &["id", "signal"]),
+];
+
+/// Values a result reader can produce, and what each is for.
+const FIELDS: &[&str] = &[
+    "stdout",    // bytes: a command's standard output
+    "stderr",    // bytes
+    "exit_code", // integer
+    "signal",    // text, e.g. SIGKILL
+    "bytes",     // bytes: what read_file returned
+    "size",      // integer
+    "sha256",    // text: the digest the target reports
+    "written",   // integer: bytes the target says it wrote
+    "errno",     // text, e.g. ENOENT
+    "error",     // the call failed (the text that says so) though isError is false
+    "id",        // integer: a background process's id
+];
+
+const FILTERS: &str = "text, base64, sh, interpreter, default:VALUE, map:FROM=TO,…,*=TO";
+
+/// An adapter file, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    name: String,
+    #[serde(default)]
+    description: String,
+    /// The server (and version) the adapter was written for.
+    #[serde(default)]
+    server: String,
+    /// What the target cannot do, in words, for reports.
+    #[serde(default)]
+    limits: Vec<String>,
+    steps: BTreeMap<String, StepFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepFile {
+    tool: String,
+    #[serde(default)]
+    arguments: toml::Table,
+    /// Step arguments the target has no use for, which are not a reason
+    /// to call the step unsupported (e.g. the bridge's own `sha256` check).
+    #[serde(default)]
+    ignore: Vec<String>,
+    #[serde(default)]
+    result: BTreeMap<String, ReaderFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReaderFile {
+    from: String,
+    /// JSON pointer into structuredContent (`from = "structured"`).
+    #[serde(default)]
+    path: Option<String>,
+    /// A regex over the source text; the value is group 1 (or the whole match).
+    #[serde(default)]
+    pattern: Option<String>,
+    /// Text the pattern must match: it proves the pattern, and shows a reader what the server says.
+    #[serde(default)]
+    example: Option<String>,
+    /// `base64` (the value is base64 text) or `payload` (an agent-bridge {text|base64} payload).
+    #[serde(default)]
+    decode: Option<String>,
+}
+
+/// Where a value is found in a result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Source {
+    /// Every text content block, joined by newlines (what an agent reads).
+    Text,
+    Structured,
+    /// The first embedded resource's blob (base64) or text.
+    Resource,
+    /// The first image content block's data.
+    Image,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Decode {
+    None,
+    Base64,
+    Payload,
+}
+
+#[derive(Debug)]
+struct Reader {
+    source: Source,
+    path: String,
+    pattern: Option<Regex>,
+    decode: Decode,
+}
+
+#[derive(Debug)]
+struct Mapping {
+    tool: String,
+    arguments: Map<String, Value>,
+    /// Step arguments the templates use (directly or through `content`).
+    used: BTreeSet<String>,
+    ignore: BTreeSet<String>,
+    result: BTreeMap<String, Reader>,
+}
+
+/// A loaded, checked adapter.
+#[derive(Debug)]
+pub struct Adapter {
+    pub name: String,
+    pub description: String,
+    pub server: String,
+    pub limits: Vec<String>,
+    pub file: PathBuf,
+    /// sha256 of the file, stored with a run.
+    pub digest: String,
+    steps: BTreeMap<String, Mapping>,
+}
+
+/// A step the target cannot express, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unsupported(pub String);
+
+/// A step as the target will receive it.
+#[derive(Debug)]
+pub struct Prepared {
+    pub tool: String,
+    pub arguments: Map<String, Value>,
+    /// The step to judge: expectations the target cannot report are left out…
+    pub judged: Step,
+    /// …and named here.
+    pub unchecked: Vec<String>,
+}
+
+/// A template value: JSON, or bytes (write_file's `content`).
+#[derive(Debug, Clone)]
+enum TVal {
+    Json(Value),
+    Bytes(Vec<u8>),
+}
+
+/// One `{{var|filter|…}}`.
+#[derive(Debug, Clone)]
+struct Placeholder {
+    var: String,
+    filters: Vec<String>,
+}
+
+/// A template string: literal text and placeholders.
+#[derive(Debug, Clone)]
+enum Piece {
+    Text(String),
+    Var(Placeholder),
+}
+
+fn parse_template(s: &str) -> Result<Vec<Piece>, String> {
+    let mut pieces = Vec::new();
+    let mut rest = s;
+    while let Some(start) = rest.find("{{") {
+        if start > 0 {
+            pieces.push(Piece::Text(rest[..start].to_string()));
+        }
+        let after = &rest[start + 2..];
+        let end = after
+            .find("}}")
+            .ok_or_else(|| format!("`{{{{` without `}}}}` in {s:?}"))?;
+        let mut parts = after[..end].split('|').map(str::trim);
+        let var = parts.next().unwrap_or_default().to_string();
+        if var.is_empty() {
+            return Err(format!("an empty placeholder in {s:?}"));
+        }
+        let filters: Vec<String> = parts.map(String::from).collect();
+        for f in &filters {
+            let name = f.split(':').next().unwrap_or_default();
+            if !matches!(
+                name,
+                "text" | "base64" | "sh" | "interpreter" | "default" | "map"
+            ) {
+                return Err(format!("unknown filter `{f}` (filters: {FILTERS})"));
+            }
+            if f.starts_with("map:") && !f[4..].split(',').all(|p| p.contains('=')) {
+                return Err(format!("`{f}`: a map is map:FROM=TO,FROM=TO,*=DEFAULT"));
+            }
+        }
+        pieces.push(Piece::Var(Placeholder { var, filters }));
+        rest = &after[end + 2..];
+    }
+    if rest.contains("}}") {
+        return Err(format!("`}}}}` without `{{{{` in {s:?}"));
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Text(rest.to_string()));
+    }
+    Ok(pieces)
+}
+
+/// Every placeholder variable in a TOML argument value, checked.
+fn template_vars(v: &toml::Value, out: &mut BTreeSet<String>) -> Result<(), String> {
+    match v {
+        toml::Value::String(s) => {
+            for p in parse_template(s)? {
+                if let Piece::Var(p) = p {
+                    out.insert(p.var);
+                }
+            }
+        }
+        toml::Value::Array(a) => {
+            for x in a {
+                template_vars(x, out)?;
+            }
+        }
+        toml::Value::Table(t) => {
+            for x in t.values() {
+                template_vars(x, out)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn interpreter(language: &str) -> Option<&'static str> {
+    Some(match language {
+        "python" => "python3",
+        "sh" => "sh",
+        "bash" => "bash",
+        "node" => "node",
+        "perl" => "perl",
+        _ => return None,
+    })
+}
+
+fn as_text(v: TVal, var: &str) -> Result<String, Unsupported> {
+    match v {
+        TVal::Json(Value::String(s)) => Ok(s),
+        TVal::Json(v) => Ok(v.to_string()),
+        TVal::Bytes(b) => String::from_utf8(b).map_err(|e| {
+            Unsupported(format!(
+                "`{var}` is not UTF-8 (invalid byte at offset {}) and the target takes text only",
+                e.utf8_error().valid_up_to()
+            ))
+        }),
+    }
+}
+
+fn apply_filter(v: Option<TVal>, filter: &str, var: &str) -> Result<Option<TVal>, Unsupported> {
+    let (name, arg) = filter.split_once(':').unwrap_or((filter, ""));
+    if name == "default" {
+        return Ok(Some(v.unwrap_or_else(|| {
+            TVal::Json(serde_json::from_str(arg).unwrap_or_else(|_| Value::String(arg.into())))
+        })));
+    }
+    let Some(v) = v else { return Ok(None) };
+    let s = |v| as_text(v, var);
+    Ok(Some(match name {
+        "text" => TVal::Json(Value::String(s(v)?)),
+        "base64" => TVal::Json(Value::String(match v {
+            TVal::Bytes(b) => base64_encode(&b),
+            v => base64_encode(s(v)?.as_bytes()),
+        })),
+        "sh" => TVal::Json(Value::String(shell_quote(&s(v)?))),
+        "interpreter" => {
+            let lang = s(v)?;
+            let i = interpreter(&lang)
+                .ok_or_else(|| Unsupported(format!("no interpreter known for `{lang}`")))?;
+            TVal::Json(Value::String(i.into()))
+        }
+        "map" => {
+            let key = s(v)?;
+            let mut default = None;
+            for pair in arg.split(',') {
+                let (from, to) = pair.split_once('=').unwrap_or((pair, ""));
+                if from == key {
+                    return Ok(Some(TVal::Json(Value::String(to.into()))));
+                }
+                if from == "*" {
+                    default = Some(to);
+                }
+            }
+            match default {
+                Some(to) => TVal::Json(Value::String(to.into())),
+                None => return Err(Unsupported(format!("`{var}` = {key:?} has no mapping"))),
+            }
+        }
+        _ => unreachable!("filters are checked when the adapter loads"),
+    }))
+}
+
+/// The value of one template string; `None` when a lone placeholder's
+/// variable is absent (the argument is then left out).
+fn render(s: &str, vars: &BTreeMap<String, TVal>) -> Result<Option<Value>, Unsupported> {
+    let pieces = parse_template(s).map_err(Unsupported)?;
+    let value_of = |p: &Placeholder| -> Result<Option<TVal>, Unsupported> {
+        let mut v = vars.get(&p.var).cloned();
+        for f in &p.filters {
+            v = apply_filter(v, f, &p.var)?;
+        }
+        Ok(v)
+    };
+    if let [Piece::Var(p)] = pieces.as_slice() {
+        // a lone placeholder keeps its type: a number stays a number
+        return Ok(match value_of(p)? {
+            None => None,
+            Some(TVal::Json(v)) => Some(v),
+            Some(b @ TVal::Bytes(_)) => Some(Value::String(as_text(b, &p.var)?)),
+        });
+    }
+    let mut out = String::new();
+    for piece in &pieces {
+        match piece {
+            Piece::Text(t) => out.push_str(t),
+            Piece::Var(p) => match value_of(p)? {
+                Some(v) => out.push_str(&as_text(v, &p.var)?),
+                None => {
+                    return Err(Unsupported(format!(
+                        "the step has no `{}`, which the template {s:?} needs",
+                        p.var
+                    )));
+                }
+            },
+        }
+    }
+    Ok(Some(Value::String(out)))
+}
+
+fn render_value(v: &Value, vars: &BTreeMap<String, TVal>) -> Result<Option<Value>, Unsupported> {
+    Ok(match v {
+        Value::String(s) => render(s, vars)?,
+        Value::Array(a) => Some(Value::Array(
+            a.iter()
+                .map(|x| render_value(x, vars))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .flatten()
+                .collect(),
+        )),
+        Value::Object(o) => {
+            let mut m = Map::new();
+            for (k, x) in o {
+                if let Some(x) = render_value(x, vars)? {
+                    m.insert(k.clone(), x);
+                }
+            }
+            Some(Value::Object(m))
+        }
+        v => Some(v.clone()),
+    })
+}
+
+/// What the judge reads for one expectation, for the steps where it differs.
+fn needs(step: &str, expect: &Expect) -> Vec<(&'static str, &'static str)> {
+    let read_file = step == "read_file";
+    let mut out = Vec::new();
+    let mut need = |set: bool, what: &'static str, field: &'static str| {
+        if set {
+            out.push((what, field));
+        }
+    };
+    need(expect.exit_code.is_some(), "exit_code", "exit_code");
+    need(expect.signal.is_some(), "signal", "signal");
+    for (set, what) in [
+        (expect.stdout_equals.is_some(), "stdout_equals"),
+        (expect.stdout_contains.is_some(), "stdout_contains"),
+        (expect.stdout_base64.is_some(), "stdout_base64"),
+        (expect.stdout_sha256.is_some(), "stdout_sha256"),
+    ] {
+        need(set, what, "stdout");
+    }
+    need(
+        expect.stderr_contains.is_some(),
+        "stderr_contains",
+        "stderr",
+    );
+    let file = if read_file { "bytes" } else { "sha256" };
+    need(expect.sha256.is_some(), "sha256", file);
+    let size = if read_file { "bytes" } else { "size" };
+    need(expect.size.is_some(), "size", size);
+    need(expect.exists == Some(false), "exists", "errno");
+    need(
+        expect.sha256_from_step.is_some(),
+        "sha256_from_step",
+        "bytes",
+    );
+    need(expect.png.is_some(), "png", "bytes");
+    need(expect.pdf_pages.is_some(), "pdf_pages", "bytes");
+    out
+}
+
+/// Clears one expectation (named as in the test format).
+fn clear(expect: &mut Expect, what: &str) {
+    match what {
+        "exit_code" => expect.exit_code = None,
+        "signal" => expect.signal = None,
+        "stdout_equals" => expect.stdout_equals = None,
+        "stdout_contains" => expect.stdout_contains = None,
+        "stdout_base64" => expect.stdout_base64 = None,
+        "stdout_sha256" => expect.stdout_sha256 = None,
+        "stderr_contains" => expect.stderr_contains = None,
+        "sha256" => expect.sha256 = None,
+        "size" => expect.size = None,
+        "exists" => expect.exists = None,
+        "sha256_from_step" => expect.sha256_from_step = None,
+        "png" => expect.png = None,
+        "pdf_pages" => expect.pdf_pages = None,
+        _ => {}
+    }
+}
+
+impl Adapter {
+    /// Loads and checks an adapter; every error names the file and field.
+    pub fn load(path: &Path) -> Result<Adapter, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        Adapter::parse(path, &text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Adapter, String> {
+        let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut steps = BTreeMap::new();
+        for (name, s) in file.steps {
+            let at = format!("steps.{name}");
+            let Some((_, known)) = STEPS.iter().find(|(n, _)| *n == name) else {
+                let all: Vec<&str> = STEPS.iter().map(|(n, _)| *n).collect();
+                return Err(format!(
+                    "{at}: unknown step `{name}` (the campaign's steps: {})",
+                    all.join(", ")
+                ));
+            };
+            if s.tool.trim().is_empty() {
+                return Err(format!("{at}.tool: empty"));
+            }
+            let mut vars = BTreeSet::new();
+            for (k, v) in &s.arguments {
+                template_vars(v, &mut vars).map_err(|e| format!("{at}.arguments.{k}: {e}"))?;
+            }
+            for v in &vars {
+                if !known.contains(&v.as_str()) {
+                    return Err(format!(
+                        "{at}.arguments: `{{{{{v}}}}}` is not an argument of `{name}` (its arguments: {})",
+                        known.join(", ")
+                    ));
+                }
+            }
+            for v in &s.ignore {
+                if !known.contains(&v.as_str()) {
+                    return Err(format!(
+                        "{at}.ignore: `{v}` is not an argument of `{name}` (its arguments: {})",
+                        known.join(", ")
+                    ));
+                }
+            }
+            let mut used = vars;
+            if used.contains("content") {
+                used.extend(["text".to_string(), "content_base64".to_string()]);
+            }
+            let mut result = BTreeMap::new();
+            for (field, r) in s.result {
+                let at = format!("{at}.result.{field}");
+                if !FIELDS.contains(&field.as_str()) {
+                    return Err(format!(
+                        "{at}: unknown field (fields: {})",
+                        FIELDS.join(", ")
+                    ));
+                }
+                result.insert(field, Reader::parse(&at, r)?);
+            }
+            let arguments = serde_json::to_value(&s.arguments)
+                .ok()
+                .and_then(|v| v.as_object().cloned())
+                .unwrap_or_default();
+            steps.insert(
+                name,
+                Mapping {
+                    tool: s.tool,
+                    arguments,
+                    used,
+                    ignore: s.ignore.into_iter().collect(),
+                    result,
+                },
+            );
+        }
+        if steps.is_empty() {
+            return Err("steps: the adapter maps no step".into());
+        }
+        Ok(Adapter {
+            name: file.name,
+            description: file.description,
+            server: file.server,
+            limits: file.limits,
+            file: path.to_path_buf(),
+            digest: sha256_hex(text.as_bytes()),
+            steps,
+        })
+    }
+
+    /// (step, tool, argument names) of every mapping, for `adapter check`.
+    pub fn mappings(&self) -> impl Iterator<Item = (&str, &str, Vec<&str>)> {
+        self.steps.iter().map(|(step, m)| {
+            (
+                step.as_str(),
+                m.tool.as_str(),
+                m.arguments.keys().map(String::as_str).collect(),
+            )
+        })
+    }
+
+    /// The call to send for `step`, or why the target cannot express it.
+    pub fn prepare(&self, step: &Step) -> Result<Prepared, Unsupported> {
+        let Some(m) = self.steps.get(&step.tool) else {
+            return Err(Unsupported(format!(
+                "the adapter maps no `{}` step",
+                step.tool
+            )));
+        };
+        for arg in step.arguments.keys() {
+            if !m.used.contains(arg) && !m.ignore.contains(arg) {
+                return Err(Unsupported(format!(
+                    "`{}` has no way to take the step's `{arg}`",
+                    m.tool
+                )));
+            }
+        }
+        let mut vars: BTreeMap<String, TVal> = step
+            .arguments
+            .iter()
+            .map(|(k, v)| (k.clone(), TVal::Json(v.clone())))
+            .collect();
+        if let Some(content) = content(step) {
+            vars.insert("content".into(), TVal::Bytes(content?));
+        }
+        let arguments = match render_value(&Value::Object(m.arguments.clone()), &vars)? {
+            Some(Value::Object(o)) => o,
+            _ => Map::new(),
+        };
+        let mut judged = step.clone();
+        let mut unchecked = Vec::new();
+        let wanted = needs(&step.tool, &step.expect);
+        for (what, field) in &wanted {
+            if !m.result.contains_key(*field) {
+                clear(&mut judged.expect, what);
+                unchecked.push(format!("{what} (the adapter reads no {field})"));
+            }
+        }
+        // a write's point is the file, which a later read checks; any other
+        // step whose every expectation is unreadable would check nothing
+        let checks_nothing = !wanted.is_empty() && unchecked.len() == wanted.len();
+        if checks_nothing && step.tool != "write_file" && !step.expect.is_error {
+            return Err(Unsupported(format!(
+                "nothing the step expects can be read from `{}`: {}",
+                m.tool,
+                unchecked.join(", ")
+            )));
+        }
+        Ok(Prepared {
+            tool: m.tool.clone(),
+            arguments,
+            judged,
+            unchecked,
+        })
+    }
+
+    /// The target's result for `step`, in the shape of an agent-bridge
+    /// result: what the adapter reads, plus the kernel evidence the proxy
+    /// added (`_meta["probe/kernel"]`) or the bridge's own.
+    pub fn read(&self, step: &str, result: &Value) -> Value {
+        let mut s = Map::new();
+        let mut is_error = result["isError"] == Value::Bool(true);
+        let mut notes = Vec::new();
+        let mut content = Vec::new();
+        if let Some(m) = self.steps.get(step) {
+            for (field, reader) in &m.result {
+                match reader.read(result) {
+                    Ok(Some(v)) => {
+                        if field == "error" {
+                            is_error = true;
+                            s.insert("error".into(), json!({"message": as_text_lossy(&v)}));
+                        } else {
+                            let v = shape(field, v, &mut content);
+                            s.insert(field.clone(), v);
+                        }
+                    }
+                    Ok(None) if field == "error" => {}
+                    Ok(None) => notes.push(format!(
+                        "adapter: {field} not found in the result ({})",
+                        reader.describe()
+                    )),
+                    Err(e) => notes.push(format!("adapter: {field}: {e}")),
+                }
+            }
+        }
+        if is_error && !s.contains_key("error") {
+            s.insert("error".into(), json!({"message": all_text(result)}));
+        }
+        // bytes read back: their own length and digest, unless the target says
+        if let Some(bytes) = s.get("bytes").cloned() {
+            for (field, value) in [("size", &bytes["bytes"]), ("sha256", &bytes["sha256"])] {
+                s.entry(field).or_insert_with(|| value.clone());
+            }
+        }
+        let kernel = result
+            .pointer("/_meta/probe~1kernel")
+            .or_else(|| result.pointer("/structuredContent/kernel"))
+            .cloned();
+        if let Some(k) = kernel {
+            s.insert("kernel".into(), k);
+        }
+        if !notes.is_empty() {
+            s.insert("adapter_notes".into(), json!(notes));
+        }
+        json!({"content": content, "isError": is_error, "structuredContent": s})
+    }
+}
+
+/// A read value as the judge expects it: bytes as payloads, read_file's
+/// bytes as a resource blob too, numbers as numbers.
+fn shape(field: &str, v: TVal, content: &mut Vec<Value>) -> Value {
+    match (field, v) {
+        ("bytes", TVal::Bytes(b)) => {
+            content.push(json!({"type": "resource", "resource": {"uri": "adapter:bytes", "blob": base64_encode(&b)}}));
+            json!({"bytes": b.len(), "sha256": sha256_hex(&b)})
+        }
+        ("stdout" | "stderr", TVal::Bytes(b)) => {
+            serde_json::to_value(Payload::new(&b, b.len() as u64)).unwrap_or(Value::Null)
+        }
+        ("exit_code" | "size" | "written" | "id", v) => {
+            let text = as_text_lossy(&v);
+            text.trim()
+                .parse::<i64>()
+                .map_or(Value::String(text), Value::from)
+        }
+        (_, TVal::Json(v)) => v,
+        (_, b) => Value::String(as_text_lossy(&b)),
+    }
+}
+
+fn as_text_lossy(v: &TVal) -> String {
+    match v {
+        TVal::Json(Value::String(s)) => s.clone(),
+        TVal::Json(v) => v.to_string(),
+        TVal::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+    }
+}
+
+/// Every text block of a result, joined by newlines.
+fn all_text(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// write_file's bytes: `text` or decoded `content_base64`.
+fn content(step: &Step) -> Option<Result<Vec<u8>, Unsupported>> {
+    if step.tool != "write_file" {
+        return None;
+    }
+    match (
+        step.arguments.get("text"),
+        step.arguments.get("content_base64"),
+    ) {
+        (Some(Value::String(t)), _) => Some(Ok(t.as_bytes().to_vec())),
+        (_, Some(Value::String(b))) => {
+            Some(base64_decode(b).map_err(|e| Unsupported(format!("content_base64: {e}"))))
+        }
+        _ => None,
+    }
+}
+
+impl Reader {
+    fn parse(at: &str, r: ReaderFile) -> Result<Reader, String> {
+        let source = match r.from.as_str() {
+            "text" => Source::Text,
+            "structured" => Source::Structured,
+            "resource" => Source::Resource,
+            "image" => Source::Image,
+            other => {
+                return Err(format!(
+                    "{at}.from: unknown source `{other}` (sources: text, structured, resource, image)"
+                ));
+            }
+        };
+        let path = match (source, r.path) {
+            (Source::Structured, Some(p)) if p.starts_with('/') => p,
+            (Source::Structured, Some(p)) => {
+                return Err(format!(
+                    "{at}.path: `{p}` is not a JSON pointer (e.g. \"/stdout\")"
+                ));
+            }
+            (Source::Structured, None) => {
+                return Err(format!(
+                    "{at}.path: `from = \"structured\"` needs a JSON pointer, e.g. path = \"/exit_code\""
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(format!(
+                    "{at}.path: only `from = \"structured\"` takes a path"
+                ));
+            }
+            (_, None) => String::new(),
+        };
+        let decode = match r.decode.as_deref() {
+            None => Decode::None,
+            Some("base64") => Decode::Base64,
+            Some("payload") => Decode::Payload,
+            Some(other) => {
+                return Err(format!(
+                    "{at}.decode: unknown decoding `{other}` (base64 or payload)"
+                ));
+            }
+        };
+        let pattern = match r.pattern {
+            None => None,
+            Some(p) => {
+                let re = Regex::new(&p).map_err(|e| format!("{at}.pattern: {e}"))?;
+                let example = r.example.ok_or_else(|| {
+                    format!("{at}.example: a pattern needs an example of the text it matches")
+                })?;
+                if !re.is_match(&example) {
+                    return Err(format!(
+                        "{at}.pattern: {p:?} never matches its example {example:?}"
+                    ));
+                }
+                Some(re)
+            }
+        };
+        Ok(Reader {
+            source,
+            path,
+            pattern,
+            decode,
+        })
+    }
+
+    fn describe(&self) -> String {
+        let from = match self.source {
+            Source::Text => "text".to_string(),
+            Source::Structured => format!("structuredContent{}", self.path),
+            Source::Resource => "resource".into(),
+            Source::Image => "image".into(),
+        };
+        match &self.pattern {
+            Some(p) => format!("{from} matching {:?}", p.as_str()),
+            None => from,
+        }
+    }
+
+    /// The value, `None` when the result does not have it.
+    fn read(&self, result: &Value) -> Result<Option<TVal>, String> {
+        let blocks = result["content"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let raw: Option<TVal> = match self.source {
+            Source::Text => blocks
+                .iter()
+                .any(|b| b["type"] == "text")
+                .then(|| TVal::Bytes(all_text(result).into_bytes())),
+            Source::Structured => result["structuredContent"]
+                .pointer(&self.path)
+                .filter(|v| !v.is_null())
+                .cloned()
+                .map(TVal::Json),
+            Source::Resource => blocks
+                .iter()
+                .find_map(|b| {
+                    let r = &b["resource"];
+                    match (&r["blob"], &r["text"]) {
+                        (Value::String(blob), _) => Some(
+                            base64_decode(blob)
+                                .map(TVal::Bytes)
+                                .map_err(|e| format!("the resource blob is not base64: {e}")),
+                        ),
+                        (_, Value::String(t)) => Some(Ok(TVal::Bytes(t.clone().into_bytes()))),
+                        _ => None,
+                    }
+                })
+                .transpose()?,
+            Source::Image => blocks
+                .iter()
+                .find(|b| b["type"] == "image")
+                .and_then(|b| b["data"].as_str())
+                .map(|d| {
+                    base64_decode(d)
+                        .map(TVal::Bytes)
+                        .map_err(|e| format!("the image data is not base64: {e}"))
+                })
+                .transpose()?,
+        };
+        let Some(raw) = raw else { return Ok(None) };
+        let value = match &self.pattern {
+            None => raw,
+            Some(re) => {
+                let text = as_text_lossy(&raw);
+                let Some(c) = re.captures(&text) else {
+                    return Ok(None);
+                };
+                let m = c.get(1).or_else(|| c.get(0)).map_or("", |m| m.as_str());
+                TVal::Bytes(m.as_bytes().to_vec())
+            }
+        };
+        Ok(Some(match (self.decode, value) {
+            (Decode::None, TVal::Json(Value::String(s))) => TVal::Bytes(s.into_bytes()),
+            (Decode::None, v) => v,
+            (Decode::Base64, v) => TVal::Bytes(
+                base64_decode(as_text_lossy(&v).trim()).map_err(|e| format!("not base64: {e}"))?,
+            ),
+            (Decode::Payload, TVal::Json(p)) => match (&p["text"], &p["base64"]) {
+                (Value::String(t), _) => TVal::Bytes(t.clone().into_bytes()),
+                (_, Value::String(b)) => {
+                    TVal::Bytes(base64_decode(b).map_err(|e| format!("payload base64: {e}"))?)
+                }
+                _ => return Err("a payload without text or base64".into()),
+            },
+            (Decode::Payload, _) => return Err("a payload must be a JSON object".into()),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adapter(text: &str) -> Result<Adapter, String> {
+        Adapter::parse(Path::new("a.toml"), text)
+    }
+
+    fn step(tool: &str, args: Value, expect: Value) -> Step {
+        Step {
+            tool: tool.into(),
+            arguments: serde_json::from_value(args).unwrap(),
+            expect: serde_json::from_value(expect).unwrap(),
+        }
+    }
+
+    const SHELL: &str = r#"
+name = "shell"
+[steps.exec]
+tool = "run"
+arguments = { cmd = "{{command}}", wait = "{{timeout_ms|default:5000}}" }
+result.stdout = { from = "text", pattern = '(?s)^out:\n(.*)$', example = "out:\nhi" }
+result.exit_code = { from = "text", pattern = 'exit (\d+)', example = "exit 3" }
+[steps.run_code]
+tool = "run"
+arguments = { cmd = "printf %s {{code|sh}} | {{language|interpreter}}" }
+ignore = ["timeout_ms"]
+[steps.write_file]
+tool = "put"
+arguments = { file = "{{path}}", body = "{{content|text}}", how = "{{append|map:true=append,*=rewrite}}" }
+ignore = ["sha256"]
+"#;
+
+    #[test]
+    fn every_bad_field_is_named_before_anything_runs() {
+        let bad = |text: &str, want: &str| {
+            let e = adapter(text).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        };
+        bad(
+            "name='x'\n[steps.exek]\ntool='a'",
+            "steps.exek: unknown step `exek`",
+        );
+        bad(
+            "name='x'\n[steps.exec]\ntool='a'\narguments={c='{{command'}",
+            "steps.exec.arguments.c: `{{` without `}}`",
+        );
+        bad(
+            "name='x'\n[steps.exec]\ntool='a'\narguments={c='{{comand}}'}",
+            "`{{comand}}` is not an argument of `exec`",
+        );
+        bad(
+            "name='x'\n[steps.exec]\ntool='a'\narguments={c='{{command|upper}}'}",
+            "unknown filter `upper`",
+        );
+        bad(
+            "name='x'\n[steps.exec]\ntool='a'\nresult.exit_code={from='text', pattern='code (\\d+)', example='exit 3'}",
+            "steps.exec.result.exit_code.pattern: \"code (\\\\d+)\" never matches its example",
+        );
+        bad(
+            "name='x'\n[steps.exec]\ntool='a'\nresult.exit_code={from='text', pattern='('}",
+            "steps.exec.result.exit_code.pattern",
+        );
+        bad(
+            "name='x'\n[steps.exec]\ntool='a'\nresult.exit_code={from='text', pattern='x'}",
+            "needs an example",
+        );
+        bad(
+            "name='x'\n[steps.exec]\ntool='a'\nresult.exitcode={from='text'}",
+            "steps.exec.result.exitcode: unknown field",
+        );
+        bad(
+            "name='x'\n[steps.exec]\ntool='a'\nresult.stdout={from='structured'}",
+            "needs a JSON pointer",
+        );
+        bad(
+            "name='x'\n[steps.exec]\ntool='a'\nextra=1",
+            "unknown field `extra`",
+        );
+    }
+
+    #[test]
+    fn templates_fill_quote_and_map_arguments() {
+        let a = adapter(SHELL).unwrap();
+        let p = a
+            .prepare(&step(
+                "exec",
+                json!({"command": "echo hi", "timeout_ms": 100}),
+                json!({"exit_code": 0}),
+            ))
+            .unwrap();
+        assert_eq!(p.tool, "run");
+        assert_eq!(
+            p.arguments,
+            *json!({"cmd": "echo hi", "wait": 100}).as_object().unwrap()
+        );
+        let p = a
+            .prepare(&step("exec", json!({"command": "x"}), json!({})))
+            .unwrap();
+        assert_eq!(p.arguments["wait"], 5000);
+        let p = a
+            .prepare(&step(
+                "run_code",
+                json!({"language": "python", "code": "print('a')", "timeout_ms": 5}),
+                json!({}),
+            ))
+            .unwrap();
+        assert_eq!(
+            p.arguments["cmd"],
+            r#"printf %s 'print('\''a'\'')' | python3"#
+        );
+        let p = a
+            .prepare(&step(
+                "write_file",
+                json!({"path": "/t/a", "content_base64": "aGk=", "sha256": "x", "append": true}),
+                json!({}),
+            ))
+            .unwrap();
+        assert_eq!(
+            p.arguments,
+            *json!({"file": "/t/a", "body": "hi", "how": "append"})
+                .as_object()
+                .unwrap()
+        );
+    }
+
+    #[test]
+    fn what_the_target_cannot_express_is_unsupported() {
+        let a = adapter(SHELL).unwrap();
+        let why = |s: Step| a.prepare(&s).unwrap_err().0;
+        assert!(why(step("stat", json!({"path": "/"}), json!({}))).contains("maps no `stat`"));
+        assert!(
+            why(step("exec", json!({"command": "x", "cwd": "/"}), json!({})))
+                .contains("no way to take the step's `cwd`")
+        );
+        assert!(
+            why(step(
+                "write_file",
+                json!({"path": "/a", "content_base64": "/w=="}),
+                json!({})
+            ))
+            .contains("not UTF-8")
+        );
+        // expectations the target cannot report are unchecked, not failed
+        let p = a
+            .prepare(&step(
+                "exec",
+                json!({"command": "x"}),
+                json!({"exit_code": 0, "stderr_contains": "e"}),
+            ))
+            .unwrap();
+        assert_eq!(
+            p.unchecked,
+            ["stderr_contains (the adapter reads no stderr)"]
+        );
+        assert_eq!(p.judged.expect.stderr_contains, None);
+        assert_eq!(p.judged.expect.exit_code, Some(0));
+        assert!(
+            why(step(
+                "exec",
+                json!({"command": "x"}),
+                json!({"stderr_contains": "e"})
+            ))
+            .contains("nothing the step expects")
+        );
+        let p = a
+            .prepare(&step(
+                "write_file",
+                json!({"path": "/a", "text": "x"}),
+                json!({"size": 1}),
+            ))
+            .unwrap();
+        assert_eq!(p.unchecked, ["size (the adapter reads no size)"]);
+    }
+
+    #[test]
+    fn results_are_read_into_the_bridges_shape() {
+        let a = adapter(SHELL).unwrap();
+        let r = a.read(
+            "exec",
+            &json!({"content": [{"type": "text", "text": "out:\na\u{fffd}\nexit 3"}],
+                    "_meta": {"probe/kernel": {"available": true, "failed": false}}}),
+        );
+        let s = &r["structuredContent"];
+        assert_eq!(s["exit_code"], 3);
+        assert_eq!(s["stdout"]["text"], "a\u{fffd}\nexit 3");
+        assert_eq!(s["kernel"]["available"], true);
+        assert_eq!(r["isError"], false);
+        let r = a.read(
+            "exec",
+            &json!({"content": [{"type": "text", "text": "boom"}], "isError": true}),
+        );
+        assert_eq!(r["structuredContent"]["error"]["message"], "boom");
+        assert!(
+            r["structuredContent"]["adapter_notes"][0]
+                .as_str()
+                .unwrap()
+                .contains("not found")
+        );
+    }
+}
