@@ -180,6 +180,40 @@ enum CampaignCommand {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+    /// Find the smallest input that still fails the same way, for a step whose bytes did not survive.
+    #[command(after_help = "Examples:\n  \
+        agent-bridge campaign shrink --db results.db lossy encoding-0007\n  \
+        agent-bridge campaign shrink --db results.db dc-clean files-0042 --step 2 \\\n      \
+            --adapter agent-bridge/adapters/desktop-commander.toml --json\n\n\
+        Re-runs the step through the run's target (or --target) with smaller and simpler payloads:\n\
+        the length is bisected, then every byte value is tried alone, keeping the way the bytes came\n\
+        back mangled (lossy UTF-8, cut at NUL, CRLF, truncated…) the same. Two channels carry bytes:\n\
+        a command's stdout (printed with printf) and a file written and read back. The finding is\n\
+        stored with the run; `campaign report` shows it beside the failure.")]
+    Shrink {
+        /// The results database (SQLite).
+        #[arg(long, value_name = "FILE")]
+        db: PathBuf,
+        /// The run the failure is in.
+        run: String,
+        /// The failed test.
+        test: String,
+        /// The step (default: the test's failed step).
+        #[arg(long)]
+        step: Option<usize>,
+        /// Where to re-run it (default: the run's own target).
+        #[arg(long, value_name = "TARGET", value_parser = clap::value_parser!(agent_bridge::campaign::target::Target))]
+        target: Option<agent_bridge::campaign::target::Target>,
+        /// The adapter the run used (required when it used one).
+        #[arg(long, value_name = "FILE")]
+        adapter: Option<PathBuf>,
+        /// Give up after this many calls to the target.
+        #[arg(long, default_value_t = 600)]
+        max_calls: usize,
+        /// Machine-readable output on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Target adapters: run the campaign against MCP servers that are not agent-bridge.
     #[command(subcommand)]
     Adapter(AdapterCommand),
@@ -402,6 +436,25 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
             out,
         } => report(campaign_export(&db, run.as_deref(), format, out)),
         CampaignCommand::Import { db, files } => report(campaign_import(&db, &files)),
+        CampaignCommand::Shrink {
+            db,
+            run,
+            test,
+            step,
+            target,
+            adapter,
+            max_calls,
+            json,
+        } => report(campaign_shrink(
+            &db,
+            &run,
+            &test,
+            step,
+            target,
+            adapter.as_deref(),
+            max_calls,
+            json,
+        )),
         CampaignCommand::Adapter(AdapterCommand::Check { file, target, json }) => {
             match adapter_check(&file, &target, json) {
                 Ok(true) => ExitCode::SUCCESS,
@@ -473,6 +526,76 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
             }
         }
     }
+}
+
+/// `campaign shrink`.
+#[allow(clippy::too_many_arguments)]
+fn campaign_shrink(
+    db: &std::path::Path,
+    run: &str,
+    test: &str,
+    step: Option<usize>,
+    target: Option<agent_bridge::campaign::target::Target>,
+    adapter: Option<&std::path::Path>,
+    max_calls: usize,
+    json: bool,
+) -> anyhow::Result<()> {
+    use agent_bridge::campaign::{adapter::Adapter, shrink, validate};
+    let conn = rdb::open_existing(db)?;
+    let row = report::pick_run(&conn, Some(run))?;
+    let step = match step {
+        Some(s) => s,
+        None => conn
+            .query_row(
+                "SELECT step FROM campaign_steps WHERE run = ?1 AND test_id = ?2 AND verdict = 'fail' ORDER BY step LIMIT 1",
+                [run, test],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|s| s as usize)
+            .map_err(|_| anyhow::anyhow!("run {run} has no failed step in test {test} (pass --step N)"))?,
+    };
+    let suite = validate::load_dir(std::path::Path::new(&row.suite))
+        .with_context(|| format!("the run's suite {}", row.suite))?;
+    let spec = suite
+        .tests
+        .iter()
+        .find(|t| t.id == test)
+        .with_context(|| format!("the suite {} has no test {test}", row.suite))?;
+    let adapter = match (adapter, &row.adapter) {
+        (Some(file), recorded) => {
+            let a = Adapter::load(file).map_err(anyhow::Error::msg)?;
+            if let Some(r) = recorded
+                && !r.contains(&a.digest[..16])
+            {
+                eprintln!(
+                    "warning: the run used adapter {r}; {} differs",
+                    file.display()
+                );
+            }
+            Some(a)
+        }
+        (None, Some(r)) => anyhow::bail!("run {run} went through adapter {r}: pass --adapter FILE"),
+        (None, None) => None,
+    };
+    let target = match target {
+        Some(t) => t,
+        None => row.target.parse().map_err(anyhow::Error::msg)?,
+    };
+    let (channel, original) = shrink::channel_of(spec, step)?;
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let finding = rt.block_on(async {
+        let mut oracle = shrink::Oracle::new(&target, adapter.as_ref(), channel, max_calls);
+        let f = shrink::shrink(&mut oracle, test, step, &original).await;
+        oracle.close().await;
+        f
+    })?;
+    shrink::store(&conn, run, &finding)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&finding)?);
+    } else {
+        print!("{}", shrink::text(&finding));
+    }
+    Ok(())
 }
 
 /// `campaign adapter check`: true when every mapping fits the server.

@@ -1169,3 +1169,95 @@ fn an_adapter_is_checked_against_the_servers_tools_before_anything_runs() {
         "{stderr}"
     );
 }
+
+#[test]
+fn shrink_finds_the_smallest_input_that_fails_the_same_way() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results.db");
+    let base = format!(
+        "/tmp/campaign-test-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let x100k = "x".repeat(100_000);
+    // (fault, test steps, the finding)
+    let cases = [
+        (
+            "nul-truncate",
+            serde_json::json!([{"tool": "exec", "arguments": {"command": "printf 'abc\\000def'"},
+                "expect": {"exit_code": 0, "stdout_base64": "YWJjAGRlZg=="}}]),
+            "one byte 0x00 is enough: cut at the first NUL byte",
+        ),
+        (
+            "lossy-utf8",
+            serde_json::json!([{"tool": "exec", "arguments": {"command": "printf 'ok\\377\\376'"},
+                "expect": {"exit_code": 0, "stdout_base64": "b2v//g=="}}]),
+            "any byte ≥ 0x80 fails alone: lossy UTF-8 decode",
+        ),
+        (
+            "drop-tail",
+            serde_json::json!([{"tool": "exec", "arguments": {"command": "head -c 100000 /dev/zero | tr '\\0' x"},
+                "expect": {"exit_code": 0, "stdout_equals": x100k}}]),
+            "any 65,537 bytes fail: cut after 65,536 bytes of 65,537",
+        ),
+        (
+            "nul-truncate",
+            serde_json::json!([
+                {"tool": "write_file", "arguments": {"path": format!("{base}/f"), "content_base64": "YQBi"}},
+                {"tool": "read_file", "arguments": {"path": format!("{base}/f")},
+                 "expect": {"sha256": "59b271ae1bbcb1d31d41929817f4b16fb439eb4f31520b5ad1d5ce98920a7138"}}]),
+            "one byte 0x00 is enough: cut at the first NUL byte",
+        ),
+    ];
+    for (i, (fault, steps, finding)) in cases.iter().enumerate() {
+        let run = format!("shrink-{i}");
+        let id = format!("encoding-{i:04}");
+        let suite = one_test(
+            &dir.path().join(&run),
+            serde_json::json!({"id": id, "domain": "encoding", "title": "bytes", "steps": steps}),
+        );
+        run_ok(
+            &suite,
+            &stdio_target(&format!("--interface-fault {fault}")),
+            &results,
+            &["--run", &run, "--no-bar"],
+        );
+        let out = campaign(&[
+            "shrink",
+            "--db",
+            results.to_str().unwrap(),
+            &run,
+            &id,
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let f: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            f["cause"].as_str().unwrap().starts_with(finding),
+            "{fault}: {f}"
+        );
+        let report = ok(&["report", "--db", results.to_str().unwrap(), "--run", &run]);
+        assert!(
+            report.contains("MINIMIZED CAUSES") && report.contains(finding),
+            "{report}"
+        );
+    }
+    // a step that is not there, or that passed, says so
+    let out = campaign(&[
+        "shrink",
+        "--db",
+        results.to_str().unwrap(),
+        "shrink-0",
+        "encoding-0000",
+        "--step",
+        "9",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("encoding-0000 has no step 9"));
+}

@@ -12,7 +12,8 @@
 //! - [`db`]: results in SQLite; [`run`]: workers, shards, resume.
 //! - [`report`]: one run as data and tables; [`html`], [`export`] (CSV,
 //!   JSON lines); [`compare`]: runs side by side, the confusion matrix.
-//! - [`mangle`]: how bytes that came back differ from the bytes sent.
+//! - [`mangle`]: how bytes that came back differ from the bytes sent;
+//!   [`shrink`]: the smallest input that still comes back mangled.
 //! - [`pattern`]: an explanation with its pids, ports and digests as placeholders.
 
 pub mod adapter;
@@ -27,6 +28,7 @@ pub mod mangle;
 pub mod pattern;
 pub mod report;
 pub mod run;
+pub mod shrink;
 pub mod spec;
 pub mod target;
 pub mod triage;
