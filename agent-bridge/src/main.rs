@@ -281,6 +281,12 @@ struct RunArgs {
     /// target's tools/list before anything runs.
     #[arg(long, value_name = "FILE")]
     adapter: Option<PathBuf>,
+    /// One MCP session per worker instead of one per test, for servers
+    /// that start slowly (a Node server takes 1–2 s). Tests then share the
+    /// server's state; each still works in its own directory, and a
+    /// session whose connection broke is replaced.
+    #[arg(long)]
+    reuse_sessions: bool,
 }
 
 #[derive(Subcommand)]
@@ -645,6 +651,7 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         allow_egress: a.allow_egress,
         upstream_host: a.upstream_host,
         adapter,
+        reuse_sessions: a.reuse_sessions,
     };
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let s = rt.block_on(run::run(opts))?;

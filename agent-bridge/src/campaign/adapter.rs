@@ -77,9 +77,11 @@ const FIELDS: &[&str] = &[
     "errno",     // text, e.g. ENOENT
     "error",     // the call failed (the text that says so) though isError is false
     "id",        // integer: a background process's id
+    "refused",   // the target refused the call for a reason of its own (e.g. "cannot read binary files")
 ];
 
-const FILTERS: &str = "text, base64, sh, interpreter, default:VALUE, map:FROM=TO,…,*=TO";
+const FILTERS: &str =
+    "text, base64, sh, dirname, interpreter, default:VALUE, map:FROM=TO,…,*=TO";
 
 /// An adapter file, as written.
 #[derive(Debug, Deserialize)]
@@ -107,8 +109,46 @@ struct StepFile {
     /// to call the step unsupported (e.g. the bridge's own `sha256` check).
     #[serde(default)]
     ignore: Vec<String>,
+    /// Step argument values the target can express (others: unsupported),
+    /// e.g. `accept = { append = [false] }` for a server that cannot append.
     #[serde(default)]
-    result: BTreeMap<String, ReaderFile>,
+    accept: BTreeMap<String, Vec<toml::Value>>,
+    #[serde(default)]
+    result: BTreeMap<String, OneOrMany>,
+    /// Calls made after the first, in order (a server that starts a
+    /// process in one tool and reports its exit in another). Their
+    /// templates may also use the fields read from the calls before.
+    #[serde(default)]
+    then: Vec<FollowFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FollowFile {
+    tool: String,
+    #[serde(default)]
+    arguments: toml::Table,
+    /// Call again (every 100 ms, within the step's time) until the text
+    /// matches: a server whose process tool answers before the process ends.
+    #[serde(default)]
+    until: Option<UntilFile>,
+    #[serde(default)]
+    result: BTreeMap<String, OneOrMany>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UntilFile {
+    pattern: String,
+    example: String,
+}
+
+/// One reader, or several tried in order (the first that finds the value wins).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(ReaderFile),
+    Many(Vec<ReaderFile>),
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +167,9 @@ struct ReaderFile {
     /// `base64` (the value is base64 text) or `payload` (an agent-bridge {text|base64} payload).
     #[serde(default)]
     decode: Option<String>,
+    /// When the pattern matches, the value is this text (e.g. `ENOENT` for "[NOT_FOUND] …").
+    #[serde(default)]
+    value: Option<String>,
 }
 
 /// Where a value is found in a result.
@@ -154,16 +197,52 @@ struct Reader {
     path: String,
     pattern: Option<Regex>,
     decode: Decode,
+    value: Option<String>,
+}
+
+/// The readers of one field, tried in order.
+#[derive(Debug)]
+struct Readers(Vec<Reader>);
+
+impl Readers {
+    fn read(&self, result: &Value) -> Result<Option<TVal>, String> {
+        for r in &self.0 {
+            if let Some(v) = r.read(result)? {
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
+    }
+
+    fn describe(&self) -> String {
+        let all: Vec<String> = self.0.iter().map(Reader::describe).collect();
+        all.join(" or ")
+    }
+}
+
+/// One tool call of a mapping.
+#[derive(Debug)]
+struct Call {
+    tool: String,
+    arguments: Map<String, Value>,
+    until: Option<Regex>,
+    result: BTreeMap<String, Readers>,
 }
 
 #[derive(Debug)]
 struct Mapping {
-    tool: String,
-    arguments: Map<String, Value>,
+    /// The first call, then the follow-ups.
+    calls: Vec<Call>,
     /// Step arguments the templates use (directly or through `content`).
     used: BTreeSet<String>,
     ignore: BTreeSet<String>,
-    result: BTreeMap<String, Reader>,
+    accept: BTreeMap<String, Vec<Value>>,
+}
+
+impl Mapping {
+    fn reads(&self, field: &str) -> bool {
+        self.calls.iter().any(|c| c.result.contains_key(field))
+    }
 }
 
 /// A loaded, checked adapter.
@@ -236,7 +315,7 @@ fn parse_template(s: &str) -> Result<Vec<Piece>, String> {
             let name = f.split(':').next().unwrap_or_default();
             if !matches!(
                 name,
-                "text" | "base64" | "sh" | "interpreter" | "default" | "map"
+                "text" | "base64" | "sh" | "dirname" | "interpreter" | "default" | "map"
             ) {
                 return Err(format!("unknown filter `{f}` (filters: {FILTERS})"));
             }
@@ -309,6 +388,14 @@ fn as_text(v: TVal, var: &str) -> Result<String, Unsupported> {
     }
 }
 
+/// A map target as sent: JSON when it is a number or true/false, else text.
+fn typed(to: &str) -> Value {
+    match serde_json::from_str::<Value>(to) {
+        Ok(v @ (Value::Number(_) | Value::Bool(_))) => v,
+        _ => Value::String(to.into()),
+    }
+}
+
 fn apply_filter(v: Option<TVal>, filter: &str, var: &str) -> Result<Option<TVal>, Unsupported> {
     let (name, arg) = filter.split_once(':').unwrap_or((filter, ""));
     if name == "default" {
@@ -325,6 +412,13 @@ fn apply_filter(v: Option<TVal>, filter: &str, var: &str) -> Result<Option<TVal>
             v => base64_encode(s(v)?.as_bytes()),
         })),
         "sh" => TVal::Json(Value::String(shell_quote(&s(v)?))),
+        "dirname" => {
+            let path = s(v)?;
+            let parent = Path::new(&path).parent().map_or(String::new(), |p| {
+                p.to_string_lossy().into_owned()
+            });
+            TVal::Json(Value::String(if parent.is_empty() { ".".into() } else { parent }))
+        }
         "interpreter" => {
             let lang = s(v)?;
             let i = interpreter(&lang)
@@ -337,14 +431,14 @@ fn apply_filter(v: Option<TVal>, filter: &str, var: &str) -> Result<Option<TVal>
             for pair in arg.split(',') {
                 let (from, to) = pair.split_once('=').unwrap_or((pair, ""));
                 if from == key {
-                    return Ok(Some(TVal::Json(Value::String(to.into()))));
+                    return Ok(Some(TVal::Json(typed(to))));
                 }
                 if from == "*" {
                     default = Some(to);
                 }
             }
             match default {
-                Some(to) => TVal::Json(Value::String(to.into())),
+                Some(to) => TVal::Json(typed(to)),
                 None => return Err(Unsupported(format!("`{var}` = {key:?} has no mapping"))),
             }
         }
@@ -492,20 +586,24 @@ impl Adapter {
                     all.join(", ")
                 ));
             };
-            if s.tool.trim().is_empty() {
-                return Err(format!("{at}.tool: empty"));
-            }
-            let mut vars = BTreeSet::new();
-            for (k, v) in &s.arguments {
-                template_vars(v, &mut vars).map_err(|e| format!("{at}.arguments.{k}: {e}"))?;
-            }
-            for v in &vars {
-                if !known.contains(&v.as_str()) {
-                    return Err(format!(
-                        "{at}.arguments: `{{{{{v}}}}}` is not an argument of `{name}` (its arguments: {})",
-                        known.join(", ")
-                    ));
-                }
+            let mut calls = Vec::new();
+            let mut used = BTreeSet::new();
+            // what a template may name: the step's arguments, then the fields read so far
+            let mut names: BTreeSet<String> = known.iter().map(|k| k.to_string()).collect();
+            let first = FollowFile {
+                tool: s.tool,
+                arguments: s.arguments,
+                until: None,
+                result: s.result,
+            };
+            for (i, c) in std::iter::once(first).chain(s.then).enumerate() {
+                let at = if i == 0 {
+                    at.clone()
+                } else {
+                    format!("{at}.then[{}]", i - 1)
+                };
+                calls.push(Call::parse(&at, &name, c, &names, &mut used)?);
+                names.extend(calls[i].result.keys().cloned());
             }
             for v in &s.ignore {
                 if !known.contains(&v.as_str()) {
@@ -515,33 +613,31 @@ impl Adapter {
                     ));
                 }
             }
-            let mut used = vars;
             if used.contains("content") {
                 used.extend(["text".to_string(), "content_base64".to_string()]);
             }
-            let mut result = BTreeMap::new();
-            for (field, r) in s.result {
-                let at = format!("{at}.result.{field}");
-                if !FIELDS.contains(&field.as_str()) {
+            let mut accept = BTreeMap::new();
+            for (arg, values) in s.accept {
+                if !known.contains(&arg.as_str()) {
                     return Err(format!(
-                        "{at}: unknown field (fields: {})",
-                        FIELDS.join(", ")
+                        "{at}.accept: `{arg}` is not an argument of `{name}` (its arguments: {})",
+                        known.join(", ")
                     ));
                 }
-                result.insert(field, Reader::parse(&at, r)?);
+                let values = serde_json::to_value(values)
+                    .ok()
+                    .and_then(|v| v.as_array().cloned())
+                    .unwrap_or_default();
+                used.insert(arg.clone());
+                accept.insert(arg, values);
             }
-            let arguments = serde_json::to_value(&s.arguments)
-                .ok()
-                .and_then(|v| v.as_object().cloned())
-                .unwrap_or_default();
             steps.insert(
                 name,
                 Mapping {
-                    tool: s.tool,
-                    arguments,
+                    calls,
                     used,
                     ignore: s.ignore.into_iter().collect(),
-                    result,
+                    accept,
                 },
             );
         }
@@ -559,14 +655,54 @@ impl Adapter {
         })
     }
 
-    /// (step, tool, argument names) of every mapping, for `adapter check`.
-    pub fn mappings(&self) -> impl Iterator<Item = (&str, &str, Vec<&str>)> {
-        self.steps.iter().map(|(step, m)| {
-            (
-                step.as_str(),
-                m.tool.as_str(),
-                m.arguments.keys().map(String::as_str).collect(),
-            )
+    /// (step, where in the file, tool, argument names) of every call of
+    /// every mapping, for `adapter check`.
+    pub fn mappings(&self) -> Vec<(&str, String, &str, Vec<&str>)> {
+        let mut out = Vec::new();
+        for (step, m) in &self.steps {
+            for (i, c) in m.calls.iter().enumerate() {
+                let at = if i == 0 {
+                    format!("steps.{step}")
+                } else {
+                    format!("steps.{step}.then[{}]", i - 1)
+                };
+                out.push((step.as_str(), at, c.tool.as_str(), c.arguments.keys().map(String::as_str).collect()));
+            }
+        }
+        out
+    }
+
+    /// Call `index` of `step` answered `result` without what its `until`
+    /// waits for: make the same call again.
+    pub fn again(&self, step: &str, index: usize, result: &Value) -> bool {
+        let Some(call) = self.steps.get(step).and_then(|m| m.calls.get(index)) else {
+            return false;
+        };
+        call.until.as_ref().is_some_and(|re| {
+            result["isError"] != Value::Bool(true) && !re.is_match(&all_text(result))
+        })
+    }
+
+    /// The next call for `step` after the calls that gave `results`
+    /// (none after an error, or when the mapping has no more).
+    pub fn follow_up(&self, step: &Step, results: &[Value]) -> Option<Result<(String, Map<String, Value>), Unsupported>> {
+        let m = self.steps.get(&step.tool)?;
+        let call = m.calls.get(results.len())?;
+        if results.last().is_none_or(|r| r["isError"] == Value::Bool(true)) {
+            return None;
+        }
+        let mut vars = step_vars(step).ok()?;
+        for (c, r) in m.calls.iter().zip(results) {
+            for (field, reader) in &c.result {
+                if let Ok(Some(v)) = reader.read(r) {
+                    vars.insert(field.clone(), plain(field, v));
+                }
+            }
+        }
+        Some(match render_value(&Value::Object(call.arguments.clone()), &vars) {
+            Ok(Some(Value::Object(o))) => Ok((call.tool.clone(), o)),
+            Ok(_) => Ok((call.tool.clone(), Map::new())),
+            Err(e) => Err(e),
         })
     }
 
@@ -578,23 +714,26 @@ impl Adapter {
                 step.tool
             )));
         };
+        let tool = &m.calls[0].tool;
         for arg in step.arguments.keys() {
             if !m.used.contains(arg) && !m.ignore.contains(arg) {
                 return Err(Unsupported(format!(
-                    "`{}` has no way to take the step's `{arg}`",
-                    m.tool
+                    "`{tool}` has no way to take the step's `{arg}`"
                 )));
             }
         }
-        let mut vars: BTreeMap<String, TVal> = step
-            .arguments
-            .iter()
-            .map(|(k, v)| (k.clone(), TVal::Json(v.clone())))
-            .collect();
-        if let Some(content) = content(step) {
-            vars.insert("content".into(), TVal::Bytes(content?));
+        for (arg, allowed) in &m.accept {
+            if let Some(v) = step.arguments.get(arg)
+                && !allowed.contains(v)
+            {
+                return Err(Unsupported(format!(
+                    "`{tool}` cannot express {arg} = {v} (it accepts {})",
+                    Value::Array(allowed.clone())
+                )));
+            }
         }
-        let arguments = match render_value(&Value::Object(m.arguments.clone()), &vars)? {
+        let vars = step_vars(step)?;
+        let arguments = match render_value(&Value::Object(m.calls[0].arguments.clone()), &vars)? {
             Some(Value::Object(o)) => o,
             _ => Map::new(),
         };
@@ -602,7 +741,7 @@ impl Adapter {
         let mut unchecked = Vec::new();
         let wanted = needs(&step.tool, &step.expect);
         for (what, field) in &wanted {
-            if !m.result.contains_key(*field) {
+            if !m.reads(field) {
                 clear(&mut judged.expect, what);
                 unchecked.push(format!("{what} (the adapter reads no {field})"));
             }
@@ -612,13 +751,12 @@ impl Adapter {
         let checks_nothing = !wanted.is_empty() && unchecked.len() == wanted.len();
         if checks_nothing && step.tool != "write_file" && !step.expect.is_error {
             return Err(Unsupported(format!(
-                "nothing the step expects can be read from `{}`: {}",
-                m.tool,
+                "nothing the step expects can be read from `{tool}`: {}",
                 unchecked.join(", ")
             )));
         }
         Ok(Prepared {
-            tool: m.tool.clone(),
+            tool: tool.clone(),
             arguments,
             judged,
             unchecked,
@@ -628,32 +766,43 @@ impl Adapter {
     /// The target's result for `step`, in the shape of an agent-bridge
     /// result: what the adapter reads, plus the kernel evidence the proxy
     /// added (`_meta["probe/kernel"]`) or the bridge's own.
-    pub fn read(&self, step: &str, result: &Value) -> Value {
+    pub fn read(&self, step: &str, results: &[Value]) -> Value {
         let mut s = Map::new();
-        let mut is_error = result["isError"] == Value::Bool(true);
+        let mut is_error = results
+            .iter()
+            .any(|r| r["isError"] == Value::Bool(true));
         let mut notes = Vec::new();
         let mut content = Vec::new();
-        if let Some(m) = self.steps.get(step) {
-            for (field, reader) in &m.result {
+        let calls = self.steps.get(step).map_or(&[][..], |m| &m.calls[..]);
+        for (call, result) in calls.iter().zip(results) {
+            for (field, reader) in &call.result {
                 match reader.read(result) {
-                    Ok(Some(v)) => {
-                        if field == "error" {
-                            is_error = true;
-                            s.insert("error".into(), json!({"message": as_text_lossy(&v)}));
-                        } else {
-                            let v = shape(field, v, &mut content);
-                            s.insert(field.clone(), v);
+                    Ok(Some(v)) if field == "error" || field == "refused" => {
+                        is_error = true;
+                        let message = as_text_lossy(&v);
+                        s.insert("error".into(), json!({ "message": message }));
+                        if field == "refused" {
+                            s.insert("refused".into(), Value::String(message));
                         }
                     }
-                    Ok(None) if field == "error" => {}
+                    Ok(Some(v)) => {
+                        content.retain(|_| field != "bytes");
+                        let v = shape(field, v, &mut content);
+                        s.insert(field.clone(), v);
+                    }
+                    Ok(None) if field == "error" || field == "refused" => {}
+                    // an error answer carries none of the values
+                    Ok(None) if result["isError"] == Value::Bool(true) => {}
                     Ok(None) => notes.push(format!(
-                        "adapter: {field} not found in the result ({})",
+                        "adapter: {field} not found in the {} result ({})",
+                        call.tool,
                         reader.describe()
                     )),
                     Err(e) => notes.push(format!("adapter: {field}: {e}")),
                 }
             }
         }
+        let result = results.last().unwrap_or(&Value::Null);
         if is_error && !s.contains_key("error") {
             s.insert("error".into(), json!({"message": all_text(result)}));
         }
@@ -663,10 +812,19 @@ impl Adapter {
                 s.entry(field).or_insert_with(|| value.clone());
             }
         }
-        let kernel = result
-            .pointer("/_meta/probe~1kernel")
-            .or_else(|| result.pointer("/structuredContent/kernel"))
-            .cloned();
+        // the call that failed in the kernel, else the first (which ran the work)
+        let kernels: Vec<&Value> = results
+            .iter()
+            .filter_map(|r| {
+                r.pointer("/_meta/probe~1kernel")
+                    .or_else(|| r.pointer("/structuredContent/kernel"))
+            })
+            .collect();
+        let kernel = kernels
+            .iter()
+            .find(|k| k["failed"] == Value::Bool(true))
+            .or(kernels.first())
+            .map(|k| (*k).clone());
         if let Some(k) = kernel {
             s.insert("kernel".into(), k);
         }
@@ -674,6 +832,94 @@ impl Adapter {
             s.insert("adapter_notes".into(), json!(notes));
         }
         json!({"content": content, "isError": is_error, "structuredContent": s})
+    }
+}
+
+/// The variables of a step's templates: its arguments, and `content`.
+fn step_vars(step: &Step) -> Result<BTreeMap<String, TVal>, Unsupported> {
+    let mut vars: BTreeMap<String, TVal> = step
+        .arguments
+        .iter()
+        .map(|(k, v)| (k.clone(), TVal::Json(v.clone())))
+        .collect();
+    if let Some(content) = content(step) {
+        vars.insert("content".into(), TVal::Bytes(content?));
+    }
+    Ok(vars)
+}
+
+/// A read value as a follow-up's template uses it: numbers as numbers.
+fn plain(field: &str, v: TVal) -> TVal {
+    match shape(field, v.clone(), &mut Vec::new()) {
+        n @ Value::Number(_) => TVal::Json(n),
+        _ => v,
+    }
+}
+
+impl Call {
+    fn parse(
+        at: &str,
+        step: &str,
+        c: FollowFile,
+        names: &BTreeSet<String>,
+        used: &mut BTreeSet<String>,
+    ) -> Result<Call, String> {
+        if c.tool.trim().is_empty() {
+            return Err(format!("{at}.tool: empty"));
+        }
+        let mut vars = BTreeSet::new();
+        for (k, v) in &c.arguments {
+            template_vars(v, &mut vars).map_err(|e| format!("{at}.arguments.{k}: {e}"))?;
+        }
+        for v in &vars {
+            if !names.contains(v) {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                return Err(format!(
+                    "{at}.arguments: `{{{{{v}}}}}` is not an argument of `{step}` nor a field read before (it may use: {})",
+                    names.join(", ")
+                ));
+            }
+        }
+        used.extend(vars);
+        let mut result = BTreeMap::new();
+        for (field, r) in c.result {
+            let at = format!("{at}.result.{field}");
+            if !FIELDS.contains(&field.as_str()) {
+                return Err(format!("{at}: unknown field (fields: {})", FIELDS.join(", ")));
+            }
+            let readers = match r {
+                OneOrMany::One(r) => vec![Reader::parse(&at, r)?],
+                OneOrMany::Many(all) => all
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, r)| Reader::parse(&format!("{at}[{i}]"), r))
+                    .collect::<Result<_, _>>()?,
+            };
+            result.insert(field, Readers(readers));
+        }
+        let arguments = serde_json::to_value(&c.arguments)
+            .ok()
+            .and_then(|v| v.as_object().cloned())
+            .unwrap_or_default();
+        let until = match c.until {
+            None => None,
+            Some(u) => {
+                let re = Regex::new(&u.pattern).map_err(|e| format!("{at}.until.pattern: {e}"))?;
+                if !re.is_match(&u.example) {
+                    return Err(format!(
+                        "{at}.until.pattern: {:?} never matches its example {:?}",
+                        u.pattern, u.example
+                    ));
+                }
+                Some(re)
+            }
+        };
+        Ok(Call {
+            tool: c.tool,
+            arguments,
+            until,
+            result,
+        })
     }
 }
 
@@ -794,11 +1040,15 @@ impl Reader {
                 Some(re)
             }
         };
+        if r.value.is_some() && pattern.is_none() {
+            return Err(format!("{at}.value: a constant value needs a pattern that decides when"));
+        }
         Ok(Reader {
             source,
             path,
             pattern,
             decode,
+            value: r.value,
         })
     }
 
@@ -865,7 +1115,15 @@ impl Reader {
                 let Some(c) = re.captures(&text) else {
                     return Ok(None);
                 };
-                let m = c.get(1).or_else(|| c.get(0)).map_or("", |m| m.as_str());
+                if let Some(v) = &self.value {
+                    return Ok(Some(TVal::Json(Value::String(v.clone()))));
+                }
+                // with groups, group 1 (empty when it took no part); else the match
+                let m = if re.captures_len() > 1 {
+                    c.get(1).map_or("", |m| m.as_str())
+                } else {
+                    c.get(0).map_or("", |m| m.as_str())
+                };
                 TVal::Bytes(m.as_bytes().to_vec())
             }
         };
@@ -1067,8 +1325,8 @@ ignore = ["sha256"]
         let a = adapter(SHELL).unwrap();
         let r = a.read(
             "exec",
-            &json!({"content": [{"type": "text", "text": "out:\na\u{fffd}\nexit 3"}],
-                    "_meta": {"probe/kernel": {"available": true, "failed": false}}}),
+            &[json!({"content": [{"type": "text", "text": "out:\na\u{fffd}\nexit 3"}],
+                    "_meta": {"probe/kernel": {"available": true, "failed": false}}})],
         );
         let s = &r["structuredContent"];
         assert_eq!(s["exit_code"], 3);
@@ -1077,14 +1335,12 @@ ignore = ["sha256"]
         assert_eq!(r["isError"], false);
         let r = a.read(
             "exec",
-            &json!({"content": [{"type": "text", "text": "boom"}], "isError": true}),
+            &[json!({"content": [{"type": "text", "text": "boom"}], "isError": true})],
         );
         assert_eq!(r["structuredContent"]["error"]["message"], "boom");
-        assert!(
-            r["structuredContent"]["adapter_notes"][0]
-                .as_str()
-                .unwrap()
-                .contains("not found")
-        );
+        // a value missing from a real answer is said, not silently dropped
+        let r = a.read("exec", &[json!({"content": [{"type": "text", "text": "no header"}]})]);
+        let notes = r["structuredContent"]["adapter_notes"].to_string();
+        assert!(notes.contains("stdout not found in the run result"), "{r}");
     }
 }

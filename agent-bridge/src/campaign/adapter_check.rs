@@ -20,13 +20,14 @@ pub struct Row {
 pub fn rows(adapter: &Adapter, tools: &[Tool]) -> Vec<Row> {
     adapter
         .mappings()
-        .map(|(step, tool, args)| {
+        .into_iter()
+        .map(|(_, at, tool, args)| {
             let mut problems = Vec::new();
             match tools.iter().find(|t| t.name == tool) {
                 None => {
                     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
                     problems.push(format!(
-                        "steps.{step}.tool: the server has no tool `{tool}` (it has: {})",
+                        "{at}.tool: the server has no tool `{tool}` (it has: {})",
                         names.join(", ")
                     ));
                 }
@@ -41,7 +42,7 @@ pub fn rows(adapter: &Adapter, tools: &[Tool]) -> Vec<Row> {
                             let known: Vec<&String> =
                                 properties.map(|p| p.keys().collect()).unwrap_or_default();
                             problems.push(format!(
-                                "steps.{step}.arguments.{a}: `{tool}` takes no `{a}` (it takes: {})",
+                                "{at}.arguments.{a}: `{tool}` takes no `{a}` (it takes: {})",
                                 known.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
                             ));
                         }
@@ -51,14 +52,14 @@ pub fn rows(adapter: &Adapter, tools: &[Tool]) -> Vec<Row> {
                             && !args.contains(&r)
                         {
                             problems.push(format!(
-                                "steps.{step}.arguments: `{tool}` requires `{r}`, which the mapping never sends"
+                                "{at}.arguments: `{tool}` requires `{r}`, which the mapping never sends"
                             ));
                         }
                     }
                 }
             }
             Row {
-                step: step.to_string(),
+                step: at.trim_start_matches("steps.").to_string(),
                 tool: tool.to_string(),
                 problems,
             }

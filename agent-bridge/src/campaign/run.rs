@@ -47,6 +47,8 @@ pub struct Options {
     pub upstream_host: std::net::Ipv4Addr,
     /// How the campaign's steps map onto a target that is not an agent-bridge.
     pub adapter: Option<Arc<Adapter>>,
+    /// One MCP session per worker, not per test (for slow-starting servers).
+    pub reuse_sessions: bool,
 }
 
 /// What a runner process did.
@@ -255,19 +257,24 @@ async fn execute(
         let adapter = o.adapter.clone();
         let upstream = upstream.clone();
         let runner = format!("{}/w{w}", std::process::id());
+        let reuse = o.reuse_sessions;
         workers.push(tokio::spawn(async move {
+            let mut session = None;
             loop {
                 let Some(test) = queue.lock().unwrap().pop_front() else {
                     break;
                 };
                 let test = upstream.bind(&test);
                 let record = tokio::select! {
-                    r = run_test(&target, adapter.as_deref(), &test, &runner) => r,
+                    r = run_test(&target, adapter.as_deref(), &test, &runner, reuse.then_some(&mut session)) => r,
                     () = stop.cancelled() => break,
                 };
                 if tx.send(record).is_err() {
                     break;
                 }
+            }
+            if let Some(c) = session {
+                c.close().await;
             }
         }));
     }
@@ -407,6 +414,8 @@ pub async fn run_test(
     adapter: Option<&Adapter>,
     test: &TestSpec,
     runner: &str,
+    // Some: the worker's session, used and kept for the next test
+    mut kept: Option<&mut Option<super::target::Connection>>,
 ) -> TestRecord {
     let started = Instant::now();
     let mut steps: Vec<(String, Value, Option<verdict::StepOutcome>)> = test
@@ -417,7 +426,11 @@ pub async fn run_test(
     let mut outcomes = Vec::new();
     let mut session = None;
     let mut unsupported = None;
-    match target.connect().await {
+    let open = match kept.as_mut().and_then(|k| k.take()) {
+        Some(c) => Ok(c),
+        None => target.connect().await,
+    };
+    match open {
         Err(e) => {
             // the bridge would not start or answer: the test's first step failed on it
             let error = CallError::Transport(e);
@@ -457,7 +470,11 @@ pub async fn run_test(
                     break;
                 }
             }
-            conn.close().await;
+            let broken = outcomes.iter().any(|o| o.transport_lost);
+            match kept {
+                Some(k) if !broken => *k = Some(conn),
+                _ => conn.close().await,
+            }
         }
     }
     let judged = unsupported.is_none();
@@ -502,17 +519,47 @@ async fn run_step(
     let prepared = adapter.prepare(step).map_err(|u| u.0)?;
     let call = serde_json::json!({"tool": prepared.tool, "arguments": prepared.arguments});
     let t0 = Instant::now();
-    let answer = conn
-        .call(&prepared.tool, prepared.arguments, wait)
-        .await
-        .map(|r| {
-            let raw = serde_json::to_value(r).unwrap_or(Value::Null);
-            adapter.read(&step.tool, &raw)
-        });
+    let answer = send_adapted(
+        conn,
+        adapter,
+        step,
+        (prepared.tool.clone(), prepared.arguments),
+        wait,
+    )
+    .await;
     let mut o = verdict::judge(&prepared.judged, answer, t0.elapsed(), sent);
     o.unchecked = prepared.unchecked;
     o.target_call = Some(call);
     Ok(o)
+}
+
+/// Sends a step's first call and every follow-up the adapter maps; the
+/// result in the bridge's shape. A follow-up that cannot be rendered (a
+/// value it needs was not found) is left out: the missing values say so.
+pub async fn send_adapted(
+    conn: &super::target::Connection,
+    adapter: &Adapter,
+    step: &super::spec::Step,
+    first: (String, serde_json::Map<String, Value>),
+    wait: Duration,
+) -> Result<Value, CallError> {
+    let mut results = Vec::new();
+    let (mut tool, mut arguments) = first;
+    let started = Instant::now();
+    loop {
+        let r = conn.call(&tool, arguments.clone(), wait).await?;
+        let r = serde_json::to_value(r).unwrap_or(Value::Null);
+        if adapter.again(&step.tool, results.len(), &r) && started.elapsed() < wait {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        results.push(r);
+        match adapter.follow_up(step, &results) {
+            Some(Ok(next)) => (tool, arguments) = next,
+            Some(Err(_)) | None => break,
+        }
+    }
+    Ok(adapter.read(&step.tool, &results))
 }
 
 /// A bar on a terminal; otherwise a line every 10 % or 10 s.

@@ -228,26 +228,23 @@ impl<'a> Oracle<'a> {
             self.conn = Some(self.target.connect().await.map_err(anyhow::Error::msg)?);
         }
         let conn = self.conn.as_ref().expect("connected");
-        let (tool, args) = match self.adapter {
+        let wait = Duration::from_secs(60);
+        let answer = match self.adapter {
             Some(a) => {
                 let p = a.prepare(step).map_err(|u| {
                     anyhow::anyhow!("the target cannot express the candidate: {}", u.0)
                 })?;
-                (p.tool, p.arguments)
+                super::run::send_adapted(conn, a, step, (p.tool, p.arguments), wait).await
             }
-            None => (
-                step.tool.clone(),
-                step.arguments.clone().into_iter().collect(),
-            ),
+            None => {
+                let args = step.arguments.clone().into_iter().collect();
+                conn.call(&step.tool, args, wait)
+                    .await
+                    .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+            }
         };
-        match conn.call(&tool, args, Duration::from_secs(60)).await {
-            Ok(r) => {
-                let raw = serde_json::to_value(r).unwrap_or(Value::Null);
-                Ok(match self.adapter {
-                    Some(a) => a.read(&step.tool, &raw),
-                    None => raw,
-                })
-            }
+        match answer {
+            Ok(r) => Ok(r),
             Err(e) => {
                 // the next candidate gets a new session
                 if let Some(c) = self.conn.take() {

@@ -239,6 +239,14 @@ pub fn judge(
         }),
         _ => {}
     }
+    // a foreign server that will not carry the bytes (through its adapter's `refused`)
+    if let Some(why) = s["refused"].as_str() {
+        out.blame(
+            "interface.bytes",
+            0.9,
+            format!("{}: the server refused: {why}", step.tool),
+        );
+    }
     payloads(step, &result, s, sent, &mut out);
     if let Some(data) = sent_content(step) {
         let len = data.len() as u64;
@@ -257,6 +265,13 @@ pub fn judge(
     }
     scalar_checks(e, s, &mut out);
     degradation(e, &mut out);
+    // why an adapter found no value, beside the expectation that missed it
+    if !out.failures.is_empty()
+        && let Some(notes) = s["adapter_notes"].as_array()
+    {
+        out.failures
+            .extend(notes.iter().filter_map(Value::as_str).map(String::from));
+    }
     out
 }
 
