@@ -741,7 +741,8 @@ fn read_child(
             let why = answer["error"]["message"]
                 .as_str()
                 .unwrap_or("")
-                .replace("Invalid Request: a message", "it sent a message");
+                .replace("Invalid Request: a message", "it sent a message")
+                .replace(" bytes is over", " bytes, over");
             child.kill(format!("{why}; it was killed"));
         },
     );
