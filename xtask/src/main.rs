@@ -122,6 +122,7 @@ fn main() -> anyhow::Result<()> {
                     "probe" => bench::probe_section(&build_probe_release()?, n, runs)?,
                     "daemon" => bench::cargo_bench_section("probe", "daemon")?,
                     "bridge" => bench::cargo_bench_section("agent-bridge", "bridge")?,
+                    "proxy" => bench::cargo_bench_section("agent-bridge", "proxy")?,
                     _ => campaign::bench(campaign_tests)?,
                 };
                 print!("{text}");
