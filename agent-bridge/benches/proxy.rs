@@ -71,14 +71,7 @@ impl Drop for Peer {
 }
 
 fn vm_hwm_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    agent_bridge::process::status_kib(pid, "VmHWM")
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
