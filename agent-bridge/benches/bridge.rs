@@ -217,14 +217,7 @@ fn direct_true(n: usize) -> Vec<f64> {
 }
 
 fn vm_hwm_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    agent_bridge::process::status_kib(pid, "VmHWM")
 }
 
 fn mbps(bytes: usize, d: Duration) -> f64 {

@@ -223,14 +223,20 @@ impl Drop for CallCgroups {
         if self.dirs.is_empty() {
             return;
         }
-        let mut left = CallCgroups {
+        // not dropped again if a runtime that is shutting down drops the
+        // task unrun (that drop would spawn again, recursing): then the
+        // directories stay for the next `sweep_stale`
+        let mut left = std::mem::ManuallyDrop::new(CallCgroups {
             dirs: std::mem::take(&mut self.dirs),
             tracking: self.tracking.take(),
-        };
+        });
         // the kill and the removal can wait on the kernel for seconds: on an
         // async runtime's thread that would stall every session it serves
         match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(move || left.remove())),
+            Ok(rt) => drop(rt.spawn_blocking(move || {
+                let mut left = left;
+                left.remove();
+            })),
             Err(_) => left.remove(),
         }
     }

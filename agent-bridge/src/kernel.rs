@@ -101,10 +101,38 @@ impl Kernel {
         exit: Option<&ExitStatus>,
         timed_out_ms: Option<u64>,
     ) -> Value {
-        let (Span::Open(id), Some(socket)) = (span, &self.socket) else {
+        let Span::Open(id) = span else {
             return self.end_blocking(span, exit, timed_out_ms); // nothing to ask
         };
-        let ended = tokio::time::timeout(END_TIMEOUT, async {
+        let request =
+            json!({"op": "end_span", "span_id": id, "exit": exit, "timed_out_ms": timed_out_ms});
+        let answer = self.ask(request).await.and_then(|mut r| {
+            serde_json::from_value(r["attribution"].take())
+                .map_err(|e| format!("the probe daemon answered nonsense: attribution: {e}"))
+        });
+        attribution_value(answer)
+    }
+
+    /// On the runtime: opens a span with a running process tree attached
+    /// (every thread of `pid` and of its descendants, in one round trip).
+    pub async fn begin_tree(&self, label: &str, pid: u32) -> Span {
+        let request = json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "tree": true});
+        match self.ask(request).await {
+            Ok(r) => match r["span_id"].as_u64() {
+                Some(id) => Span::Open(id),
+                None => Span::Unavailable(format!("the probe daemon answered nonsense: {r}")),
+            },
+            Err(reason) => Span::Unavailable(reason),
+        }
+    }
+
+    /// One request on the runtime's connection (connecting, or connecting
+    /// again to a daemon that restarted), within [`END_TIMEOUT`].
+    async fn ask(&self, request: Value) -> Result<Value, String> {
+        let Some(socket) = &self.socket else {
+            return Err("the probe is switched off (--no-probe)".into());
+        };
+        let asked = tokio::time::timeout(END_TIMEOUT, async {
             let mut guard = self.ender.lock().await;
             // taken out for the call: if this future is dropped halfway, the
             // connection (maybe holding half an answer) goes with it
@@ -118,12 +146,12 @@ impl Kernel {
             let broken = |r: &Result<_, probe::client::ClientError>| {
                 r.as_ref().is_err_and(|e| e.code().is_none())
             };
-            let mut result = client.end_span(*id, exit, timed_out_ms).await;
+            let mut result = client.call(request.clone()).await;
             if reused && broken(&result) {
                 // a connection to a daemon that has since restarted (the span
                 // was begun on the other connection, which reconnected)
                 client = AsyncClient::connect(socket).await?;
-                result = client.end_span(*id, exit, timed_out_ms).await;
+                result = client.call(request).await;
             }
             if !broken(&result) {
                 *guard = Some(client); // broken connections are not kept
@@ -131,9 +159,9 @@ impl Kernel {
             result
         })
         .await;
-        match ended {
-            Ok(a) => attribution_value(a.map_err(|e| e.to_string())),
-            Err(_) => unavailable(&format!(
+        match asked {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
                 "the probe daemon did not answer within {} s",
                 END_TIMEOUT.as_secs()
             )),

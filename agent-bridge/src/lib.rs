@@ -16,6 +16,7 @@ pub mod fault;
 pub mod kernel;
 pub mod process;
 pub mod profile;
+pub mod proxy;
 pub mod results;
 pub mod sandbox;
 pub mod self_exec;

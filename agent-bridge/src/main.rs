@@ -41,6 +41,9 @@ struct Cli {
 enum Command {
     /// Serve MCP on stdio or Streamable HTTP.
     Serve(ServeArgs),
+    /// Put any stdio MCP server behind the bridge: kernel evidence on its every tools/call.
+    #[command(after_help = PROXY_HELP)]
+    Proxy(ProxyArgs),
     /// List the built-in sandbox profiles, or print one as TOML.
     Profiles {
         /// A built-in name or a TOML file to check and print.
@@ -311,6 +314,66 @@ enum AdapterCommand {
     },
 }
 
+const PROXY_HELP: &str = "Examples:\n  \
+    agent-bridge proxy --stdio -- npx -y @modelcontextprotocol/server-filesystem /srv\n  \
+    agent-bridge proxy --http 127.0.0.1:8766 -- python3 my_server.py\n  \
+    agent-bridge proxy --stdio --profile readonly -- node build/index.js   # preview a hardening change\n\n\
+    Every message is relayed as it is (unknown fields, _meta, progress and cancellation too);\n\
+    each tools/call result gains _meta[\"probe/kernel\"]: the probe's attribution over the server's\n\
+    whole process tree for the call (every thread and descendant), with overlapping_calls (other\n\
+    calls in flight meanwhile: a thread is traced by one call at a time). Without a probe daemon\n\
+    the evidence is {available: false, reason}.\n\n\
+    When the server crashes, hangs (--call-timeout, --init-timeout), prints a line that is not\n\
+    JSON-RPC, or sends a message over --max-message, the requests in flight get a JSON-RPC error\n\
+    (code -32000) saying what happened, with the exit status or signal and the tail of its\n\
+    stderr; the server is killed if still running, and started again for the next request, with\n\
+    the client's initialize and notifications/initialized replayed to it (that answer swallowed).\n\n\
+    Over HTTP each MCP session gets its own server; a tools/call with a progressToken is\n\
+    answered as SSE (progress first), other requests as JSON. Server requests (sampling, roots,\n\
+    ping) reach the client on that stream or on its GET stream; with neither open the server gets\n\
+    error -32601. See docs/PROXY.md.";
+
+/// Who may use an HTTP server (`serve` and `proxy`).
+#[derive(clap::Args)]
+struct GuardArgs {
+    /// Bearer token required on every HTTP request (required off loopback).
+    #[arg(long, env = "AGENT_BRIDGE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// An Origin allowed besides loopback ones (repeatable).
+    #[arg(long, value_name = "ORIGIN")]
+    allow_origin: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct ProxyArgs {
+    /// Speak MCP on stdin/stdout (logs and the server's stderr go to stderr).
+    #[arg(long, conflicts_with = "http", required_unless_present = "http")]
+    stdio: bool,
+    /// Serve Streamable HTTP at http://ADDR/mcp, one server per MCP session.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// Sandbox profile the server (and all it starts) runs under: a built-in name or a TOML file.
+    #[arg(long, default_value = "clean", value_name = "NAME|FILE")]
+    profile: String,
+    /// The probe daemon's control socket.
+    #[arg(long, default_value = "/run/probe/probe.sock", value_name = "PATH")]
+    probe_socket: PathBuf,
+    #[command(flatten)]
+    guard: GuardArgs,
+    /// Largest message either way: a client's line or HTTP body, or a server's line (e.g. 96M).
+    #[arg(long, default_value = "96M", value_name = "SIZE")]
+    max_message: String,
+    /// Seconds the server may take to answer initialize.
+    #[arg(long, default_value_t = 30.0, value_name = "S")]
+    init_timeout: f64,
+    /// Seconds the server may take to answer any other request.
+    #[arg(long, default_value_t = 600.0, value_name = "S")]
+    call_timeout: f64,
+    /// The foreign server's command line.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
 #[derive(clap::Args)]
 struct ServeArgs {
     /// Speak MCP on stdin/stdout (logs go to stderr).
@@ -344,12 +407,8 @@ struct ServeArgs {
     /// Default timeout of a call, in milliseconds.
     #[arg(long, default_value_t = 60_000, value_name = "MS")]
     timeout_ms: u64,
-    /// Bearer token required on every HTTP request (required off loopback).
-    #[arg(long, env = "AGENT_BRIDGE_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// An Origin allowed besides loopback ones (repeatable).
-    #[arg(long, value_name = "ORIGIN")]
-    allow_origin: Vec<String>,
+    #[command(flatten)]
+    guard: GuardArgs,
     /// Largest request: HTTP body, or one stdio message (e.g. 96M).
     #[arg(long, default_value = "96M", value_name = "SIZE")]
     max_body: String,
@@ -369,24 +428,31 @@ fn main() -> ExitCode {
         Command::Profiles { name, json } => report(profiles(name, json)),
         Command::Campaign(c) => campaign(c),
         Command::Serve(args) => {
-            tracing_subscriber::fmt()
-                .with_writer(std::io::stderr)
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| "warn,rmcp=error".into()),
-                )
-                .init();
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(usize::from(args.async_threads))
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
-            let code = report(rt.block_on(serve(args)));
-            // blocking waits of killed workloads must not hold the exit
-            rt.shutdown_timeout(Duration::from_secs(1));
-            code
+            let threads = usize::from(args.async_threads);
+            run_server(threads, serve(args))
         }
+        Command::Proxy(args) => run_server(2, proxy(args)),
     }
+}
+
+/// Logs to stderr, then runs `server` on a runtime of `threads` threads.
+fn run_server(threads: usize, server: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,rmcp=error".into()),
+        )
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = report(rt.block_on(server));
+    // blocking waits of killed workloads must not hold the exit
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
 }
 
 fn report(r: anyhow::Result<()>) -> ExitCode {
@@ -863,6 +929,69 @@ fn profiles(name: Option<String>, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Ctrl-C or SIGTERM.
+fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        stop.cancel();
+    });
+    shutdown
+}
+
+/// Where session disks live: where no profile mounts over them (not /tmp).
+fn run_dir() -> PathBuf {
+    let run_base = if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/run")
+    } else {
+        std::env::temp_dir()
+    };
+    run_base.join(format!("agent-bridge-{}", std::process::id()))
+}
+
+async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    use agent_bridge::proxy;
+    let profile = Profile::load(&args.profile).map_err(anyhow::Error::msg)?;
+    let max_message = agent_bridge::profile::parse_size(&args.max_message)
+        .map_err(anyhow::Error::msg)
+        .context("--max-message")? as usize;
+    let seconds = |s: f64, flag: &str| {
+        Duration::try_from_secs_f64(s)
+            .map_err(|_| anyhow::anyhow!("{flag}: {s} is not a number of seconds"))
+    };
+    agent_bridge::cgroup::sweep_stale();
+    let run_dir = run_dir();
+    let opts = Arc::new(proxy::Options {
+        argv: args.command,
+        profile,
+        probe_socket: Some(args.probe_socket),
+        max_message,
+        init_timeout: seconds(args.init_timeout, "--init-timeout")?,
+        call_timeout: seconds(args.call_timeout, "--call-timeout")?,
+        run_dir: run_dir.clone(),
+    });
+    let shutdown = shutdown_on_signals();
+    let result = match args.http {
+        Some(addr) => {
+            let guard =
+                server::Guard::for_addr(addr, args.guard.token, args.guard.allow_origin, true)?;
+            proxy::http::serve_http(opts, addr, guard, shutdown).await
+        }
+        None => tokio::select! {
+            r = proxy::serve_stdio(opts) => r,
+            () = shutdown.cancelled() => Ok(()),
+        },
+    };
+    let _ = std::fs::remove_dir(&run_dir);
+    result
+}
+
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile).map_err(anyhow::Error::msg)?;
     let max_body = agent_bridge::profile::parse_size(&args.max_body)
@@ -875,13 +1004,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&args.workdir)
         .with_context(|| format!("--workdir {}", args.workdir.display()))?;
-    // session disks live where no profile mounts over them (not under /tmp)
-    let run_base = if nix::unistd::geteuid().is_root() {
-        PathBuf::from("/run")
-    } else {
-        std::env::temp_dir()
-    };
-    let run_dir = run_base.join(format!("agent-bridge-{}", std::process::id()));
+    let run_dir = run_dir();
     let config = Arc::new(Config {
         profile,
         probe_socket: (!args.no_probe).then_some(args.probe_socket),
@@ -900,23 +1023,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             f.name()
         );
     }
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        stop.cancel();
-    });
+    let shutdown = shutdown_on_signals();
     let result = match args.http {
         Some(addr) => {
             let opts = HttpOptions {
                 addr,
-                token: args.token,
-                allowed_origins: args.allow_origin,
+                token: args.guard.token,
+                allowed_origins: args.guard.allow_origin,
                 max_body,
             };
             server::serve_http(config, opts, shutdown).await

@@ -197,3 +197,15 @@ impl Background {
         }
     }
 }
+
+/// A `kB` field of /proc/PID/status (e.g. `VmHWM`), in KiB; 0 when unreadable.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}

@@ -185,9 +185,54 @@ pub struct HttpOptions {
     pub max_body: usize,
 }
 
-struct Guard {
-    token: Option<String>,
-    allowed_origins: Vec<String>,
+/// What every HTTP request must pass (`serve` and `proxy` alike).
+#[derive(Clone)]
+pub struct Guard {
+    pub token: Option<String>,
+    pub allowed_origins: Vec<String>,
+    /// Refuse Host headers other than loopback names (DNS rebinding);
+    /// for servers that do not check Host themselves (rmcp's does).
+    pub loopback_hosts: bool,
+}
+
+impl Guard {
+    /// The guard of a server listening on `addr`; refuses a non-loopback
+    /// address without a token.
+    pub fn for_addr(
+        addr: SocketAddr,
+        token: Option<String>,
+        allowed_origins: Vec<String>,
+        check_host: bool,
+    ) -> anyhow::Result<Guard> {
+        let loopback = addr.ip().is_loopback();
+        if !loopback && token.is_none() {
+            anyhow::bail!(
+                "{addr} is not a loopback address: a bearer token is required (--token or AGENT_BRIDGE_TOKEN)"
+            );
+        }
+        Ok(Guard {
+            token,
+            allowed_origins,
+            loopback_hosts: check_host && loopback,
+        })
+    }
+
+    /// `app` behind this guard.
+    pub fn wrap(self, app: axum::Router) -> axum::Router {
+        app.layer(axum::middleware::from_fn_with_state(Arc::new(self), guard))
+    }
+}
+
+/// Host header names a loopback server answers to.
+fn host_allowed(host: &str) -> bool {
+    let name = if host.starts_with('[') {
+        host.split_once(']')
+            .map_or(host, |(h, _)| h)
+            .trim_start_matches('[')
+    } else {
+        host.split(':').next().unwrap_or(host)
+    };
+    matches!(name, "localhost" | "127.0.0.1" | "::1")
 }
 
 /// Browsers send Origin; a page from elsewhere must not drive the sandbox.
@@ -201,17 +246,23 @@ fn origin_allowed(origin: &str, extra: &[String]) -> bool {
     let Some(rest) = rest else {
         return false;
     };
-    let host = if rest.starts_with('[') {
-        rest.split_once(']')
-            .map_or(rest, |(h, _)| h)
-            .trim_start_matches('[')
-    } else {
-        rest.split(':').next().unwrap_or(rest)
-    };
-    matches!(host, "localhost" | "127.0.0.1" | "::1")
+    host_allowed(rest)
 }
 
 async fn guard(State(g): State<Arc<Guard>>, req: axum::extract::Request, next: Next) -> Response {
+    if g.loopback_hosts {
+        let ok = req
+            .headers()
+            .get(header::HOST)
+            .is_none_or(|h| h.to_str().is_ok_and(host_allowed));
+        if !ok {
+            return (
+                StatusCode::FORBIDDEN,
+                "Host not allowed: this server answers to localhost only\n",
+            )
+                .into_response();
+        }
+    }
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let ok = origin
             .to_str()
@@ -254,12 +305,8 @@ pub async fn serve_http(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     let loopback = opts.addr.ip().is_loopback();
-    if !loopback && opts.token.is_none() {
-        anyhow::bail!(
-            "{} is not a loopback address: a bearer token is required (--token or AGENT_BRIDGE_TOKEN)",
-            opts.addr
-        );
-    }
+    // rmcp checks Host itself
+    let g = Guard::for_addr(opts.addr, opts.token, opts.allowed_origins, false)?;
     let mut http = StreamableHttpServerConfig::default()
         .with_max_request_body_bytes(opts.max_body)
         .with_sse_keep_alive(Some(Duration::from_secs(15)))
@@ -278,18 +325,23 @@ pub async fn serve_http(
         Arc::new(LocalSessionManager::default()),
         http,
     );
-    let g = Arc::new(Guard {
-        token: opts.token,
-        allowed_origins: opts.allowed_origins,
-    });
-    let app = axum::Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(g, guard));
-    let listener = tokio::net::TcpListener::bind(opts.addr)
+    let app = g.wrap(axum::Router::new().nest_service("/mcp", service));
+    listen(opts.addr, app, "serving MCP", shutdown).await
+}
+
+/// Serves `app` on `addr` until `shutdown` fires; prints the bound address
+/// (port 0 picks a free one) on stderr as `agent-bridge: WHAT at http://ADDR/mcp`.
+pub async fn listen(
+    addr: SocketAddr,
+    app: axum::Router,
+    what: &str,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.addr))?;
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     let addr = listener.local_addr()?;
-    eprintln!("agent-bridge: serving MCP at http://{addr}/mcp");
+    eprintln!("agent-bridge: {what} at http://{addr}/mcp");
     // an answer is written as several small chunks (SSE priming event,
     // message, end of stream): Nagle would hold each behind the last ACK
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -303,7 +355,16 @@ pub async fn serve_http(
 
 #[cfg(test)]
 mod tests {
-    use super::origin_allowed;
+    use super::{host_allowed, origin_allowed};
+
+    #[test]
+    fn only_loopback_hosts_when_checked() {
+        assert!(host_allowed("localhost:8765"));
+        assert!(host_allowed("127.0.0.1"));
+        assert!(host_allowed("[::1]:80"));
+        assert!(!host_allowed("evil.example:8765"));
+        assert!(!host_allowed("localhost.evil.example"));
+    }
 
     #[test]
     fn only_loopback_origins_by_default() {

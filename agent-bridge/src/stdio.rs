@@ -16,9 +16,22 @@ use rmcp::transport::Transport;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-enum Outgoing {
+/// One line for the writer thread.
+pub enum Outgoing {
     Message(Box<TxJsonRpcMessage<RoleServer>>),
     Raw(Value),
+    /// A message already encoded, in pieces (written as they are, then `\n`).
+    Chunks(Vec<bytes::Bytes>),
+}
+
+/// Starts the thread that writes [`Outgoing`] lines to `output` until
+/// every sender is gone or `output` breaks.
+pub fn spawn_writer(
+    output: impl std::io::Write + Send + 'static,
+) -> std::sync::mpsc::Sender<Outgoing> {
+    let (out, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || write_all(rx, output));
+    out
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -38,8 +51,7 @@ impl StdioTransport {
         output: impl std::io::Write + Send + 'static,
         max_line: usize,
     ) -> StdioTransport {
-        let (out, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || write_all(rx, output));
+        let out = spawn_writer(output);
         let (tx, incoming) = mpsc::channel(16);
         let answers = out.clone();
         std::thread::spawn(move || read_all(input, tx, answers, max_line));
@@ -81,35 +93,40 @@ impl Transport<RoleServer> for StdioTransport {
     }
 }
 
-fn error(id: Value, code: i32, message: String) -> Outgoing {
-    Outgoing::Raw(json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}))
+/// A JSON-RPC error answer.
+pub fn error_answer(id: Value, code: i32, message: String) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+/// The error answer a line deserves that the parser rejected with `e`:
+/// not UTF-8 (and where), not JSON, or JSON that is not a message this
+/// server understands (then answered with its id).
+pub fn bad_line_answer(line: &[u8], e: &dyn std::fmt::Display) -> Value {
+    if let Err(bad) = std::str::from_utf8(line) {
+        let msg = format!(
+            "Parse error: the message is not UTF-8 (invalid byte at offset {})",
+            bad.valid_up_to()
+        );
+        return error_answer(Value::Null, -32700, msg);
+    }
+    match serde_json::from_slice::<Value>(line) {
+        Err(e) => error_answer(
+            Value::Null,
+            -32700,
+            format!("Parse error: the message is not JSON: {e}"),
+        ),
+        Ok(v) => error_answer(
+            v.get("id").cloned().unwrap_or(Value::Null),
+            -32600,
+            format!("Invalid Request: {e}"),
+        ),
+    }
 }
 
 /// Parses one line: a message, or the error answer it deserves. The parser
 /// checks UTF-8 itself; only a line it rejects is checked again, to say where.
 fn parse(line: &[u8]) -> Result<RxJsonRpcMessage<RoleServer>, Outgoing> {
-    serde_json::from_slice(line).map_err(|e| {
-        if let Err(bad) = std::str::from_utf8(line) {
-            let msg = format!(
-                "Parse error: the message is not UTF-8 (invalid byte at offset {})",
-                bad.valid_up_to()
-            );
-            return error(Value::Null, -32700, msg);
-        }
-        match serde_json::from_slice::<Value>(line) {
-            Err(e) => error(
-                Value::Null,
-                -32700,
-                format!("Parse error: the message is not JSON: {e}"),
-            ),
-            // JSON, but not a message this server understands: answer its id
-            Ok(v) => error(
-                v.get("id").cloned().unwrap_or(Value::Null),
-                -32600,
-                format!("Invalid Request: {e}"),
-            ),
-        }
-    })
+    serde_json::from_slice(line).map_err(|e| Outgoing::Raw(bad_line_answer(line, &e)))
 }
 
 fn read_all(
@@ -117,6 +134,34 @@ fn read_all(
     incoming: mpsc::Sender<RxJsonRpcMessage<RoleServer>>,
     out: std::sync::mpsc::Sender<Outgoing>,
     max_line: usize,
+) {
+    read_lines(
+        input,
+        max_line,
+        "--max-body",
+        |line| match parse(&line) {
+            Ok(message) => {
+                drop(line);
+                incoming.blocking_send(message).is_ok()
+            }
+            Err(answer) => out.send(answer).is_ok(),
+        },
+        |answer| {
+            let _ = out.send(Outgoing::Raw(answer));
+        },
+    );
+}
+
+/// Reads newline-delimited messages from `input` (1 MiB reads) until it
+/// ends or `on_line` returns false. Blank lines are skipped; a line over
+/// `max_line` bytes is counted, not kept, and its error answer goes to
+/// `on_error` (naming `flag`, the option that sets the limit).
+pub fn read_lines(
+    input: impl std::io::Read,
+    max_line: usize,
+    flag: &str,
+    mut on_line: impl FnMut(Vec<u8>) -> bool,
+    mut on_error: impl FnMut(Value),
 ) {
     let mut input = std::io::BufReader::with_capacity(1 << 20, input);
     loop {
@@ -135,24 +180,16 @@ fn read_all(
             let rest = input.skip_until(b'\n').unwrap_or(0);
             let seen = n + rest;
             let msg = format!(
-                "Invalid Request: a message of at least {seen} bytes is over this server's limit of {max_line} bytes (--max-body)"
+                "Invalid Request: a message of at least {seen} bytes is over this server's limit of {max_line} bytes ({flag})"
             );
-            let _ = out.send(error(Value::Null, -32600, msg));
+            on_error(error_answer(Value::Null, -32600, msg));
             continue;
         }
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match parse(&line) {
-            Ok(message) => {
-                drop(line);
-                if incoming.blocking_send(message).is_err() {
-                    return;
-                }
-            }
-            Err(answer) => {
-                let _ = out.send(answer);
-            }
+        if !on_line(line) {
+            return;
         }
     }
 }
@@ -170,6 +207,18 @@ fn write_all(rx: std::sync::mpsc::Receiver<Outgoing>, mut output: impl std::io::
         let bytes = match item {
             Outgoing::Message(m) => encode(&m),
             Outgoing::Raw(v) => encode(&v),
+            Outgoing::Chunks(chunks) => {
+                // big answers: written piece by piece, never joined
+                let written = chunks
+                    .iter()
+                    .try_for_each(|c| output.write_all(c))
+                    .and_then(|()| output.write_all(b"\n"))
+                    .and_then(|()| output.flush());
+                if written.is_err() {
+                    return;
+                }
+                continue;
+            }
         };
         let Some(mut bytes) = bytes else {
             tracing::error!("a response could not be serialized");

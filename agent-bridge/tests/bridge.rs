@@ -9,25 +9,6 @@ use common::*;
 use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
 
-fn png(width: u32, height: u32) -> Vec<u8> {
-    // a real PNG: python3's zlib and struct, no imaging library needed
-    let script = format!(
-        r#"
-import struct, sys, zlib
-w, h = {width}, {height}
-raw = b''.join(b'\x00' + bytes((x * 7 + y * 3) % 256 for x in range(w * 3)) for y in range(h))
-def chunk(t, d): return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
-sys.stdout.buffer.write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 2, 0, 0, 0)) + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
-"#
-    );
-    let out = std::process::Command::new("python3")
-        .args(["-c", &script])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    out.stdout
-}
-
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)

@@ -102,6 +102,18 @@ impl Client {
             .ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
     }
 
+    /// Opens a span and attaches a running process tree to it in one round
+    /// trip: every thread of `pid` and of its descendants. Answers the span
+    /// and how many threads were attached.
+    pub fn begin_span_tree(
+        &mut self,
+        session: Option<&str>,
+        label: &str,
+        pid: u32,
+    ) -> Result<(u64, u64), ClientError> {
+        span_and_tids(self.call(tree_request(session, label, pid))?)
+    }
+
     pub fn attach(&mut self, span_id: u64, pid: u32) -> Result<(), ClientError> {
         self.call(json!({"op": "attach", "span_id": span_id, "pid": pid}))
             .map(drop)
@@ -185,6 +197,16 @@ impl AsyncClient {
         check_response(parse_line(n, &buf)?, id)
     }
 
+    /// [`Client::begin_span_tree`], on tokio.
+    pub async fn begin_span_tree(
+        &mut self,
+        session: Option<&str>,
+        label: &str,
+        pid: u32,
+    ) -> Result<(u64, u64), ClientError> {
+        span_and_tids(self.call(tree_request(session, label, pid)).await?)
+    }
+
     pub async fn end_span(
         &mut self,
         span_id: u64,
@@ -231,6 +253,19 @@ fn check_response(response: Value, id: u64) -> Result<Value, ClientError> {
         .and_then(|e| serde_json::from_value::<ErrorBody>(e).ok())
         .ok_or_else(|| ClientError::Protocol(format!("error without a body: {response}")))?;
     Err(ClientError::Daemon(err))
+}
+
+fn tree_request(session: Option<&str>, label: &str, pid: u32) -> Value {
+    json!({"op": "begin_span", "session": session, "label": label, "pid": pid, "tree": true})
+}
+
+fn span_and_tids(r: Value) -> Result<(u64, u64), ClientError> {
+    match (r["span_id"].as_u64(), r["tids"].as_u64()) {
+        (Some(span), Some(tids)) => Ok((span, tids)),
+        // a daemon from before `tree` ignores it: one thread attached
+        (Some(span), None) => Ok((span, 1)),
+        _ => Err(ClientError::Protocol(format!("no span_id: {r}"))),
+    }
 }
 
 fn end_request(span_id: u64, exit: Option<&ExitStatus>, timed_out_ms: Option<u64>) -> Value {

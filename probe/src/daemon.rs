@@ -67,7 +67,10 @@ enum Command {
         label: String,
         /// Attach this process at once (saves the caller a round trip).
         pid: Option<u32>,
-        reply: Reply<u64>,
+        /// With `pid`: every thread of it and of its descendants too.
+        tree: bool,
+        /// The span, and with `tree` how many threads were attached.
+        reply: Reply<(u64, Option<usize>)>,
     },
     Attach {
         span: u64,
@@ -321,12 +324,13 @@ impl Core {
                 session,
                 label,
                 pid,
+                tree,
                 reply,
             } => {
                 let begun = self.begin(session, label).and_then(|span| match pid {
-                    None => Ok(span),
-                    Some(pid) => match self.attach(span, pid) {
-                        Ok(()) => Ok(span),
+                    None => Ok((span, None)),
+                    Some(pid) => match self.attach_pid(span, pid, tree) {
+                        Ok(n) => Ok((span, tree.then_some(n))),
                         Err(e) => {
                             // nothing was traced: the span never existed
                             self.spans.remove(&span);
@@ -393,6 +397,44 @@ impl Core {
         Ok(id)
     }
 
+    /// `attach`, or with `tree` [`Core::attach_tree`]: how many threads.
+    fn attach_pid(&mut self, span: u64, pid: u32, tree: bool) -> Result<usize, ErrorBody> {
+        if tree {
+            self.attach_tree(span, pid)
+        } else {
+            self.attach(span, pid).map(|()| 1)
+        }
+    }
+
+    /// Attaches a running process as it is now: every thread of `pid` and
+    /// of each descendant (forks and clones after this inherit the span in
+    /// the kernel). A thread that another span tracked moves to this one.
+    /// Threads started while the tree is walked are caught by walking it
+    /// again, until a walk finds nothing new.
+    fn attach_tree(&mut self, span: u64, pid: u32) -> Result<usize, ErrorBody> {
+        self.attach(span, pid)?;
+        let mut attached: std::collections::HashSet<u32> = [pid].into();
+        for _ in 0..4 {
+            let new: Vec<u32> = crate::proctree::threads(pid)
+                .into_iter()
+                .filter(|t| !attached.contains(t))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            for tid in new {
+                // a thread that exited since the walk is simply gone
+                if self.probe.track(tid, span).is_ok()
+                    && let Some(open) = self.spans.get_mut(&span)
+                {
+                    open.evidence.tids.insert(tid);
+                }
+                attached.insert(tid);
+            }
+        }
+        Ok(attached.len())
+    }
+
     fn attach(&mut self, span: u64, pid: u32) -> Result<(), ErrorBody> {
         let Some(open) = self.spans.get_mut(&span) else {
             return Err(ErrorBody::new(
@@ -433,7 +475,9 @@ impl Core {
         let pending = match self.spans.get(&span) {
             Some(open) => {
                 let tids: Vec<u32> = open.evidence.tids.iter().copied().collect();
-                self.probe.untrack(tids)
+                // threads that a later span took over (overlapping calls
+                // into one server) stay traced for that span
+                self.probe.untrack_own(span, tids)
             }
             None => Vec::new(),
         };
@@ -964,15 +1008,20 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             session,
             label,
             pid,
+            tree,
         } => core
             .ask(|reply| Command::Begin {
                 session,
                 label,
                 pid,
+                tree,
                 reply,
             })
             .await
-            .map(|span| json!({"span_id": span})),
+            .map(|(span, tids)| match tids {
+                Some(n) => json!({"span_id": span, "tids": n}),
+                None => json!({"span_id": span}),
+            }),
         Request::Attach { span_id, pid } => core
             .ask(|reply| Command::Attach {
                 span: span_id,

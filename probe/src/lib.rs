@@ -24,6 +24,7 @@ pub mod fault;
 pub mod loader;
 pub mod mounts;
 pub mod primitive;
+pub mod proctree;
 pub mod protocol;
 pub mod report;
 pub mod sessions;

@@ -305,6 +305,23 @@ impl Probe {
         pending
     }
 
+    /// [`Probe::untrack`] for the threads among `tids` that `span` still
+    /// traces: a thread another span has since taken over stays traced.
+    pub fn untrack_own(
+        &mut self,
+        span: u64,
+        tids: impl IntoIterator<Item = u32>,
+    ) -> Vec<PendingRepeats> {
+        let own: Vec<u32> = tids
+            .into_iter()
+            .filter(|tid| match self.tracked.get(tid, 0) {
+                Ok(v) => v == 0 || u64::from(slot::span(v)) == span,
+                Err(_) => true,
+            })
+            .collect();
+        self.untrack(own)
+    }
+
     /// Spans that still have traced threads, with how many.
     pub fn tracked_spans(&self) -> std::collections::HashMap<u64, usize> {
         let mut out = std::collections::HashMap::new();

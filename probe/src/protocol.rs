@@ -26,7 +26,9 @@ pub enum Request {
     /// Protocol version and daemon identity.
     Hello,
     /// Opens a span; answers `span_id`. With `pid`, also attaches it
-    /// (as `attach` would), in one round trip.
+    /// (as `attach` would), in one round trip. With `tree` too, attaches
+    /// every thread of `pid` and every thread of its descendants as they
+    /// are now (a running server); answers `tids`, how many were attached.
     BeginSpan {
         #[serde(default)]
         session: Option<String>,
@@ -34,6 +36,8 @@ pub enum Request {
         label: String,
         #[serde(default)]
         pid: Option<u32>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        tree: bool,
     },
     /// Traces `pid` (and everything it starts) in the span. Send it while
     /// the child is blocked before exec.
@@ -214,12 +218,26 @@ mod tests {
                 session: Some("t-1".into()),
                 label: "exec: ls".into(),
                 pid: None,
+                tree: false,
             }
         );
         let (_, r) = parse_request(br#"{"op": "begin_span", "label": "x", "pid": 42}"#);
         assert!(matches!(
             r.unwrap(),
-            Request::BeginSpan { pid: Some(42), .. }
+            Request::BeginSpan {
+                pid: Some(42),
+                tree: false,
+                ..
+            }
+        ));
+        let (_, r) = parse_request(br#"{"op": "begin_span", "pid": 42, "tree": true}"#);
+        assert!(matches!(
+            r.unwrap(),
+            Request::BeginSpan {
+                pid: Some(42),
+                tree: true,
+                ..
+            }
         ));
         let (_, r) = parse_request(
             br#"{"op": "end_span", "span_id": 3, "exit": {"code": 1, "signal": null}}"#,

@@ -793,3 +793,171 @@ fn locked_or_full_db_fails_at_start_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(125), "{err}");
     assert!(err.contains("disk is full"), "{err}");
 }
+
+/// A long-running "server": a worker thread and a child process, both
+/// started before any span, that each open a missing path per command.
+const TREE_SERVER: &str = r#"
+import queue, subprocess, sys, threading
+jobs, acks = queue.Queue(), queue.Queue()
+def worker():
+    while True:
+        path = jobs.get()
+        try: open(path)
+        except OSError: pass
+        acks.put(1)
+threading.Thread(target=worker, daemon=True).start()
+child = subprocess.Popen([sys.executable, "-c", "import sys\nfor l in sys.stdin:\n    try: open(l.strip())\n    except OSError: pass\n    print('ok', flush=True)\n"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+print("ready", flush=True)
+for line in sys.stdin:
+    tag = line.strip()
+    jobs.put(f"/nonexistent-tree-thread-{tag}")
+    acks.get()
+    child.stdin.write(f"/nonexistent-tree-child-{tag}\n"); child.stdin.flush(); child.stdout.readline()
+    print("done", flush=True)
+"#;
+
+struct TreeServer {
+    child: Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl TreeServer {
+    fn start() -> TreeServer {
+        use std::io::BufRead as _;
+        let mut child = Command::new("python3")
+            .args(["-c", TREE_SERVER])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        TreeServer { child, out }
+    }
+
+    /// Has the thread and the child each open a missing path named `tag`.
+    fn work(&mut self, tag: &str) {
+        use std::io::BufRead as _;
+        writeln!(self.child.stdin.as_mut().unwrap(), "{tag}").unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        assert_eq!(line, "done\n");
+    }
+}
+
+impl Drop for TreeServer {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The missing paths of a stored span's events.
+fn stored_paths(client: &mut Client, span: u64) -> Vec<String> {
+    let r = client
+        .call(json!({"op": "query", "span_id": span}))
+        .unwrap();
+    r["span"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["path"].as_str())
+        .filter(|p| p.starts_with("/nonexistent-tree-"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Asserts that both the thread's and the child's failures for `tag` are stored.
+fn assert_thread_and_child(paths: &[String], tag: &str) {
+    for who in ["thread", "child"] {
+        let want = format!("/nonexistent-tree-{who}-{tag}");
+        assert!(paths.contains(&want), "{want} missing from {paths:?}");
+    }
+}
+
+/// How a call whose tool result is an error ends its span.
+fn tool_error() -> ExitStatus {
+    ExitStatus {
+        code: Some(1),
+        signal: None,
+    }
+}
+
+/// A daemon, its client and a tree server (None without root).
+fn tree_setup() -> Option<(Daemon, Client, TreeServer)> {
+    if !root() {
+        return None;
+    }
+    let d = Daemon::start();
+    let c = d.client();
+    Some((d, c, TreeServer::start()))
+}
+
+fn wait_stored(client: &mut Client, span: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client
+        .call(json!({"op": "query", "span_id": span}))
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "span {span} was never stored");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn tree_attach_traces_existing_threads_and_descendants() {
+    let Some((_d, mut c, mut server)) = tree_setup() else {
+        return;
+    };
+    let pid = server.child.id();
+    let (span, tids) = c
+        .begin_span_tree(Some("tree"), "tools/call x", pid)
+        .unwrap();
+    // python's main thread and worker, and the child's main thread
+    assert!(tids >= 3, "only {tids} threads attached");
+    server.work("a");
+    let failed = tool_error();
+    let a = c.end_span(span, Some(&failed), None).unwrap();
+    assert!(a.failed);
+    let failures = a.counts.get("syscall_failed").copied().unwrap_or(0);
+    assert!(failures >= 2, "{a:?}");
+    wait_stored(&mut c, span);
+    assert_thread_and_child(&stored_paths(&mut c, span), "a");
+    // ended: the server is no longer traced
+    server.work("after");
+    let (span2, _) = c
+        .begin_span_tree(Some("tree"), "tools/call y", pid)
+        .unwrap();
+    c.end_span(span2, Some(&failed), None).unwrap();
+    wait_stored(&mut c, span2);
+    assert!(stored_paths(&mut c, span2).is_empty());
+    // a plain begin_span (no tree) still answers without `tids`
+    let r = c
+        .call(json!({"op": "begin_span", "label": "plain", "pid": pid}))
+        .unwrap();
+    assert!(r.get("tids").is_none(), "{r}");
+    c.end_span(r["span_id"].as_u64().unwrap(), None, None)
+        .unwrap();
+}
+
+#[test]
+fn ending_an_overlapped_span_leaves_the_later_span_traced() {
+    let Some((_d, mut c, mut server)) = tree_setup() else {
+        return;
+    };
+    let pid = server.child.id();
+    let (a, _) = c.begin_span_tree(Some("overlap"), "call A", pid).unwrap();
+    let (b, _) = c.begin_span_tree(Some("overlap"), "call B", pid).unwrap();
+    let failed = tool_error();
+    // A ends first: it must not untrack the threads B now traces
+    c.end_span(a, Some(&failed), None).unwrap();
+    server.work("b");
+    c.end_span(b, Some(&failed), None).unwrap();
+    wait_stored(&mut c, a);
+    wait_stored(&mut c, b);
+    assert_thread_and_child(&stored_paths(&mut c, b), "b");
+    assert!(stored_paths(&mut c, a).is_empty());
+}

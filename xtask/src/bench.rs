@@ -226,10 +226,11 @@ fn wait_with_rusage(mut child: Child) -> anyhow::Result<(std::process::ExitStatu
 }
 
 /// The sections of docs/BENCHMARKS.md, in order, with the heading each starts at.
-pub const SECTIONS: [(&str, &str); 4] = [
+pub const SECTIONS: [(&str, &str); 5] = [
     ("probe", "# Benchmarks"),
     ("daemon", "## Daemon"),
     ("bridge", "## agent-bridge"),
+    ("proxy", "## Proxy"),
     ("campaign", "## Campaign"),
 ];
 

@@ -122,6 +122,7 @@ fn main() -> anyhow::Result<()> {
                     "probe" => bench::probe_section(&build_probe_release()?, n, runs)?,
                     "daemon" => bench::cargo_bench_section("probe", "daemon")?,
                     "bridge" => bench::cargo_bench_section("agent-bridge", "bridge")?,
+                    "proxy" => bench::cargo_bench_section("agent-bridge", "proxy")?,
                     _ => campaign::bench(campaign_tests)?,
                 };
                 print!("{text}");
@@ -277,7 +278,7 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         eprintln!("xtask: NOT ROOT — kernel tests skipped (run `sudo -E cargo xtask test`)");
         return Ok(());
     }
-    // the bridge through rmcp's client, and every profile on the real kernel
+    // the bridge (and the proxy) through rmcp's client, and every profile on the real kernel
     run(Command::new("cargo").args([
         "test",
         "-p",
@@ -288,6 +289,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         "profiles",
         "--test",
         "campaign",
+        // foreign MCP servers behind `agent-bridge proxy`
+        "--test",
+        "proxy",
     ]))?;
     let mut cmd = Command::new("cargo");
     cmd.args([

@@ -82,8 +82,44 @@ impl Reply {
     }
 }
 
-/// A tmpfs that lasts for the session (profile `disk_limit`).
-struct SessionDisk(PathBuf);
+/// A tmpfs that lasts for the session (profile `disk_limit`), unmounted on drop.
+pub struct SessionDisk(PathBuf);
+
+impl SessionDisk {
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+/// The tmpfs disks of a profile's `disk_limit` entries, mounted under
+/// `run_dir` as `ID-diskN` (unmounted and removed on drop).
+pub fn session_disks(
+    profile: &crate::profile::Profile,
+    run_dir: &std::path::Path,
+    id: &str,
+) -> std::io::Result<Vec<SessionDisk>> {
+    let mut disks = Vec::new();
+    for (i, limit) in profile.disk_limit.iter().enumerate() {
+        let dir = run_dir.join(format!("{id}-disk{i}"));
+        std::fs::create_dir_all(&dir)?;
+        let disk = SessionDisk(dir.clone());
+        nix::mount::mount(
+            Some("tmpfs"),
+            &dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(format!("size={},mode=1777", limit.size.0).as_str()),
+        )
+        .map_err(|e| {
+            std::io::Error::other(format!(
+                "mount the session disk for {}: {e}",
+                limit.path.display()
+            ))
+        })?;
+        disks.push(disk);
+    }
+    Ok(disks)
+}
 
 impl Drop for SessionDisk {
     fn drop(&mut self) {
@@ -107,26 +143,7 @@ impl Session {
     pub fn new(config: Arc<Config>) -> std::io::Result<Session> {
         let n = SESSIONS.fetch_add(1, Ordering::Relaxed);
         let id = format!("mcp-{}-{}-{n}", std::process::id(), probe::clock::now_ms());
-        let mut disks = Vec::new();
-        for (i, limit) in config.profile.disk_limit.iter().enumerate() {
-            let dir = config.run_dir.join(format!("{id}-disk{i}"));
-            std::fs::create_dir_all(&dir)?;
-            let disk = SessionDisk(dir.clone());
-            nix::mount::mount(
-                Some("tmpfs"),
-                &dir,
-                Some("tmpfs"),
-                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-                Some(format!("size={},mode=1777", limit.size.0).as_str()),
-            )
-            .map_err(|e| {
-                std::io::Error::other(format!(
-                    "mount the session disk for {}: {e}",
-                    limit.path.display()
-                ))
-            })?;
-            disks.push(disk);
-        }
+        let disks = session_disks(&config.profile, &config.run_dir, &id)?;
         let paths: Vec<PathBuf> = disks.iter().map(|d| d.0.clone()).collect();
         let plan = Plan::new(&config.profile, &paths)?;
         let profile = &config.profile;

@@ -28,6 +28,26 @@ pub fn unb64(s: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD.decode(s).unwrap()
 }
 
+/// A real PNG image of `width` × `height`.
+pub fn png(width: u32, height: u32) -> Vec<u8> {
+    // a real PNG: python3's zlib and struct, no imaging library needed
+    let script = format!(
+        r#"
+import struct, sys, zlib
+w, h = {width}, {height}
+raw = b''.join(b'\x00' + bytes((x * 7 + y * 3) % 256 for x in range(w * 3)) for y in range(h))
+def chunk(t, d): return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+sys.stdout.buffer.write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 2, 0, 0, 0)) + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+"#
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
 pub fn sha256(data: &[u8]) -> String {
     agent_bridge::bytes::sha256_hex(data)
 }
@@ -212,9 +232,17 @@ fn serve_args(o: &Opts) -> Vec<String> {
 impl Bridge {
     /// `agent-bridge serve --stdio`, driven through rmcp's client.
     pub async fn stdio(o: Opts) -> Bridge {
+        let mut args = serve_args(&o);
+        args.push("--stdio".into());
+        Bridge::stdio_with(&args, o.sessionless)
+            .await
+            .expect("MCP handshake over stdio")
+    }
+
+    /// `agent-bridge ARGS…` speaking MCP on stdio, driven through rmcp's client.
+    pub async fn stdio_with(args: &[String], sessionless: bool) -> Result<Bridge, String> {
         let mut child = tokio::process::Command::new(BRIDGE)
-            .args(serve_args(&o))
-            .arg("--stdio")
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -226,24 +254,28 @@ impl Bridge {
         )
         .with_max_line_length(512 << 20);
         let handler = Handler::default();
-        let client = handshake(handler.clone(), transport, o.sessionless)
-            .await
-            .expect("MCP handshake over stdio");
-        Bridge {
+        let client = handshake(handler.clone(), transport, sessionless).await?;
+        Ok(Bridge {
             client,
             handler,
             child: None,
             tokio_child: Some(child),
             url: None,
-        }
+        })
     }
 
     /// `agent-bridge serve --http 127.0.0.1:0`; returns the process (killed
     /// on drop, even when a test fails) and its URL.
     pub fn start_http(o: &Opts) -> (Killed, String) {
+        let mut args = serve_args(o);
+        args.extend(["--http".into(), "127.0.0.1:0".into()]);
+        Bridge::start_http_with(&args)
+    }
+
+    /// `agent-bridge ARGS…` serving HTTP; returns it and its URL.
+    pub fn start_http_with(args: &[String]) -> (Killed, String) {
         let mut child = Command::new(BRIDGE)
-            .args(serve_args(o))
-            .args(["--http", "127.0.0.1:0"])
+            .args(args)
             .stderr(Stdio::piped())
             .spawn()
             .expect("start agent-bridge --http");
@@ -253,7 +285,11 @@ impl Bridge {
                 .next()
                 .expect("bridge exited before listening")
                 .unwrap();
-            if let Some(rest) = line.split("serving MCP at ").nth(1) {
+            let rest = line
+                .split("serving MCP at ")
+                .nth(1)
+                .or_else(|| line.split("proxying MCP at ").nth(1));
+            if let Some(rest) = rest {
                 break rest.trim().to_string();
             }
         };

@@ -1,0 +1,326 @@
+//! Reading just enough of a JSON-RPC message to route it, and adding the
+//! kernel evidence to a `tools/call` result without re-encoding it: the
+//! rest of the line passes byte for byte.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use sonic_rs::JsonValueTrait as _;
+
+/// The key `_meta` gains on every `tools/call` result.
+pub const META_KEY: &str = "probe/kernel";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Request,
+    Notification,
+    Response,
+}
+
+/// A client's message, as far as the proxy needs it.
+#[derive(Debug, Clone)]
+pub struct ClientHead {
+    pub kind: Kind,
+    /// The id in canonical JSON (the key answers are matched by).
+    pub id: Option<String>,
+    pub method: Option<String>,
+    /// `params.name` of a `tools/call`.
+    pub tool: Option<String>,
+    /// `params._meta.progressToken`, canonical JSON.
+    pub progress_token: Option<String>,
+    /// `params.requestId` of `notifications/cancelled`, canonical JSON.
+    pub cancelled: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawMessage<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawParams<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "_meta")]
+    meta: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "requestId")]
+    request_id: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawMeta<'a> {
+    #[serde(borrow, default, rename = "progressToken")]
+    progress_token: Option<&'a RawValue>,
+}
+
+/// An id (or token) in canonical JSON: `1`, `"a"`.
+pub fn canonical(raw: &str) -> Option<String> {
+    serde_json::from_str::<Value>(raw)
+        .ok()
+        .filter(|v| !v.is_null())
+        .map(|v| v.to_string())
+}
+
+/// Reads a client's line: the head, or the JSON-RPC error answer it
+/// deserves (the same answers as `serve`'s).
+pub fn client_head(line: &[u8]) -> Result<ClientHead, Value> {
+    // serde skips the strings of fields it ignores without checking them:
+    // a message with invalid UTF-8 or a raw NUL anywhere is refused whole
+    if std::str::from_utf8(line).is_err() || line.contains(&0) {
+        return Err(crate::stdio::bad_line_answer(line, &"invalid bytes"));
+    }
+    let m: RawMessage<'_> =
+        serde_json::from_slice(line).map_err(|e| crate::stdio::bad_line_answer(line, &e))?;
+    let id = m.id.and_then(|r| canonical(r.get()));
+    let invalid = |why: &str| {
+        crate::stdio::error_answer(
+            id.as_deref()
+                .and_then(|i| serde_json::from_str(i).ok())
+                .unwrap_or(Value::Null),
+            -32600,
+            format!("Invalid Request: {why}"),
+        )
+    };
+    let kind = match (&m.method, &id, m.result.is_some() || m.error.is_some()) {
+        (Some(_), Some(_), _) => Kind::Request,
+        (Some(_), None, _) => Kind::Notification,
+        (None, Some(_), true) => Kind::Response,
+        _ => {
+            return Err(invalid(
+                "not a JSON-RPC 2.0 message (a request needs `method` and `id`, a notification `method`, a response `id` and `result` or `error`)",
+            ));
+        }
+    };
+    let params: RawParams<'_> = match m.params {
+        Some(p) if p.get().starts_with('{') => {
+            serde_json::from_str(p.get()).map_err(|e| invalid(&format!("params: {e}")))?
+        }
+        _ => RawParams::default(),
+    };
+    let meta: RawMeta<'_> = match params.meta {
+        Some(p) if p.get().starts_with('{') => serde_json::from_str(p.get()).unwrap_or_default(),
+        _ => RawMeta::default(),
+    };
+    let method = m.method.map(Cow::into_owned);
+    Ok(ClientHead {
+        kind,
+        tool: (method.as_deref() == Some("tools/call"))
+            .then(|| params.name.map(Cow::into_owned))
+            .flatten(),
+        progress_token: meta.progress_token.and_then(|r| canonical(r.get())),
+        cancelled: (method.as_deref() == Some("notifications/cancelled"))
+            .then(|| params.request_id.and_then(|r| canonical(r.get())))
+            .flatten(),
+        id,
+        method,
+    })
+}
+
+/// A server's line, as far as the proxy needs it.
+#[derive(Debug, Clone)]
+pub struct ChildHead {
+    pub kind: Kind,
+    pub id: Option<String>,
+    pub method: Option<String>,
+    /// `params.progressToken` of `notifications/progress`, canonical JSON.
+    pub progress_token: Option<String>,
+    /// Byte range of the `result` object in the line.
+    pub result: Option<Range<usize>>,
+    pub is_error: bool,
+    /// The response is a JSON-RPC error.
+    pub rpc_error: bool,
+    /// Byte range of `result._meta`, when it is an object.
+    pub meta: Option<Range<usize>>,
+    /// `result._meta` already holds [`META_KEY`].
+    pub meta_has_key: bool,
+}
+
+fn range(line: &[u8], raw: &str) -> Range<usize> {
+    let start = raw.as_ptr() as usize - line.as_ptr() as usize;
+    start..start + raw.len()
+}
+
+/// Reads a server's line without parsing what it does not need (a 90 MB
+/// base64 string inside `result` is skipped, not decoded).
+pub fn child_head(line: &[u8]) -> Result<ChildHead, String> {
+    let mut head = ChildHead {
+        kind: Kind::Notification,
+        id: None,
+        method: None,
+        progress_token: None,
+        result: None,
+        is_error: false,
+        rpc_error: false,
+        meta: None,
+        meta_has_key: false,
+    };
+    let mut fields = 0;
+    for field in sonic_rs::to_object_iter(line) {
+        let (key, value) = field.map_err(|e| e.to_string())?;
+        fields += 1;
+        match key.as_ref() {
+            "id" => head.id = canonical(value.as_raw_str()),
+            "method" => head.method = value.as_str().map(str::to_owned),
+            "error" => head.rpc_error = true,
+            "params" if value.as_raw_str().starts_with('{') => {
+                if let Ok(t) = sonic_rs::get(value.as_raw_str(), &["progressToken"]) {
+                    head.progress_token = canonical(t.as_raw_str());
+                }
+            }
+            "result" if value.as_raw_str().starts_with('{') => {
+                let raw = value.as_raw_str();
+                head.result = Some(range(line, raw));
+                for inner in sonic_rs::to_object_iter(raw) {
+                    let (k, v) = inner.map_err(|e| e.to_string())?;
+                    match k.as_ref() {
+                        "isError" => head.is_error = v.as_bool() == Some(true),
+                        "_meta" if v.as_raw_str().starts_with('{') => {
+                            head.meta = Some(range(line, v.as_raw_str()));
+                            head.meta_has_key = sonic_rs::to_object_iter(v.as_raw_str())
+                                .any(|f| f.is_ok_and(|(k, _)| k == META_KEY));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            "result" => head.result = Some(range(line, value.as_raw_str())),
+            _ => {}
+        }
+    }
+    if fields == 0 {
+        return Err("not a JSON object".into());
+    }
+    head.kind = match (&head.method, &head.id) {
+        (Some(_), Some(_)) => Kind::Request,
+        (Some(_), None) => Kind::Notification,
+        (None, Some(_)) if head.result.is_some() || head.rpc_error => Kind::Response,
+        _ => return Err("not a JSON-RPC 2.0 message".into()),
+    };
+    Ok(head)
+}
+
+/// `line` with `kernel` added as `result._meta["probe/kernel"]`, in pieces
+/// that share the line's memory: only the insertion is new. A result that
+/// is not an object is left as it is.
+pub fn splice_meta(line: Bytes, head: &ChildHead, kernel: &Value) -> Vec<Bytes> {
+    let evidence = serde_json::to_string(kernel).unwrap_or_else(|_| "null".into());
+    let empty = |r: &Range<usize>| {
+        line[r.start + 1..r.end - 1]
+            .iter()
+            .all(u8::is_ascii_whitespace)
+    };
+    let (at, insert) = match (&head.meta, &head.result) {
+        (Some(_), _) if head.meta_has_key => {
+            // the server set the key itself: replace it (rare: a full re-encode)
+            return replace_meta(&line, kernel);
+        }
+        (Some(meta), _) => {
+            let sep = if empty(meta) { "" } else { "," };
+            (meta.start + 1, format!("\"{META_KEY}\":{evidence}{sep}"))
+        }
+        (None, Some(result)) if line[result.start] == b'{' => {
+            let sep = if empty(result) { "" } else { "," };
+            (
+                result.start + 1,
+                format!("\"_meta\":{{\"{META_KEY}\":{evidence}}}{sep}"),
+            )
+        }
+        _ => return vec![line],
+    };
+    vec![line.slice(..at), Bytes::from(insert), line.slice(at..)]
+}
+
+fn replace_meta(line: &[u8], kernel: &Value) -> Vec<Bytes> {
+    match serde_json::from_slice::<Value>(line) {
+        Ok(mut v) => {
+            v["result"]["_meta"][META_KEY] = kernel.clone();
+            vec![Bytes::from(serde_json::to_vec(&v).unwrap_or_default())]
+        }
+        Err(_) => vec![Bytes::copy_from_slice(line)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spliced(line: &str) -> Value {
+        let head = child_head(line.as_bytes()).unwrap();
+        let parts = splice_meta(
+            Bytes::from(line.to_owned()),
+            &head,
+            &json!({"available": false}),
+        );
+        let joined: Vec<u8> = parts.concat();
+        serde_json::from_slice(&joined).unwrap()
+    }
+
+    #[test]
+    fn meta_is_added_merged_or_created() {
+        let v = spliced(r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":true}}"#);
+        assert_eq!(v["result"]["_meta"][META_KEY]["available"], false);
+        assert_eq!(v["result"]["isError"], true);
+        let v = spliced(r#"{"jsonrpc":"2.0","id":1,"result":{"_meta":{"x":1},"content":[]}}"#);
+        assert_eq!(v["result"]["_meta"]["x"], 1);
+        assert_eq!(v["result"]["_meta"][META_KEY]["available"], false);
+        let v = spliced(r#"{"jsonrpc":"2.0","id":1,"result":{ }}"#);
+        assert_eq!(v["result"]["_meta"][META_KEY]["available"], false);
+        let v = spliced(r#"{"jsonrpc":"2.0","id":1,"result":{"_meta":{}}}"#);
+        assert_eq!(v["result"]["_meta"][META_KEY]["available"], false);
+        let v = spliced(r#"{"jsonrpc":"2.0","id":1,"result":{"_meta":{"probe/kernel":7,"y":2}}}"#);
+        assert_eq!(v["result"]["_meta"][META_KEY]["available"], false);
+        assert_eq!(v["result"]["_meta"]["y"], 2);
+    }
+
+    #[test]
+    fn heads_are_read_without_the_payload() {
+        let h = child_head(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t","progress":1}}"#).unwrap();
+        assert_eq!(h.kind, Kind::Notification);
+        assert_eq!(h.progress_token.as_deref(), Some("\"t\""));
+        let h = child_head(
+            br#"{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":{}}"#,
+        )
+        .unwrap();
+        assert_eq!(h.kind, Kind::Request);
+        let h =
+            child_head(br#"{"jsonrpc":"2.0","id":3,"error":{"code":-1,"message":"x"}}"#).unwrap();
+        assert!(h.rpc_error && h.kind == Kind::Response && h.id.as_deref() == Some("3"));
+        assert!(child_head(b"hello world").is_err());
+        assert!(child_head(b"[1,2]").is_err());
+        let c = client_head(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"stat","arguments":{},"_meta":{"progressToken":5}}}"#).unwrap();
+        assert_eq!(
+            (c.kind, c.tool.as_deref(), c.progress_token.as_deref()),
+            (Kind::Request, Some("stat"), Some("5"))
+        );
+        let c = client_head(
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.cancelled.as_deref(), Some("7"));
+        assert_eq!(client_head(b"nope").unwrap_err()["error"]["code"], -32700);
+        assert_eq!(
+            client_head(b"{\"id\":1}").unwrap_err()["error"]["code"],
+            -32600
+        );
+        assert_eq!(
+            client_head(b"{\"a\":\"\xff\"}").unwrap_err()["error"]["code"],
+            -32700
+        );
+        let nul = client_head(b"{\"a\":\"\0\"}").unwrap_err();
+        assert_eq!(nul["error"]["code"], -32700);
+    }
+}

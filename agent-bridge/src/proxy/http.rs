@@ -1,0 +1,305 @@
+//! The proxy over Streamable HTTP: one foreign server per MCP session.
+//!
+//! - `POST /mcp` with `initialize` and no `Mcp-Session-Id` starts a session
+//!   (and its server); the answer carries the new `Mcp-Session-Id`.
+//! - `POST /mcp` with a request: the answer as `application/json`, or as
+//!   an SSE stream for a `tools/call` with a `progressToken` (its progress
+//!   notifications, and the server's own requests while it runs, come first).
+//! - `POST /mcp` with a notification or a response: `202 Accepted`.
+//! - `GET /mcp`: an SSE stream of what the server sends unprompted
+//!   (notifications, requests such as `sampling/createMessage` or `roots/list`,
+//!   whose answers the client POSTs back).
+//! - `DELETE /mcp`: ends the session and kills its server.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse as _, Response};
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::frame::{ChildHead, Kind};
+use super::{ClientSink, Deliver, Options, Relay};
+use crate::server::Guard;
+
+const SESSION: &str = "mcp-session-id";
+
+/// A session's relay and where its server's messages go.
+type Entry = (Arc<Relay>, Arc<HttpSink>);
+
+struct Sessions {
+    opts: Arc<Options>,
+    max_body: usize,
+    by_id: Mutex<HashMap<String, Entry>>,
+}
+
+/// Streams a session's server messages can go to.
+#[derive(Default)]
+struct HttpSink {
+    /// SSE streams of calls in flight (by request id), newest last.
+    calls: Mutex<Vec<(String, mpsc::UnboundedSender<Vec<Bytes>>)>>,
+    /// The client's GET stream.
+    standalone: Mutex<Option<mpsc::UnboundedSender<Vec<Bytes>>>>,
+}
+
+impl ClientSink for HttpSink {
+    fn server_message(&self, line: Bytes, _head: &ChildHead, related: Option<&str>) -> bool {
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        calls.retain(|(_, tx)| !tx.is_closed());
+        let to_call = related
+            .and_then(|id| calls.iter().find(|(i, _)| i == id))
+            .or(calls.last());
+        if let Some((_, tx)) = to_call
+            && tx.send(vec![line.clone()]).is_ok()
+        {
+            return true;
+        }
+        let mut standalone = self.standalone.lock().unwrap_or_else(|p| p.into_inner());
+        match standalone.as_ref() {
+            Some(tx) if tx.send(vec![line]).is_ok() => true,
+            _ => {
+                *standalone = None;
+                false
+            }
+        }
+    }
+}
+
+fn jsonrpc_error(status: StatusCode, answer: Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        answer.to_string(),
+    )
+        .into_response()
+}
+
+fn plain(status: StatusCode, text: &str) -> Response {
+    let answer = crate::stdio::error_answer(Value::Null, -32600, text.to_string());
+    jsonrpc_error(status, answer)
+}
+
+/// 128 random bits, hex.
+fn new_session_id() -> String {
+    use std::io::Read as _;
+    let mut b = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_err()
+    {
+        b[..8].copy_from_slice(&probe::clock::monotonic_ns().to_ne_bytes());
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// An SSE event per message; the stream ends after the answer (the
+/// message whose last piece is empty).
+fn sse(mut rx: mpsc::UnboundedReceiver<Vec<Bytes>>) -> Response {
+    let stream = async_stream(
+        move |tx: mpsc::Sender<Result<Bytes, std::io::Error>>| async move {
+            while let Some(chunks) = rx.recv().await {
+                let last = chunks.last().is_some_and(Bytes::is_empty);
+                let mut ok = tx
+                    .send(Ok(Bytes::from_static(b"event: message\ndata: ")))
+                    .await
+                    .is_ok();
+                for c in chunks.into_iter().filter(|c| !c.is_empty()) {
+                    ok &= tx.send(Ok(c)).await.is_ok();
+                }
+                ok &= tx.send(Ok(Bytes::from_static(b"\n\n"))).await.is_ok();
+                if !ok || last {
+                    return;
+                }
+            }
+        },
+    );
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(stream)
+        .expect("response")
+}
+
+/// A body fed by a task.
+fn async_stream<F, Fut>(f: F) -> Body
+where
+    F: FnOnce(mpsc::Sender<Result<Bytes, std::io::Error>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(f(tx));
+    Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }))
+}
+
+fn json_body(chunks: Vec<Bytes>, session: Option<&str>) -> Response {
+    let mut r = Response::builder().header(header::CONTENT_TYPE, "application/json");
+    if let Some(s) = session {
+        r = r.header(SESSION, s);
+    }
+    let body = Body::from_stream(futures::stream::iter(
+        chunks.into_iter().map(Ok::<_, std::io::Error>),
+    ));
+    r.body(body).expect("response")
+}
+
+async fn post(State(s): State<Arc<Sessions>>, headers: HeaderMap, body: Body) -> Response {
+    let line = match axum::body::to_bytes(body, s.max_body).await {
+        Ok(b) => b.to_vec(),
+        Err(_) => {
+            let answer = crate::stdio::error_answer(
+                Value::Null,
+                -32600,
+                format!(
+                    "Invalid Request: the body is over this server's limit of {} bytes (--max-message)",
+                    s.max_body
+                ),
+            );
+            return jsonrpc_error(StatusCode::PAYLOAD_TOO_LARGE, answer);
+        }
+    };
+    let head = match super::frame::client_head(&line) {
+        Ok(h) => h,
+        Err(answer) => return jsonrpc_error(StatusCode::BAD_REQUEST, answer),
+    };
+    let given = headers.get(SESSION).and_then(|v| v.to_str().ok());
+    let initialize = head.method.as_deref() == Some("initialize");
+    let (session, relay, sink) = match given {
+        None if initialize => {
+            let sink = Arc::new(HttpSink::default());
+            let relay = match Relay::new(s.opts.clone(), sink.clone()) {
+                Ok(r) => r,
+                Err(e) => {
+                    return plain(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &format!("cannot apply the profile: {e}"),
+                    );
+                }
+            };
+            let id = new_session_id();
+            s.by_id
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.clone(), (relay.clone(), sink.clone()));
+            (Some(id), relay, sink)
+        }
+        None => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                "Bad Request: no Mcp-Session-Id header (start a session with initialize)",
+            );
+        }
+        Some(id) => match s.by_id.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+            Some((r, k)) => (None, r.clone(), k.clone()),
+            None => {
+                return plain(
+                    StatusCode::NOT_FOUND,
+                    "Not Found: no such session (it was ended, or never started): initialize again",
+                );
+            }
+        },
+    };
+    if head.kind != Kind::Request {
+        relay.on_client_message(line, head, Box::new(|_| {})).await;
+        return StatusCode::ACCEPTED.into_response();
+    }
+    let id = head.id.clone().unwrap_or_default();
+    let streamed = head.method.as_deref() == Some("tools/call") && head.progress_token.is_some();
+    if streamed {
+        let (tx, rx) = mpsc::unbounded_channel();
+        sink.calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id.clone(), tx.clone()));
+        // the answer is the stream's last event (an empty piece marks it)
+        let deliver: Deliver = Box::new(move |mut chunks| {
+            chunks.push(Bytes::new());
+            let _ = tx.send(chunks);
+        });
+        relay.on_client_message(line, head, deliver).await;
+        return sse(rx);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    relay
+        .on_client_message(
+            line,
+            head,
+            Box::new(move |chunks| {
+                let _ = tx.send(chunks);
+            }),
+        )
+        .await;
+    match rx.await {
+        Ok(chunks) => json_body(chunks, session.as_deref()),
+        Err(_) => plain(StatusCode::INTERNAL_SERVER_ERROR, "the request was dropped"),
+    }
+}
+
+async fn get(State(s): State<Arc<Sessions>>, headers: HeaderMap) -> Response {
+    let Some(sink) = headers
+        .get(SESSION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|id| {
+            s.by_id
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(id)
+                .map(|(_, k)| k.clone())
+        })
+    else {
+        return plain(StatusCode::NOT_FOUND, "Not Found: no such session");
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    *sink.standalone.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    sse(rx)
+}
+
+async fn delete(State(s): State<Arc<Sessions>>, headers: HeaderMap) -> Response {
+    let removed = headers
+        .get(SESSION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|id| s.by_id.lock().unwrap_or_else(|p| p.into_inner()).remove(id));
+    match removed {
+        Some((relay, _)) => {
+            relay.shutdown().await;
+            StatusCode::OK.into_response()
+        }
+        None => plain(StatusCode::NOT_FOUND, "Not Found: no such session"),
+    }
+}
+
+/// Serves Streamable HTTP at `http://ADDR/mcp` until `shutdown` fires.
+pub async fn serve_http(
+    opts: Arc<Options>,
+    addr: SocketAddr,
+    guard: Guard,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let sessions = Arc::new(Sessions {
+        max_body: opts.max_message,
+        opts,
+        by_id: Mutex::new(HashMap::new()),
+    });
+    let routes = axum::routing::post(post).get(get).delete(delete);
+    let app = axum::Router::new()
+        .route("/mcp", routes)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(sessions.clone());
+    let served = crate::server::listen(addr, guard.wrap(app), "proxying MCP", shutdown).await;
+    let all: Vec<_> = sessions
+        .by_id
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .collect();
+    for (_, (relay, _)) in all {
+        relay.shutdown().await;
+    }
+    served
+}

@@ -1,0 +1,821 @@
+//! `agent-bridge proxy`: any stdio MCP server, with kernel evidence on
+//! every `tools/call`.
+//!
+//! A [`Relay`] owns one foreign server (a child process, run under the
+//! profile) and relays JSON-RPC messages between it and one client, as raw
+//! lines: nothing is re-typed, so unknown fields survive. For each
+//! `tools/call` it opens a probe span over the server's whole process tree
+//! (every thread, every descendant) before forwarding the request, and ends
+//! it when the answer comes back; the answer gains
+//! `result._meta["probe/kernel"]`, spliced into the line ([`frame`]).
+//! A server that dies, hangs or breaks the protocol fails the requests in
+//! flight with a JSON-RPC error that says what happened, and is started
+//! again (the client's `initialize` replayed) for the next request.
+
+pub mod frame;
+pub mod http;
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use probe::attribution::ExitStatus;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::cgroup::{CallCgroups, Limits};
+use crate::kernel::{Kernel, Span};
+use crate::profile::Profile;
+use crate::sandbox::Plan;
+use frame::{ChildHead, ClientHead, Kind};
+
+/// JSON-RPC error code of answers the proxy makes for a foreign server
+/// that failed (the implementation-defined server error range).
+pub const SERVER_FAILED: i32 = -32000;
+
+/// Ids of the requests the proxy sends itself (replayed `initialize`).
+const OWN_ID_PREFIX: &str = "agent-bridge-proxy:";
+
+/// Bytes of the server's stderr kept for error messages.
+const STDERR_TAIL: usize = 2048;
+
+/// How the proxy runs foreign servers.
+pub struct Options {
+    pub argv: Vec<OsString>,
+    pub profile: Profile,
+    /// None: no kernel evidence (`{available: false}`).
+    pub probe_socket: Option<PathBuf>,
+    pub max_message: usize,
+    pub init_timeout: Duration,
+    pub call_timeout: Duration,
+    /// Where session disks of `disk_limit` profiles are mounted.
+    pub run_dir: PathBuf,
+}
+
+/// Delivers one answer to the client that asked.
+pub type Deliver = Box<dyn FnOnce(Vec<Bytes>) + Send>;
+
+/// Where the server's own requests and notifications go.
+pub trait ClientSink: Send + Sync + 'static {
+    /// `related`: the client request a progress notification belongs to.
+    /// False when the message cannot reach the client (then a server
+    /// request is answered with an error).
+    fn server_message(&self, line: Bytes, head: &ChildHead, related: Option<&str>) -> bool;
+}
+
+struct Pending {
+    method: String,
+    deliver: Deliver,
+    /// tools/call only: the span, and when it began.
+    call: Option<Call>,
+    generation: u64,
+    progress: Option<String>,
+}
+
+struct Call {
+    span: Span,
+    tool: String,
+    started: Instant,
+    /// Other calls in flight at some time during this one.
+    overlapping: usize,
+}
+
+/// A running foreign server.
+struct Child {
+    pid: u32,
+    generation: u64,
+    stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
+    tree: Arc<CallCgroups>,
+    stderr_tail: Arc<Mutex<VecDeque<u8>>>,
+    alive: AtomicBool,
+    /// Why the proxy killed it (a protocol violation, a hung call).
+    killed_because: Mutex<Option<String>>,
+}
+
+impl Child {
+    fn kill(&self, because: String) {
+        self.killed_because
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(because);
+        crate::workload::Running::signal_tree(&self.tree, self.pid);
+    }
+
+    fn stderr_tail(&self) -> String {
+        let tail = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes: Vec<u8> = tail.iter().copied().collect();
+        String::from_utf8_lossy(&bytes).trim().to_string()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    child: Option<Arc<Child>>,
+    /// The client's `initialize` and `notifications/initialized`, replayed
+    /// to a restarted server.
+    initialize: Option<Vec<u8>>,
+    initialized: Option<Vec<u8>>,
+    generation: u64,
+}
+
+/// One client's relay to one foreign server.
+pub struct Relay {
+    opts: Arc<Options>,
+    plan: Arc<Plan>,
+    kernel: Arc<Kernel>,
+    sink: Arc<dyn ClientSink>,
+    state: tokio::sync::Mutex<State>,
+    pending: Mutex<HashMap<String, Pending>>,
+    own_ids: AtomicU64,
+    name: String,
+    _disks: Vec<crate::session::SessionDisk>,
+}
+
+static RELAYS: AtomicU64 = AtomicU64::new(0);
+
+fn answer_bytes(v: &Value) -> Vec<Bytes> {
+    vec![Bytes::from(serde_json::to_vec(v).unwrap_or_default())]
+}
+
+fn id_value(id: &str) -> Value {
+    serde_json::from_str(id).unwrap_or(Value::Null)
+}
+
+fn failure(id: &str, message: String, data: Value) -> Vec<Bytes> {
+    let mut v = crate::stdio::error_answer(id_value(id), SERVER_FAILED, message);
+    v["error"]["data"] = data;
+    answer_bytes(&v)
+}
+
+impl Relay {
+    pub fn new(opts: Arc<Options>, sink: Arc<dyn ClientSink>) -> std::io::Result<Arc<Relay>> {
+        let n = RELAYS.fetch_add(1, Ordering::Relaxed);
+        // `mcp-PID-…`: cgroups left by a proxy that died are swept like the bridge's
+        let name = format!("mcp-{}-proxy-{n}", std::process::id());
+        let disks = crate::session::session_disks(&opts.profile, &opts.run_dir, &name)?;
+        let paths: Vec<PathBuf> = disks.iter().map(|d| d.path().to_path_buf()).collect();
+        let plan = Arc::new(Plan::new(&opts.profile, &paths)?);
+        Ok(Arc::new(Relay {
+            kernel: Arc::new(Kernel::new(opts.probe_socket.clone(), name.clone())),
+            opts,
+            plan,
+            sink,
+            state: tokio::sync::Mutex::new(State::default()),
+            pending: Mutex::new(HashMap::new()),
+            own_ids: AtomicU64::new(1),
+            name,
+            _disks: disks,
+        }))
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Handles one message from the client (`line`, read as `head`);
+    /// `deliver` gets the answer of a request.
+    pub async fn on_client_message(
+        self: &Arc<Self>,
+        line: Vec<u8>,
+        head: ClientHead,
+        deliver: Deliver,
+    ) {
+        match head.kind {
+            Kind::Request => self.request(line, head, deliver).await,
+            Kind::Notification | Kind::Response => {
+                if let Some(id) = &head.cancelled {
+                    self.cancelled(id);
+                }
+                let child = {
+                    let mut st = self.state.lock().await;
+                    if head.method.as_deref() == Some("notifications/initialized") {
+                        st.initialized = Some(line.clone());
+                    }
+                    st.child.clone().filter(|c| c.alive.load(Ordering::Acquire))
+                };
+                // nothing to tell a server that is gone (the next request restarts it)
+                if let Some(child) = child {
+                    let _ = write_line(&child, &line).await;
+                }
+            }
+        }
+    }
+
+    async fn request(self: &Arc<Self>, line: Vec<u8>, head: ClientHead, deliver: Deliver) {
+        let id = head.id.clone().expect("requests have ids");
+        let method = head.method.clone().unwrap_or_default();
+        let child = match self.child_for(&method, &line).await {
+            Ok(c) => c,
+            Err((message, data)) => return deliver(failure(&id, message, data)),
+        };
+        let call = match &head.tool {
+            Some(tool) if method == "tools/call" => {
+                let span = self
+                    .kernel
+                    .begin_tree(&format!("tools/call {tool}"), child.pid)
+                    .await;
+                Some(Call {
+                    span,
+                    tool: tool.clone(),
+                    started: Instant::now(),
+                    overlapping: 0,
+                })
+            }
+            _ => None,
+        };
+        {
+            let mut pending = self.pending();
+            let mut call = call;
+            if let Some(c) = &mut call {
+                for other in pending.values_mut().filter_map(|p| p.call.as_mut()) {
+                    other.overlapping += 1;
+                    c.overlapping += 1;
+                }
+            }
+            if let Some(old) = pending.insert(
+                id.clone(),
+                Pending {
+                    method: method.clone(),
+                    deliver,
+                    call,
+                    generation: child.generation,
+                    progress: head.progress_token.clone(),
+                },
+            ) {
+                // a client reusing an id in flight: the first asker is answered now
+                (old.deliver)(failure(
+                    &id,
+                    format!(
+                        "request id {id} was reused by a later request while this one was in flight"
+                    ),
+                    Value::Null,
+                ));
+            }
+        }
+        let timeout = if method == "initialize" {
+            self.opts.init_timeout
+        } else {
+            self.opts.call_timeout
+        };
+        self.watch(id, child.clone(), timeout);
+        // a write to a dead server fails the request through the reader's end of file
+        let _ = write_line(&child, &line).await;
+    }
+
+    /// The server to send `method` to: the running one, or a new one (the
+    /// client's initialize replayed to it first, unless this is it).
+    async fn child_for(
+        self: &Arc<Self>,
+        method: &str,
+        line: &[u8],
+    ) -> Result<Arc<Child>, (String, Value)> {
+        let mut st = self.state.lock().await;
+        if method == "initialize" {
+            st.initialize = Some(line.to_vec());
+            st.initialized = None;
+        }
+        if let Some(c) = &st.child
+            && c.alive.load(Ordering::Acquire)
+        {
+            return Ok(c.clone());
+        }
+        let restart = st.generation > 0;
+        st.generation += 1;
+        let child = self.spawn(st.generation).await.map_err(|e| {
+            (
+                format!("agent-bridge proxy: cannot start the foreign server: {e}"),
+                json!({"proxy": {"reason": "spawn_failed"}}),
+            )
+        })?;
+        st.child = Some(child.clone());
+        if restart {
+            tracing::warn!("foreign server restarted (pid {})", child.pid);
+        }
+        if method != "initialize"
+            && let Some(init) = st.initialize.clone()
+        {
+            self.replay(&child, &init, st.initialized.clone())
+                .await
+                .map_err(|e| (e, json!({"proxy": {"reason": "replay_failed"}})))?;
+        }
+        Ok(child)
+    }
+
+    /// Sends the client's initialize (under an id of the proxy's own; the
+    /// answer is swallowed) and initialized notification to a new server.
+    async fn replay(
+        self: &Arc<Self>,
+        child: &Arc<Child>,
+        init: &[u8],
+        initialized: Option<Vec<u8>>,
+    ) -> Result<(), String> {
+        let own = format!(
+            "\"{OWN_ID_PREFIX}replay-{}\"",
+            self.own_ids.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut msg: Value = serde_json::from_slice(init).map_err(|e| e.to_string())?;
+        msg["id"] = id_value(&own);
+        let (tx, rx) = oneshot::channel::<Vec<Bytes>>();
+        self.pending().insert(
+            own.clone(),
+            Pending {
+                method: "initialize".into(),
+                deliver: Box::new(move |b| {
+                    let _ = tx.send(b);
+                }),
+                call: None,
+                generation: child.generation,
+                progress: None,
+            },
+        );
+        self.watch(own, child.clone(), self.opts.init_timeout);
+        let _ = write_line(child, &serde_json::to_vec(&msg).unwrap_or_default()).await;
+        let answer = rx.await.unwrap_or_default().concat();
+        let answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+        if let Some(err) = answer.get("error") {
+            return Err(format!(
+                "agent-bridge proxy: the foreign server was restarted, and did not accept the replayed initialize: {}",
+                err["message"].as_str().unwrap_or("?")
+            ));
+        }
+        if let Some(n) = initialized {
+            let _ = write_line(child, &n).await;
+        }
+        Ok(())
+    }
+
+    /// Fails request `id` if the server has not answered within `timeout`,
+    /// and kills the server (it is hung; the next request starts it again).
+    fn watch(self: &Arc<Self>, id: String, child: Arc<Child>, timeout: Duration) {
+        let relay = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let Some(relay) = relay.upgrade() else { return };
+            let taken = {
+                let mut pending = relay.pending();
+                match pending.get(&id) {
+                    Some(p) if p.generation == child.generation => pending.remove(&id),
+                    _ => None,
+                }
+            };
+            let Some(p) = taken else { return };
+            let flag = if p.method == "initialize" {
+                "--init-timeout"
+            } else {
+                "--call-timeout"
+            };
+            let what = format!(
+                "the foreign server did not answer `{}` within {} s ({flag})",
+                p.method,
+                timeout.as_secs_f64()
+            );
+            child.kill(format!("it was killed after {what}"));
+            let kernel = match &p.call {
+                Some(c) => Some(
+                    relay
+                        .evidence(
+                            c,
+                            None,
+                            Some(timeout.as_millis() as u64),
+                            "timeout",
+                            child.pid,
+                        )
+                        .await,
+                ),
+                None => None,
+            };
+            let message = format!(
+                "agent-bridge proxy: {what}; it was killed and starts again for the next request{}",
+                tail_note(&child.stderr_tail())
+            );
+            let data = with_evidence(
+                json!({"proxy": {"reason": "timeout", "stderr_tail": child.stderr_tail()}}),
+                kernel,
+            );
+            (p.deliver)(failure(&id, message, data));
+        });
+    }
+
+    /// The client gave up on request `id`: its span ends now (nobody reads
+    /// a late answer's evidence); a late answer is passed on as it is.
+    fn cancelled(self: &Arc<Self>, id: &str) {
+        let Some(p) = self.pending().remove(id) else {
+            return;
+        };
+        if let Some(call) = p.call {
+            let kernel = self.kernel.clone();
+            tokio::spawn(async move {
+                let _ = kernel.end(&call.span, None, None).await;
+            });
+        }
+    }
+
+    /// The call's attribution, with what the proxy knows beside it.
+    async fn evidence(
+        &self,
+        call: &Call,
+        exit: Option<&ExitStatus>,
+        timed_out_ms: Option<u64>,
+        outcome: &str,
+        pid: u32,
+    ) -> Value {
+        let mut v = self.kernel.end(&call.span, exit, timed_out_ms).await;
+        v["overlapping_calls"] = call.overlapping.into();
+        v["outcome"] = outcome.into();
+        v["server_pid"] = pid.into();
+        v["tool"] = call.tool.clone().into();
+        if timed_out_ms.is_none() && v.get("duration_ms").is_none() {
+            v["duration_ms"] = (call.started.elapsed().as_secs_f64() * 1e3).into();
+        }
+        v
+    }
+
+    /// Starts a server: its cgroup, the profile applied between fork and
+    /// exec, pipes; a thread reads its stdout, another its stderr.
+    async fn spawn(self: &Arc<Self>, generation: u64) -> std::io::Result<Arc<Child>> {
+        let opts = self.opts.clone();
+        let plan = self.plan.clone();
+        let name = format!("{}-{generation}", self.name);
+        let profile = &opts.profile;
+        let limits = Limits {
+            memory_bytes: profile.memory_limit.map(|s| s.0),
+            pids: profile.pids_limit,
+        };
+        let env: Vec<(String, String)> = profile
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let (child, tree) = tokio::task::spawn_blocking(move || {
+            let tree = CallCgroups::create(&name, limits)?;
+            let cwd = std::env::current_dir()?;
+            let ccwd =
+                std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(cwd.as_os_str()))
+                    .map_err(|_| {
+                        std::io::Error::other("the working directory contains a NUL byte")
+                    })?;
+            let mut cmd = std::process::Command::new(&opts.argv[0]);
+            cmd.args(&opts.argv[1..])
+                .envs(env)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+            let spawned = probe::spawn::spawn_attached_with(
+                &mut cmd,
+                |pid| tree.add(pid),
+                move |report| plan.apply(report, &ccwd),
+            );
+            let program = opts.argv[0].to_string_lossy().into_owned();
+            match spawned {
+                Ok((Ok(child), _)) => Ok((child, tree)),
+                Ok((Err(e), _)) | Err(probe::spawn::SpawnError::Spawn(e)) => {
+                    Err(std::io::Error::new(e.kind(), format!("`{program}`: {e}")))
+                }
+                Err(probe::spawn::SpawnError::Attach(e)) => Err(std::io::Error::other(format!(
+                    "cannot place `{program}` in its cgroup: {e}"
+                ))),
+            }
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        let mut child = child;
+        let pid = child.id();
+        let take = || std::io::Error::other("the server's pipes are missing");
+        let stdin = child.stdin.take().ok_or_else(take)?;
+        let stdout = child.stdout.take().ok_or_else(take)?;
+        let stderr = child.stderr.take().ok_or_else(take)?;
+        use std::os::fd::AsFd as _;
+        crate::workload::widen_pipe(stdin.as_fd());
+        crate::workload::widen_pipe(stdout.as_fd());
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = stderr_tail.clone();
+        std::thread::spawn(move || pass_stderr(stderr, &tail));
+        let (status_tx, status_rx) = oneshot::channel();
+        std::thread::spawn(move || {
+            let _ = status_tx.send(child.wait().ok());
+        });
+        let child = Arc::new(Child {
+            pid,
+            generation,
+            stdin: tokio::sync::Mutex::new(tokio::process::ChildStdin::from_std(stdin)?),
+            tree: Arc::new(tree),
+            stderr_tail,
+            alive: AtomicBool::new(true),
+            killed_because: Mutex::new(None),
+        });
+        let (lines_tx, lines_rx) = mpsc::unbounded_channel();
+        let max = self.opts.max_message;
+        let reader_child = child.clone();
+        std::thread::spawn(move || read_child(stdout, max, &reader_child, &lines_tx));
+        let relay = self.clone();
+        let c = child.clone();
+        tokio::spawn(async move { relay.dispatch(c, lines_rx, status_rx).await });
+        Ok(child)
+    }
+
+    /// Handles the server's lines in order, then its end.
+    async fn dispatch(
+        self: Arc<Self>,
+        child: Arc<Child>,
+        mut lines: mpsc::UnboundedReceiver<(Bytes, ChildHead)>,
+        status: oneshot::Receiver<Option<std::process::ExitStatus>>,
+    ) {
+        while let Some((line, head)) = lines.recv().await {
+            self.on_server_line(&child, line, head).await;
+        }
+        // end of its stdout: it exited, or closed stdout (then it is killed)
+        child.alive.store(false, Ordering::Release);
+        let status = match tokio::time::timeout(Duration::from_secs(2), status).await {
+            Ok(s) => s.ok().flatten(),
+            Err(_) => {
+                child.kill("it closed its stdout but kept running".into());
+                None
+            }
+        };
+        self.server_gone(&child, status).await;
+    }
+
+    async fn on_server_line(&self, child: &Arc<Child>, line: Bytes, head: ChildHead) {
+        match head.kind {
+            Kind::Response => {
+                let id = head.id.clone().unwrap_or_default();
+                let Some(p) = self.pending().remove(&id) else {
+                    // the answer to a cancelled request: the client decides
+                    self.sink.server_message(line, &head, None);
+                    return;
+                };
+                let Some(call) = &p.call else {
+                    return (p.deliver)(vec![line]);
+                };
+                let (exit, outcome) = if head.rpc_error {
+                    (1, "jsonrpc_error")
+                } else if head.is_error {
+                    (1, "is_error")
+                } else {
+                    (0, "ok")
+                };
+                let exit = ExitStatus {
+                    code: Some(exit),
+                    signal: None,
+                };
+                let kernel = self
+                    .evidence(call, Some(&exit), None, outcome, child.pid)
+                    .await;
+                if head.rpc_error {
+                    // no result to carry it: the error's data does
+                    return (p.deliver)(error_with_evidence(&line, kernel));
+                }
+                (p.deliver)(frame::splice_meta(line, &head, &kernel));
+            }
+            Kind::Request | Kind::Notification => {
+                let related = head.progress_token.as_ref().and_then(|t| {
+                    self.pending()
+                        .iter()
+                        .find(|(_, p)| p.progress.as_ref() == Some(t))
+                        .map(|(id, _)| id.clone())
+                });
+                let delivered = self.sink.server_message(line, &head, related.as_deref());
+                if !delivered && head.kind == Kind::Request {
+                    let answer = crate::stdio::error_answer(
+                        id_value(head.id.as_deref().unwrap_or("null")),
+                        -32601,
+                        format!(
+                            "agent-bridge proxy: cannot relay `{}` to the client: over HTTP a server request reaches the client only while it has a stream open (GET /mcp, or a tools/call with a progressToken in flight)",
+                            head.method.as_deref().unwrap_or("?")
+                        ),
+                    );
+                    let _ =
+                        write_line(child, &serde_json::to_vec(&answer).unwrap_or_default()).await;
+                }
+            }
+        }
+    }
+
+    /// The server is gone: every request it had is answered with what
+    /// happened; the next request starts a new one.
+    async fn server_gone(&self, child: &Arc<Child>, status: Option<std::process::ExitStatus>) {
+        let exit = status.map(crate::workload::exit_status);
+        let how = match (
+            &exit,
+            child
+                .killed_because
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        ) {
+            (_, Some(because)) => because,
+            (Some(e), None) => format!("it {}", e.describe()),
+            (None, None) => "it ended with an unknown status".to_string(),
+        };
+        let tail = child.stderr_tail();
+        tracing::warn!("foreign server (pid {}) is gone: {how}", child.pid);
+        let taken: Vec<(String, Pending)> = {
+            let mut pending = self.pending();
+            let ids: Vec<String> = pending
+                .iter()
+                .filter(|(_, p)| p.generation == child.generation)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| pending.remove(&id).map(|p| (id, p)))
+                .collect()
+        };
+        for (id, p) in taken {
+            let kernel = match &p.call {
+                // the kernel saw how the server ended: that is the call's exit
+                Some(c) => Some(
+                    self.evidence(c, exit.as_ref(), None, "server_gone", child.pid)
+                        .await,
+                ),
+                None => None,
+            };
+            let message = format!(
+                "agent-bridge proxy: the foreign server failed while handling `{}`: {how}; it starts again for the next request{}",
+                p.method,
+                tail_note(&tail)
+            );
+            let data = with_evidence(
+                json!({"proxy": {"reason": "server_gone", "exit": exit, "stderr_tail": tail}}),
+                kernel,
+            );
+            (p.deliver)(failure(&id, message, data));
+        }
+        crate::workload::Running::signal_tree(&child.tree, child.pid);
+    }
+
+    /// Waits until no request is in flight (each ends by its answer, the
+    /// server's end or its timeout).
+    pub async fn drain(&self) {
+        while !self.pending().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Ends the session: kills the server and its descendants.
+    pub async fn shutdown(&self) {
+        let st = self.state.lock().await;
+        if let Some(c) = &st.child {
+            c.alive.store(false, Ordering::Release);
+            c.killed_because
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| "the proxy stopped it (its session ended)".into());
+            let (tree, pid) = (c.tree.clone(), c.pid);
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::workload::Running::kill_tree(&tree, pid);
+            })
+            .await;
+        }
+    }
+}
+
+/// `data` with the call's evidence, when it was a call.
+fn with_evidence(mut data: Value, kernel: Option<Value>) -> Value {
+    if let Some(k) = kernel {
+        data[frame::META_KEY] = k;
+    }
+    data
+}
+
+fn tail_note(tail: &str) -> String {
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!(". Its stderr ended with:\n{tail}")
+    }
+}
+
+/// A JSON-RPC error answer with the evidence in `error.data`.
+fn error_with_evidence(line: &[u8], kernel: Value) -> Vec<Bytes> {
+    match serde_json::from_slice::<Value>(line) {
+        Ok(mut v) => {
+            if !v["error"]["data"].is_object() && !v["error"]["data"].is_null() {
+                // data of another shape is kept as it is
+                return vec![Bytes::copy_from_slice(line)];
+            }
+            v["error"]["data"][frame::META_KEY] = kernel;
+            answer_bytes(&v)
+        }
+        Err(_) => vec![Bytes::copy_from_slice(line)],
+    }
+}
+
+async fn write_line(child: &Child, line: &[u8]) -> std::io::Result<()> {
+    let mut stdin = child.stdin.lock().await;
+    stdin.write_all(line).await?;
+    stdin.write_all(b"\n").await?;
+    stdin.flush().await
+}
+
+/// The server's stdout: lines to the dispatcher until it ends; a line that
+/// is not JSON-RPC, or is over the limit, kills the server.
+fn read_child(
+    stdout: std::process::ChildStdout,
+    max: usize,
+    child: &Child,
+    lines: &mpsc::UnboundedSender<(Bytes, ChildHead)>,
+) {
+    crate::stdio::read_lines(
+        stdout,
+        max,
+        "--max-message",
+        |mut line| match frame::child_head(strip_newline(&mut line)) {
+            Ok(head) => lines.send((Bytes::from(line), head)).is_ok(),
+            Err(e) => {
+                let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+                child.kill(format!(
+                    "it wrote a line that is not a JSON-RPC message on stdout ({e}): {shown:?}; it was killed"
+                ));
+                true
+            }
+        },
+        |answer| {
+            let why = answer["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .replace("Invalid Request: a message", "it sent a message")
+                .replace(" bytes is over", " bytes, over");
+            child.kill(format!("{why}; it was killed"));
+        },
+    );
+}
+
+/// `line` without its line end (`\n` or `\r\n`).
+fn strip_newline(line: &mut Vec<u8>) -> &[u8] {
+    while matches!(line.last(), Some(b'\n' | b'\r')) {
+        line.pop();
+    }
+    line
+}
+
+/// Passes the server's stderr through to ours, keeping its tail.
+fn pass_stderr(stderr: std::process::ChildStderr, tail: &Mutex<VecDeque<u8>>) {
+    use std::io::{Read as _, Write as _};
+    let mut stderr = stderr;
+    let mut buf = [0u8; 8192];
+    while let Ok(n @ 1..) = stderr.read(&mut buf) {
+        let _ = std::io::stderr().write_all(&buf[..n]);
+        let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+        t.extend(&buf[..n]);
+        let excess = t.len().saturating_sub(STDERR_TAIL);
+        t.drain(..excess);
+    }
+}
+
+/// Serves one client on stdin/stdout until stdin ends.
+pub async fn serve_stdio(opts: Arc<Options>) -> anyhow::Result<()> {
+    use std::os::fd::AsFd as _;
+    let stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+    let stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
+    crate::workload::widen_pipe(stdin.as_fd());
+    crate::workload::widen_pipe(stdout.as_fd());
+    let out = crate::stdio::spawn_writer(stdout);
+    let sink = Arc::new(StdioSink(Mutex::new(out.clone())));
+    let relay = Relay::new(opts.clone(), sink)?;
+    let (tx, mut rx) = mpsc::channel::<(Vec<u8>, ClientHead)>(64);
+    let errors = out.clone();
+    let max = opts.max_message;
+    std::thread::spawn(move || {
+        crate::stdio::read_lines(
+            stdin,
+            max,
+            "--max-message",
+            |mut line| match frame::client_head(strip_newline(&mut line)) {
+                Ok(head) => tx.blocking_send((line, head)).is_ok(),
+                Err(answer) => errors.send(crate::stdio::Outgoing::Raw(answer)).is_ok(),
+            },
+            |answer| {
+                let _ = errors.send(crate::stdio::Outgoing::Raw(answer));
+            },
+        );
+    });
+    // in order: initialize before initialized before the first call
+    while let Some((line, head)) = rx.recv().await {
+        let out = out.clone();
+        let deliver: Deliver = Box::new(move |chunks| {
+            let _ = out.send(crate::stdio::Outgoing::Chunks(chunks));
+        });
+        relay.on_client_message(line, head, deliver).await;
+    }
+    // the client is done sending: answer what is in flight, then stop
+    relay.drain().await;
+    relay.shutdown().await;
+    Ok(())
+}
+
+struct StdioSink(Mutex<std::sync::mpsc::Sender<crate::stdio::Outgoing>>);
+
+impl ClientSink for StdioSink {
+    fn server_message(&self, line: Bytes, _head: &ChildHead, _related: Option<&str>) -> bool {
+        let out = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        out.send(crate::stdio::Outgoing::Chunks(vec![line])).is_ok()
+    }
+}

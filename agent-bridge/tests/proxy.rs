@@ -1,0 +1,399 @@
+//! `agent-bridge proxy` through rmcp's own client, over stdio and HTTP:
+//! results byte-identical to the direct server's plus the kernel evidence,
+//! a profile applied to the foreign server, and misbehaving servers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use rmcp::model::CallToolResult;
+use serde_json::{Value, json};
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/misbehaving_server.py"
+);
+
+/// `proxy` arguments in front of `-- CMD…`.
+fn proxy_args(extra: &[&str], probe: bool, cmd: &[&str]) -> Vec<String> {
+    let mut a = vec!["proxy".to_string()];
+    let socket = if probe {
+        probe_socket().display().to_string()
+    } else {
+        "/nonexistent/probe.sock".into()
+    };
+    a.extend(["--probe-socket".into(), socket]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a.push("--".into());
+    a.extend(cmd.iter().map(|s| s.to_string()));
+    a
+}
+
+/// The bridge itself as the foreign server.
+fn bridge_server() -> Vec<&'static str> {
+    vec![BRIDGE, "serve", "--stdio", "--no-probe"]
+}
+
+async fn proxy_stdio(extra: &[&str], probe: bool, cmd: &[&str]) -> Bridge {
+    let mut a = proxy_args(extra, probe, cmd);
+    a.insert(1, "--stdio".into());
+    Bridge::stdio_with(&a, false)
+        .await
+        .expect("handshake through the proxy")
+}
+
+async fn proxy_http(extra: &[&str], probe: bool, cmd: &[&str]) -> (Killed, Client, Handler) {
+    let mut a = proxy_args(extra, probe, cmd);
+    a.splice(1..1, ["--http".to_string(), "127.0.0.1:0".to_string()]);
+    let (child, url) = Bridge::start_http_with(&a);
+    let (client, handler) = Bridge::connect_http(&url, None)
+        .await
+        .expect("HTTP handshake");
+    (child, client, handler)
+}
+
+/// The evidence, and the result as JSON without it.
+fn split(r: &CallToolResult) -> (Value, Value) {
+    let mut v = serde_json::to_value(r).unwrap();
+    let kernel = v["_meta"]
+        .as_object_mut()
+        .and_then(|m| m.remove("probe/kernel"))
+        .unwrap_or_else(|| panic!("no _meta[\"probe/kernel\"] in {v:.300}"));
+    if v["_meta"].as_object().is_some_and(|m| m.is_empty()) {
+        v.as_object_mut().unwrap().remove("_meta");
+    }
+    (kernel, v)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn results_match_the_direct_server_over_stdio_and_http() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("ten-mib.bin");
+    let data: Vec<u8> = (0..10u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&big, &data).unwrap();
+    let image = dir.path().join("pic.png");
+    std::fs::write(&image, png(64, 48)).unwrap();
+    let text = dir.path().join("hello.txt");
+    std::fs::write(&text, "héllo\n").unwrap();
+    let calls = [
+        ("read_file", json!({"path": big})),
+        ("read_file", json!({"path": image})),
+        ("read_file", json!({"path": text})),
+        ("stat", json!({"path": text})),
+        ("list_dir", json!({"path": dir.path()})),
+    ];
+    let direct = Bridge::stdio(Opts::default()).await;
+    let via_stdio = proxy_stdio(&[], true, &bridge_server()).await;
+    let (_http, via_http, _) = proxy_http(&[], true, &bridge_server()).await;
+    for (tool, args) in &calls {
+        let want = serde_json::to_value(direct.call(tool, args.clone()).await).unwrap();
+        for (how, client) in [("stdio", &via_stdio.client), ("http", &via_http)] {
+            let got = try_call(client, tool, args.clone()).await.unwrap();
+            let (kernel, rest) = split(&got);
+            assert!(
+                rest == want,
+                "{tool} {args} over {how}: the result differs from the direct server's"
+            );
+            assert_eq!(kernel["available"], true, "{kernel}");
+            assert_eq!(kernel["failed"], false, "{kernel}");
+            assert_eq!(kernel["outcome"], "ok");
+            assert_eq!(kernel["overlapping_calls"], 0);
+            assert_eq!(kernel["label"], format!("tools/call {tool}"));
+        }
+    }
+    // the binary blocks survived: a resource blob and an image
+    let r = via_stdio.call("read_file", json!({"path": big})).await;
+    assert!(blob(&r) == data, "10 MiB blob through the proxy");
+    let r = via_stdio.call("read_file", json!({"path": image})).await;
+    assert!(
+        serde_json::to_value(&r).unwrap()["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "image")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_profile_on_the_foreign_server_is_named_by_the_evidence() {
+    if !root() {
+        return;
+    }
+    let path = format!("/tmp/proxy-readonly-{}", std::process::id());
+    for http in [false, true] {
+        let extra = ["--profile", "readonly"];
+        let (_keep, client) = if http {
+            let (k, c, _) = proxy_http(&extra, true, &bridge_server()).await;
+            (Some(k), Some(c))
+        } else {
+            (None, None)
+        };
+        let stdio = if http {
+            None
+        } else {
+            Some(proxy_stdio(&extra, true, &bridge_server()).await)
+        };
+        let client = client
+            .as_ref()
+            .unwrap_or_else(|| &stdio.as_ref().unwrap().client);
+        let r = try_call(
+            client,
+            "write_file",
+            json!({"path": path, "content_base64": b64(b"x")}),
+        )
+        .await
+        .unwrap();
+        assert!(is_error(&r), "a write to /tmp under readonly succeeded");
+        let (kernel, _) = split(&r);
+        assert_eq!(kernel["available"], true, "{kernel}");
+        assert_eq!(kernel["failed"], true, "{kernel}");
+        assert_eq!(kernel["outcome"], "is_error");
+        assert_eq!(kernel["primitive"], "fs.readonly", "{kernel:#}");
+        // a call that succeeds is not failed
+        let r = try_call(client, "stat", json!({"path": "/etc/hostname"}))
+            .await
+            .unwrap();
+        let (kernel, _) = split(&r);
+        assert_eq!(kernel["failed"], false, "{kernel}");
+    }
+    assert!(!std::path::Path::new(&path).exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_daemon_the_proxy_forwards_with_unavailable_evidence() {
+    let b = proxy_stdio(&[], false, &bridge_server()).await;
+    let r = b.call("stat", json!({"path": "/etc/hostname"})).await;
+    assert!(!is_error(&r));
+    let (kernel, _) = split(&r);
+    assert_eq!(kernel["available"], false);
+    assert!(
+        kernel["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cannot connect to the probe daemon"),
+        "{kernel}"
+    );
+}
+
+/// The error message of a call that must fail with a JSON-RPC error.
+async fn rpc_error(client: &Client, tool: &str) -> String {
+    match try_call(client, tool, json!({})).await {
+        Err(e) => e.to_string(),
+        Ok(r) => panic!("{tool} answered {r:?}"),
+    }
+}
+
+async fn echo_pid(client: &Client) -> String {
+    let r = try_call(client, "echo", json!({})).await.expect("echo");
+    let (_, rest) = split(&r);
+    assert_eq!(
+        rest["_meta"]["fixture/own"], "kept",
+        "the server's own _meta is kept"
+    );
+    text(&r)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn misbehaving_servers_get_clear_errors_and_a_restart() {
+    let cmd = ["python3", FIXTURE];
+    let b = proxy_stdio(&["--call-timeout", "2"], false, &cmd).await;
+    let mut pid = echo_pid(&b.client).await;
+    let cases = [
+        ("crash", vec!["SIGSEGV", "about to crash on purpose"]),
+        (
+            "hang",
+            vec!["did not answer `tools/call` within 2 s (--call-timeout)"],
+        ),
+        (
+            "garbage",
+            vec!["not a JSON-RPC message", "this is not JSON-RPC"],
+        ),
+        ("huge", vec!["at least", "--max-message"]),
+    ];
+    for (tool, says) in cases {
+        let e = rpc_error(&b.client, tool).await;
+        for s in says {
+            assert!(e.contains(s), "{tool}: {s:?} missing from {e}");
+        }
+        assert!(e.contains("starts again for the next request"), "{e}");
+        // the next call reaches a new server, which was initialized again
+        let now = echo_pid(&b.client).await;
+        assert_ne!(now, pid, "{tool}: the server was not restarted");
+        pid = now;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_never_initializes_gets_an_error() {
+    let a = {
+        let mut a = proxy_args(
+            &["--init-timeout", "1"],
+            false,
+            &["python3", FIXTURE, "silent"],
+        );
+        a.insert(1, "--stdio".into());
+        a
+    };
+    let e = Bridge::stdio_with(&a, false)
+        .await
+        .err()
+        .expect("handshake must fail");
+    assert!(
+        e.contains("did not answer `initialize` within 1 s (--init-timeout)"),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_server_requests_and_overlaps_pass_through_stdio_and_http() {
+    let cmd = ["python3", FIXTURE];
+    let stdio = proxy_stdio(&[], false, &cmd).await;
+    let (_keep, http, http_handler) = proxy_http(&[], false, &cmd).await;
+    for (how, client, handler) in [
+        ("stdio", &stdio.client, &stdio.handler),
+        ("http", &http, &http_handler),
+    ] {
+        let before = handler.progress.load(std::sync::atomic::Ordering::SeqCst);
+        let r = try_call(client, "progress", json!({})).await.unwrap();
+        assert_eq!(text(&r), "progressed");
+        // rmcp runs notification handlers on tasks of their own: they may
+        // finish just after the result is returned
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let seen = || handler.progress.load(std::sync::atomic::Ordering::SeqCst) - before;
+        while seen() < 2 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(seen(), 2, "{how}: progress notifications");
+        // the server pings the client in the middle of a call
+        let r = try_call(client, "ask", json!({})).await.unwrap();
+        assert_eq!(text(&r), "the client answered ping: {}", "{how}");
+        // two calls in flight at once: each says so
+        let (a, b) = tokio::join!(
+            try_call(client, "sleep", json!({})),
+            try_call(client, "sleep", json!({}))
+        );
+        for r in [a.unwrap(), b.unwrap()] {
+            assert_eq!(split(&r).0["overlapping_calls"], 1, "{how}");
+        }
+    }
+}
+
+/// Raw lines through `proxy --stdio`: the answers, one per line.
+fn raw_exchange(input: &[u8]) -> Vec<Value> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(BRIDGE)
+        .args(proxy_args(
+            &["--stdio", "--max-message", "1M"],
+            false,
+            &bridge_server(),
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    out.stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn malformed_client_input_gets_the_same_errors_as_serve() {
+    let mut input = Vec::new();
+    input.extend_from_slice(b"not json\n");
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\xff\"}\n");
+    input.extend_from_slice(
+        b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\",\"params\":{\"a\":\"\0\"}}\n",
+    );
+    input.extend_from_slice(
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\",\"params\":{{\"pad\":\"{}\"}}}}\n",
+            "x".repeat(2 << 20)
+        )
+        .as_bytes(),
+    );
+    input.extend_from_slice(br#"{"jsonrpc":"2.0","id":4,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#);
+    input.push(b'\n');
+    let answers = raw_exchange(&input);
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    assert_eq!(answers[0]["error"]["code"], -32700);
+    assert!(
+        answers[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not UTF-8")
+    );
+    assert_eq!(answers[2]["error"]["code"], -32700);
+    let big = answers[3]["error"]["message"].as_str().unwrap();
+    assert!(
+        big.contains("over this server's limit") && big.contains("--max-message"),
+        "{big}"
+    );
+    // a good message after all that is answered by the server
+    assert_eq!(answers[4]["id"], 4);
+    assert_eq!(answers[4]["result"]["serverInfo"]["name"], "agent-bridge");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_sessions_end_with_delete_and_bad_requests_are_refused() {
+    let cmd = ["python3", FIXTURE];
+    let mut a = proxy_args(&[], false, &cmd);
+    a.splice(1..1, ["--http".to_string(), "127.0.0.1:0".to_string()]);
+    let (_keep, url) = Bridge::start_http_with(&a);
+    let http = reqwest::Client::new();
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let post = |session: Option<&str>, origin: Option<&str>| {
+        let mut r = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(ping);
+        if let Some(s) = session {
+            r = r.header("mcp-session-id", s);
+        }
+        if let Some(o) = origin {
+            r = r.header("origin", o);
+        }
+        r.send()
+    };
+    assert_eq!(
+        post(Some("no-such-session"), None).await.unwrap().status(),
+        404
+    );
+    assert_eq!(post(None, None).await.unwrap().status(), 400);
+    assert_eq!(
+        post(None, Some("https://evil.example"))
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    let (client, _) = Bridge::connect_http(&url, None)
+        .await
+        .expect("HTTP handshake");
+    let pid: u32 = echo_pid(&client)
+        .await
+        .trim_start_matches("pid ")
+        .parse()
+        .unwrap();
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    let _ = client.cancel().await; // rmcp sends DELETE for its session
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !gone(&pid.to_string()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server outlived its session"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
