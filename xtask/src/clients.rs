@@ -34,6 +34,7 @@ pub fn install() -> anyhow::Result<()> {
         run(Command::new("python3").args(["-m", "venv"]).arg(venv()))?;
         run(Command::new(venv().join("bin/pip")).args(["install", "--quiet", PYTHON_MCP]))?;
     }
+    install_foreign()?;
     let suite = conformance_dir().join("node_modules/.bin/conformance");
     if !suite.exists() {
         eprintln!("xtask: installing the MCP conformance suite ({CONFORMANCE})");
@@ -42,6 +43,38 @@ pub fn install() -> anyhow::Result<()> {
             .args(["install", "--no-audit", "--no-fund", "--prefix"])
             .arg(conformance_dir())
             .arg(CONFORMANCE))?;
+    }
+    Ok(())
+}
+
+/// The third-party MCP servers the target adapters are tested against,
+/// pinned by `agent-bridge/adapters/npm/NAME/package-lock.json`, installed
+/// into `target/foreign/NAME` (where the adapters' launchers look).
+/// `--ignore-scripts`: desktop-commander's install script sends telemetry.
+pub const FOREIGN: [&str; 2] = ["desktop-commander", "server-filesystem"];
+
+pub fn install_foreign() -> anyhow::Result<()> {
+    let root = crate::workspace_root();
+    for name in FOREIGN {
+        let pinned = root.join("agent-bridge/adapters/npm").join(name);
+        let dir = root.join("target/foreign").join(name);
+        let lock = std::fs::read(pinned.join("package-lock.json"))?;
+        let installed = std::fs::read(dir.join("package-lock.json")).ok();
+        if installed.as_ref() == Some(&lock) && dir.join("node_modules").is_dir() {
+            continue;
+        }
+        eprintln!(
+            "xtask: installing {name} (pinned by its package-lock.json) in {}",
+            dir.display()
+        );
+        std::fs::create_dir_all(&dir)?;
+        for f in ["package.json", "package-lock.json"] {
+            std::fs::copy(pinned.join(f), dir.join(f))?;
+        }
+        run(Command::new("npm")
+            .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
+            .env("PUPPETEER_SKIP_DOWNLOAD", "1")
+            .current_dir(&dir))?;
     }
     Ok(())
 }

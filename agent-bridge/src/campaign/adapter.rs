@@ -77,11 +77,10 @@ const FIELDS: &[&str] = &[
     "errno",     // text, e.g. ENOENT
     "error",     // the call failed (the text that says so) though isError is false
     "id",        // integer: a background process's id
-    "refused",   // the target refused the call for a reason of its own (e.g. "cannot read binary files")
+    "refused", // the target refused the call for a reason of its own (e.g. "cannot read binary files")
 ];
 
-const FILTERS: &str =
-    "text, base64, sh, dirname, interpreter, default:VALUE, map:FROM=TO,…,*=TO";
+const FILTERS: &str = "text, base64, sh, dirname, interpreter, default:VALUE, map:FROM=TO,…,*=TO";
 
 /// An adapter file, as written.
 #[derive(Debug, Deserialize)]
@@ -258,6 +257,9 @@ pub struct Adapter {
     steps: BTreeMap<String, Mapping>,
 }
 
+/// A tool and its arguments, ready to send.
+pub type ToolCall = (String, Map<String, Value>);
+
 /// A step the target cannot express, and why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Unsupported(pub String);
@@ -360,7 +362,7 @@ fn template_vars(v: &toml::Value, out: &mut BTreeSet<String>) -> Result<(), Stri
     Ok(())
 }
 
-fn shell_quote(s: &str) -> String {
+pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
@@ -414,10 +416,14 @@ fn apply_filter(v: Option<TVal>, filter: &str, var: &str) -> Result<Option<TVal>
         "sh" => TVal::Json(Value::String(shell_quote(&s(v)?))),
         "dirname" => {
             let path = s(v)?;
-            let parent = Path::new(&path).parent().map_or(String::new(), |p| {
-                p.to_string_lossy().into_owned()
-            });
-            TVal::Json(Value::String(if parent.is_empty() { ".".into() } else { parent }))
+            let parent = Path::new(&path)
+                .parent()
+                .map_or(String::new(), |p| p.to_string_lossy().into_owned());
+            TVal::Json(Value::String(if parent.is_empty() {
+                ".".into()
+            } else {
+                parent
+            }))
         }
         "interpreter" => {
             let lang = s(v)?;
@@ -666,7 +672,12 @@ impl Adapter {
                 } else {
                     format!("steps.{step}.then[{}]", i - 1)
                 };
-                out.push((step.as_str(), at, c.tool.as_str(), c.arguments.keys().map(String::as_str).collect()));
+                out.push((
+                    step.as_str(),
+                    at,
+                    c.tool.as_str(),
+                    c.arguments.keys().map(String::as_str).collect(),
+                ));
             }
         }
         out
@@ -685,10 +696,17 @@ impl Adapter {
 
     /// The next call for `step` after the calls that gave `results`
     /// (none after an error, or when the mapping has no more).
-    pub fn follow_up(&self, step: &Step, results: &[Value]) -> Option<Result<(String, Map<String, Value>), Unsupported>> {
+    pub fn follow_up(
+        &self,
+        step: &Step,
+        results: &[Value],
+    ) -> Option<Result<ToolCall, Unsupported>> {
         let m = self.steps.get(&step.tool)?;
         let call = m.calls.get(results.len())?;
-        if results.last().is_none_or(|r| r["isError"] == Value::Bool(true)) {
+        if results
+            .last()
+            .is_none_or(|r| r["isError"] == Value::Bool(true))
+        {
             return None;
         }
         let mut vars = step_vars(step).ok()?;
@@ -699,11 +717,13 @@ impl Adapter {
                 }
             }
         }
-        Some(match render_value(&Value::Object(call.arguments.clone()), &vars) {
-            Ok(Some(Value::Object(o))) => Ok((call.tool.clone(), o)),
-            Ok(_) => Ok((call.tool.clone(), Map::new())),
-            Err(e) => Err(e),
-        })
+        Some(
+            match render_value(&Value::Object(call.arguments.clone()), &vars) {
+                Ok(Some(Value::Object(o))) => Ok((call.tool.clone(), o)),
+                Ok(_) => Ok((call.tool.clone(), Map::new())),
+                Err(e) => Err(e),
+            },
+        )
     }
 
     /// The call to send for `step`, or why the target cannot express it.
@@ -733,6 +753,17 @@ impl Adapter {
             }
         }
         let vars = step_vars(step)?;
+        // the follow-ups too, with stand-ins for the values read on the way:
+        // what the step's own arguments cannot express shows now
+        let mut stand_in = vars.clone();
+        for c in &m.calls {
+            for field in c.result.keys() {
+                stand_in.insert(field.clone(), TVal::Json(json!(0)));
+            }
+        }
+        for c in &m.calls[1..] {
+            render_value(&Value::Object(c.arguments.clone()), &stand_in)?;
+        }
         let arguments = match render_value(&Value::Object(m.calls[0].arguments.clone()), &vars)? {
             Some(Value::Object(o)) => o,
             _ => Map::new(),
@@ -768,9 +799,7 @@ impl Adapter {
     /// added (`_meta["probe/kernel"]`) or the bridge's own.
     pub fn read(&self, step: &str, results: &[Value]) -> Value {
         let mut s = Map::new();
-        let mut is_error = results
-            .iter()
-            .any(|r| r["isError"] == Value::Bool(true));
+        let mut is_error = results.iter().any(|r| r["isError"] == Value::Bool(true));
         let mut notes = Vec::new();
         let mut content = Vec::new();
         let calls = self.steps.get(step).map_or(&[][..], |m| &m.calls[..]);
@@ -885,7 +914,10 @@ impl Call {
         for (field, r) in c.result {
             let at = format!("{at}.result.{field}");
             if !FIELDS.contains(&field.as_str()) {
-                return Err(format!("{at}: unknown field (fields: {})", FIELDS.join(", ")));
+                return Err(format!(
+                    "{at}: unknown field (fields: {})",
+                    FIELDS.join(", ")
+                ));
             }
             let readers = match r {
                 OneOrMany::One(r) => vec![Reader::parse(&at, r)?],
@@ -1041,7 +1073,9 @@ impl Reader {
             }
         };
         if r.value.is_some() && pattern.is_none() {
-            return Err(format!("{at}.value: a constant value needs a pattern that decides when"));
+            return Err(format!(
+                "{at}.value: a constant value needs a pattern that decides when"
+            ));
         }
         Ok(Reader {
             source,
@@ -1325,8 +1359,10 @@ ignore = ["sha256"]
         let a = adapter(SHELL).unwrap();
         let r = a.read(
             "exec",
-            &[json!({"content": [{"type": "text", "text": "out:\na\u{fffd}\nexit 3"}],
-                    "_meta": {"probe/kernel": {"available": true, "failed": false}}})],
+            &[
+                json!({"content": [{"type": "text", "text": "out:\na\u{fffd}\nexit 3"}],
+                    "_meta": {"probe/kernel": {"available": true, "failed": false}}}),
+            ],
         );
         let s = &r["structuredContent"];
         assert_eq!(s["exit_code"], 3);
@@ -1339,7 +1375,10 @@ ignore = ["sha256"]
         );
         assert_eq!(r["structuredContent"]["error"]["message"], "boom");
         // a value missing from a real answer is said, not silently dropped
-        let r = a.read("exec", &[json!({"content": [{"type": "text", "text": "no header"}]})]);
+        let r = a.read(
+            "exec",
+            &[json!({"content": [{"type": "text", "text": "no header"}]})],
+        );
         let notes = r["structuredContent"]["adapter_notes"].to_string();
         assert!(notes.contains("stdout not found in the run result"), "{r}");
     }

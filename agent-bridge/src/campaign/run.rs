@@ -527,10 +527,90 @@ async fn run_step(
         wait,
     )
     .await;
+    let returned = answer.as_ref().ok().and_then(read_bytes);
     let mut o = verdict::judge(&prepared.judged, answer, t0.elapsed(), sent);
     o.unchecked = prepared.unchecked;
     o.target_call = Some(call);
+    if let Some(got) = returned {
+        cross_check(conn, adapter, step, &got, &mut o).await;
+    }
     Ok(o)
+}
+
+/// The bytes a read_file result carries (its resource blob).
+fn read_bytes(r: &Value) -> Option<Vec<u8>> {
+    let blob = r["content"]
+        .as_array()?
+        .iter()
+        .find_map(|b| b["resource"]["blob"].as_str())?;
+    crate::bytes::base64_decode(blob).ok()
+}
+
+/// A read through a foreign server's file tool that came back different
+/// from the bytes the test expects, where no earlier step sent them (the
+/// workload made the file): the file is read again through the server's
+/// own command tool as base64, a channel that carries any byte. When that
+/// copy is what the test expects, the file tool mangled it: named on the
+/// interface, with how.
+async fn cross_check(
+    conn: &super::target::Connection,
+    adapter: &Adapter,
+    step: &super::spec::Step,
+    got: &[u8],
+    o: &mut verdict::StepOutcome,
+) {
+    let (Some(want), Some(Value::String(path))) = (&step.expect.sha256, step.arguments.get("path"))
+    else {
+        return;
+    };
+    if step.tool != "read_file" || o.passed() || !o.interface.is_empty() {
+        return;
+    }
+    let exec = super::spec::Step {
+        tool: "exec".into(),
+        arguments: [(
+            "command".to_string(),
+            Value::String(format!(
+                "base64 -w0 -- {}",
+                super::adapter::shell_quote(path)
+            )),
+        )]
+        .into(),
+        expect: Default::default(),
+    };
+    let Ok(p) = adapter.prepare(&exec) else {
+        return; // no command tool: nothing to check with
+    };
+    let Ok(r) = send_adapted(
+        conn,
+        adapter,
+        &exec,
+        (p.tool, p.arguments),
+        Duration::from_secs(60),
+    )
+    .await
+    else {
+        return;
+    };
+    let s = &r["structuredContent"];
+    let printed = s["stdout"]["text"].as_str().unwrap_or_default();
+    let Ok(file) = crate::bytes::base64_decode(printed.trim()) else {
+        return;
+    };
+    if !crate::bytes::sha256_hex(&file).eq_ignore_ascii_case(want) {
+        return; // the file itself is not what the test expects
+    }
+    let how = super::mangle::describe(&file, got).map_or(String::new(), |m| {
+        format!(": {} ({})", m.description, m.kind)
+    });
+    o.interface.push(format!(
+        "read_file: the file holds the expected {} bytes (read again as base64 through the server's exec), the read tool returned {}{how}",
+        file.len(),
+        got.len()
+    ));
+    if o.interface_primitive.is_none() {
+        o.interface_primitive = Some(("interface.bytes", 0.9));
+    }
 }
 
 /// Sends a step's first call and every follow-up the adapter maps; the
@@ -556,7 +636,14 @@ pub async fn send_adapted(
         results.push(r);
         match adapter.follow_up(step, &results) {
             Some(Ok(next)) => (tool, arguments) = next,
-            Some(Err(_)) | None => break,
+            // a value the next call needs is not in the answer
+            Some(Err(e)) => {
+                return Err(CallError::Protocol(format!(
+                    "adapter: the {tool} answer lacks what the next call needs: {}",
+                    e.0
+                )));
+            }
+            None => break,
         }
     }
     Ok(adapter.read(&step.tool, &results))
