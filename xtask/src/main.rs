@@ -292,6 +292,8 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         // foreign MCP servers behind `agent-bridge proxy`
         "--test",
         "proxy",
+        "--test",
+        "foreign",
     ]))?;
     let mut cmd = Command::new("cargo");
     cmd.args([

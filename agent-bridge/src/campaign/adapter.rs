@@ -747,7 +747,8 @@ impl Adapter {
                 && !allowed.contains(v)
             {
                 return Err(Unsupported(format!(
-                    "`{tool}` cannot express {arg} = {v} (it accepts {})",
+                    "{} cannot express {arg} = {v} (it accepts {})",
+                    self.name,
                     Value::Array(allowed.clone())
                 )));
             }

@@ -286,15 +286,25 @@ impl<'a> Oracle<'a> {
         Ok((m, got))
     }
 
-    /// `data` comes back mangled as `kind`.
+    /// `data` comes back mangled as `kind`. A candidate mangled some other
+    /// way is tried twice more: a server that sometimes loses output (a
+    /// race) must not make a byte look harmless.
     async fn fails(
         &mut self,
         data: &[u8],
         kind: &str,
         prefix_of: Option<usize>,
     ) -> anyhow::Result<bool> {
-        let (m, _) = self.attempt(data, prefix_of).await?;
-        Ok(m.is_some_and(|m| m.kind == kind))
+        for _ in 0..3 {
+            match self.attempt(data, prefix_of).await?.0 {
+                Some(m) if m.kind == kind => return Ok(true),
+                Some(_) => {
+                    self.seen.remove(data);
+                }
+                None => return Ok(false),
+            }
+        }
+        Ok(false)
     }
 
     pub async fn close(self) {
