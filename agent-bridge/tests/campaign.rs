@@ -7,26 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BRIDGE, Bridge, Opts, probe_socket, root};
+use common::{BRIDGE, Bridge, Opts, campaign, ok, probe_socket, root};
 use serde_json::Value;
-
-fn campaign(args: &[&str]) -> Output {
-    Command::new(BRIDGE)
-        .arg("campaign")
-        .args(args)
-        .output()
-        .expect("run agent-bridge campaign")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = campaign(args);
-    assert!(
-        out.status.success(),
-        "campaign {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// `campaign run --suite SUITE --target TARGET --db DB MORE…`
 fn run(suite: &Path, target: &str, db: &Path, more: &[&str]) -> Output {

@@ -6,30 +6,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-use common::{BRIDGE, probe_socket, root};
+use common::{BRIDGE, campaign, ok, probe_socket, root};
 use serde_json::Value;
 
 const ADAPTERS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/adapters");
-
-fn campaign(args: &[&str]) -> Output {
-    Command::new(BRIDGE)
-        .arg("campaign")
-        .args(args)
-        .output()
-        .expect("run agent-bridge campaign")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = campaign(args);
-    assert!(
-        out.status.success(),
-        "campaign {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// The installed server's entry point must exist: CI installs it, and a
 /// missing server is a failure there, never a silent skip.

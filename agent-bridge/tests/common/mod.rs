@@ -467,3 +467,23 @@ pub fn scratch(name: &str) -> String {
         N.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// `agent-bridge campaign ARGS…`.
+pub fn campaign(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(BRIDGE)
+        .arg("campaign")
+        .args(args)
+        .output()
+        .expect("run agent-bridge campaign")
+}
+
+/// `agent-bridge campaign ARGS…`, which must succeed: its stdout.
+pub fn ok(args: &[&str]) -> String {
+    let out = campaign(args);
+    assert!(
+        out.status.success(),
+        "campaign {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
