@@ -100,6 +100,10 @@ impl Lab {
         })
     }
 
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     pub fn bridge_bin(&self) -> PathBuf {
         self.bin.join("agent-bridge")
     }

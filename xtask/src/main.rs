@@ -13,6 +13,7 @@ mod bench;
 mod campaign;
 mod clients;
 mod demo;
+mod foreign;
 
 #[derive(Parser)]
 #[command(
@@ -56,6 +57,16 @@ enum Cmd {
         #[arg(long, default_value_t = 200)]
         count: usize,
         /// Do not rewrite docs/CONFUSION.md.
+        #[arg(long)]
+        no_write: bool,
+    },
+    /// The default campaign against desktop-commander (npm) behind
+    /// `agent-bridge proxy`, clean, readonly and no-network, with every
+    /// interface bug shrunk to its smallest input; writes docs/FOREIGN.md.
+    Foreign {
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// Do not rewrite docs/FOREIGN.md.
         #[arg(long)]
         no_write: bool,
     },
@@ -104,6 +115,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Confusion { count, no_write } => {
             setup()?;
             campaign::confusion(count, !no_write)
+        }
+        Cmd::Foreign { count, no_write } => {
+            setup()?;
+            foreign::foreign(count, !no_write)
         }
         Cmd::Bench {
             n,
