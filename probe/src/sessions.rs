@@ -117,7 +117,11 @@ impl Sessions {
                     return;
                 };
                 // a directory holding files an earlier span wrote
-                if let Some(w) = s.dirs.get(&path).filter(|w| w.span != span) {
+                // a process that misses a file it wrote itself removed or
+                // renamed it (a lock released, a temp file moved into place):
+                // only another process's write is evidence of lost state
+                let other = |w: &&WrittenEarlier| w.span != span && w.pid != ev.pid;
+                if let Some(w) = s.dirs.get(&path).filter(other) {
                     ev.written_earlier = Some(w.clone());
                     ev.mount_ns = mount_ns(ev.pid);
                     return;
@@ -125,7 +129,7 @@ impl Sessions {
                 // the path itself, or a directory above it, written by an earlier span
                 let mut probe_path = path.as_str();
                 loop {
-                    if let Some(w) = s.writes.get(probe_path).filter(|w| w.span != span) {
+                    if let Some(w) = s.writes.get(probe_path).filter(other) {
                         ev.written_earlier = Some(w.clone());
                         ev.mount_ns = mount_ns(ev.pid);
                         return;
@@ -180,21 +184,30 @@ mod tests {
         let mut other = ev(Kind::SyscallFailed, "/mnt/data/out.csv", Some("ENOENT"));
         s.observe("t-2", 2, &mut other);
         assert!(other.written_earlier.is_none());
-        // later span, same session: tagged, citing the write
+        // later span, same session, the process that wrote it: it removed
+        // or renamed its own file (a long-lived server's lock or temp file)
+        let mut own = ev(Kind::SyscallFailed, "/mnt/data/out.csv", Some("ENOENT"));
+        s.observe("t-1", 2, &mut own);
+        assert!(own.written_earlier.is_none());
+        // later span, same session, another process: tagged, citing the write
         let mut later = ev(Kind::SyscallFailed, "/mnt/data/out.csv", Some("ENOENT"));
+        later.pid = 2;
         s.observe("t-1", 2, &mut later);
         assert_eq!(later.written_earlier.as_ref().map(|w| w.span), Some(1));
         // a file under a directory the session created
         s.observe("t-1", 3, &mut ev(Kind::FileWrite, "/mnt/work", None));
         let mut under = ev(Kind::SyscallFailed, "/mnt/work/result.json", Some("ENOENT"));
+        under.pid = 2;
         s.observe("t-1", 4, &mut under);
         assert_eq!(under.written_earlier.map(|w| w.span), Some(3));
         // the directory of a file the session wrote (`mkdir -p` again after it vanished)
         let mut parent = ev(Kind::SyscallFailed, "/mnt/data", Some("ENOENT"));
+        parent.pid = 2;
         s.observe("t-1", 5, &mut parent);
         assert_eq!(parent.written_earlier.map(|w| w.span), Some(1));
         // a sibling that was never written is not
         let mut sibling = ev(Kind::SyscallFailed, "/mnt/other", Some("ENOENT"));
+        sibling.pid = 2;
         s.observe("t-1", 5, &mut sibling);
         assert!(sibling.written_earlier.is_none());
     }

@@ -16,7 +16,7 @@ const PROFILES: [&str; 3] = ["clean", "readonly", "no-network"];
 
 pub fn foreign(count: usize, write: bool) -> anyhow::Result<()> {
     crate::clients::install_foreign()?;
-    let lab = Lab::start("foreign")?;
+    let lab = Lab::start("foreign-campaign")?;
     let suite = lab.generate(count)?;
     let db = lab.dir.join("results.db");
     let dbs = db.to_str().unwrap().to_string();

@@ -119,7 +119,7 @@ pub fn channel_of(test: &TestSpec, step: usize) -> anyhow::Result<(Channel, Vec<
                     })?;
                 return Ok((
                     Channel::File {
-                        path: format!("{path}.shrink"),
+                        path: path.to_string(),
                         as_text,
                     },
                     bytes,
@@ -132,6 +132,23 @@ pub fn channel_of(test: &TestSpec, step: usize) -> anyhow::Result<(Channel, Vec<
         "step {step} ({}) carries no bytes to shrink: only a command's stdout (exec, run_code) or a file written and read back",
         s.tool
     )
+}
+
+/// Where candidate `n` is written: beside the original, with its
+/// extension (a server may treat `.pdf` or `.png` files apart).
+fn shrink_path(path: &str, n: usize) -> String {
+    let p = std::path::Path::new(path);
+    match (p.file_stem(), p.extension()) {
+        (Some(stem), Some(ext)) => p
+            .with_file_name(format!(
+                "{}.shrink-{n}.{}",
+                stem.to_string_lossy(),
+                ext.to_string_lossy()
+            ))
+            .to_string_lossy()
+            .into_owned(),
+        _ => format!("{path}.shrink-{n}"),
+    }
 }
 
 /// `printf` arguments that print exactly `data` (octal escapes but for
@@ -209,6 +226,9 @@ impl<'a> Oracle<'a> {
                 )]
             }
             Channel::File { path, as_text } => {
+                // a file of its own per candidate: what a server remembers
+                // of a file (that it looked binary) must not carry over
+                let path = shrink_path(path, self.calls);
                 let content = match std::str::from_utf8(data) {
                     Ok(t) if *as_text => json!({"path": path, "text": t}),
                     _ => json!({"path": path, "content_base64": base64_encode(data)}),
@@ -269,8 +289,24 @@ impl<'a> Oracle<'a> {
         }
         self.calls += 1;
         let mut got = Vec::new();
+        let mut refused = None;
         for step in self.steps(data, prefix_of)? {
-            let r = self.send(&step).await?;
+            let r = match self.send(&step).await {
+                Ok(r) => r,
+                // a candidate the target cannot take (bytes that are not
+                // UTF-8 for a text-only tool) does not fail the same way
+                Err(e) if e.to_string().contains("cannot express the candidate") => {
+                    let nothing = (None, Vec::new());
+                    self.seen.insert(data.to_vec(), nothing.clone());
+                    return Ok(nothing);
+                }
+                Err(e) => return Err(e),
+            };
+            // a refusal is a way of failing too: "Cannot read binary file"
+            if let Some(why) = r["structuredContent"]["refused"].as_str() {
+                refused = Some(why.to_string());
+                break;
+            }
             if r["isError"] == Value::Bool(true) {
                 bail!(
                     "the target answered {} with an error: {}",
@@ -281,7 +317,18 @@ impl<'a> Oracle<'a> {
             got = returned_bytes(&step.tool, &r)
                 .with_context(|| format!("{}: no bytes in the result", step.tool))?;
         }
-        let m = mangle::describe(data, &got);
+        let m = match refused {
+            // the refusal's first words are its kind: a write refused is
+            // not the read refusal being shrunk
+            Some(why) => Some(Mangle {
+                kind: format!(
+                    "refused: {}",
+                    why.split_whitespace().take(4).collect::<Vec<_>>().join(" ")
+                ),
+                description: format!("the server refused: {why}"),
+            }),
+            None => mangle::describe(data, &got),
+        };
         self.seen.insert(data.to_vec(), (m.clone(), got.clone()));
         Ok((m, got))
     }
