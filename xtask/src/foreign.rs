@@ -322,4 +322,10 @@ FF FE at the start read as UTF-16.
 refused, no Chrome), image extensions are base64-decoded before writing; it does not create parent \
 directories (the adapter calls `create_directory` first) and refuses to replace a file without an \
 explicit mode.
+- **What the evidence still gets wrong here**: under `no-network`, a few browser tests are put on \
+`fs.persistence` instead of `net.egress`: Chromium looks for a fontconfig cache temp file that \
+another Chromium, in an earlier test of the same session, wrote and then renamed into place. The \
+probe sees failed syscalls and writes, not renames, and with one MCP session per worker \
+(`--reuse-sessions`) a probe session spans many tests. (The same rule no longer fires on files a \
+process misses that it wrote itself: desktop-commander's own config lock and temp files.)
 ";
