@@ -14,6 +14,7 @@
 
 pub mod frame;
 pub mod http;
+mod lines;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
@@ -710,8 +711,16 @@ fn error_with_evidence(line: &[u8], kernel: Value) -> Vec<Bytes> {
 
 async fn write_line(child: &Child, line: &[u8]) -> std::io::Result<()> {
     let mut stdin = child.stdin.lock().await;
-    stdin.write_all(line).await?;
-    stdin.write_all(b"\n").await?;
+    if line.len() < 64 << 10 {
+        // one write: the server wakes once, to a whole line
+        let mut whole = Vec::with_capacity(line.len() + 1);
+        whole.extend_from_slice(line);
+        whole.push(b'\n');
+        stdin.write_all(&whole).await?;
+    } else {
+        stdin.write_all(line).await?;
+        stdin.write_all(b"\n").await?;
+    }
     stdin.flush().await
 }
 
@@ -723,27 +732,36 @@ fn read_child(
     child: &Child,
     lines: &mpsc::UnboundedSender<(Bytes, ChildHead)>,
 ) {
-    crate::stdio::read_lines(
-        stdout,
+    lines::read_lines(
+        stdout.into(),
         max,
-        "--max-message",
-        |mut line| match frame::child_head(strip_newline(&mut line)) {
-            Ok(head) => lines.send((Bytes::from(line), head)).is_ok(),
-            Err(e) => {
-                let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
-                child.kill(format!(
-                    "it wrote a line that is not a JSON-RPC message on stdout ({e}): {shown:?}; it was killed"
-                ));
-                true
+        |lines::Line {
+             bytes: mut line,
+             cuts,
+         }| {
+            let text = strip_newline(&mut line);
+            let head = match &cuts {
+                // the whole line again for the error it deserves
+                Some(cuts) => {
+                    frame::child_head_cut(text, cuts).or_else(|_| frame::child_head(text))
+                }
+                None => frame::child_head(text),
+            };
+            match head {
+                Ok(head) => lines.send((Bytes::from(line), head)).is_ok(),
+                Err(e) => {
+                    let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+                    child.kill(format!(
+                        "it wrote a line that is not a JSON-RPC message on stdout ({e}): {shown:?}; it was killed"
+                    ));
+                    true
+                }
             }
         },
-        |answer| {
-            let why = answer["error"]["message"]
-                .as_str()
-                .unwrap_or("")
-                .replace("Invalid Request: a message", "it sent a message")
-                .replace(" bytes is over", " bytes, over");
-            child.kill(format!("{why}; it was killed"));
+        |seen| {
+            child.kill(format!(
+                "it sent a message of at least {seen} bytes, over this server's limit of {max} bytes (--max-message); it was killed"
+            ));
         },
     );
 }
