@@ -22,6 +22,10 @@ const CUT: usize = 64 << 10;
 /// block (reused from the last big line by `big_alloc`, its pages mapped),
 /// instead of doubling through fresh ones.
 const LONG_RESERVE: usize = 256 << 20;
+/// Whether long lines are scanned: not by debug builds of the binary,
+/// where the scan's loops run unoptimized, slower than the pipe (the whole
+/// line is parsed then, as it always could be).
+const SCAN: bool = cfg!(test) || !cfg!(debug_assertions);
 
 /// One line, with its `\n` if it had one.
 pub struct Line {
@@ -61,16 +65,12 @@ fn special(s: &[u8]) -> Option<usize> {
     s[at..].iter().position(|&c| is(c)).map(|i| at + i)
 }
 
-/// A plain search for `\n`.
+/// A plain search for `\n` (std's memchr, fast in debug builds too).
 fn newline(s: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    for block in s.chunks_exact(64) {
-        if block.iter().fold(false, |hit, &c| hit | (c == b'\n')) {
-            break;
-        }
-        at += 64;
-    }
-    s[at..].iter().position(|&c| c == b'\n').map(|i| at + i)
+    use std::io::BufRead as _;
+    let mut rest = s;
+    let n = rest.skip_until(b'\n').ok()?;
+    (n > 0 && s[n - 1] == b'\n').then(|| n - 1)
 }
 
 impl Scan {
@@ -199,7 +199,7 @@ pub fn read_lines(
                     (searched, scan) = (0, None);
                     continue;
                 }
-                if scan.is_none() && buf.len() >= LONG {
+                if SCAN && scan.is_none() && buf.len() >= LONG {
                     let mut s = Scan::default();
                     // no `\n` in what was searched: this only checks it
                     let _ = s.advance(&buf);

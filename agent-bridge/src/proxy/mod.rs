@@ -95,6 +95,8 @@ struct Child {
     stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
     tree: Arc<CallCgroups>,
     stderr_tail: Arc<Mutex<VecDeque<u8>>>,
+    /// Fires when the server's stderr ends (its tail is then complete).
+    stderr_done: Mutex<Option<oneshot::Receiver<()>>>,
     alive: AtomicBool,
     /// Why the proxy killed it (a protocol violation, a hung call).
     killed_because: Mutex<Option<String>>,
@@ -498,7 +500,11 @@ impl Relay {
         crate::workload::widen_pipe(stdout.as_fd());
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let tail = stderr_tail.clone();
-        std::thread::spawn(move || pass_stderr(stderr, &tail));
+        let (done_tx, done_rx) = oneshot::channel();
+        std::thread::spawn(move || {
+            pass_stderr(stderr, &tail);
+            let _ = done_tx.send(());
+        });
         let (status_tx, status_rx) = oneshot::channel();
         std::thread::spawn(move || {
             let _ = status_tx.send(child.wait().ok());
@@ -509,6 +515,7 @@ impl Relay {
             stdin: tokio::sync::Mutex::new(tokio::process::ChildStdin::from_std(stdin)?),
             tree: Arc::new(tree),
             stderr_tail,
+            stderr_done: Mutex::new(Some(done_rx)),
             alive: AtomicBool::new(true),
             killed_because: Mutex::new(None),
         });
@@ -616,6 +623,16 @@ impl Relay {
             (Some(e), None) => format!("it {}", e.describe()),
             (None, None) => "it ended with an unknown status".to_string(),
         };
+        // what it wrote last (why it crashed) may still be in the pipe: read
+        // to its end, unless a descendant that outlived it keeps it open
+        let done = child
+            .stderr_done
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(done) = done {
+            let _ = tokio::time::timeout(Duration::from_millis(500), done).await;
+        }
         let tail = child.stderr_tail();
         tracing::warn!("foreign server (pid {}) is gone: {how}", child.pid);
         let taken: Vec<(String, Pending)> = {
