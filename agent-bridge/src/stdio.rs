@@ -208,12 +208,10 @@ fn write_all(rx: std::sync::mpsc::Receiver<Outgoing>, mut output: impl std::io::
             Outgoing::Message(m) => encode(&m),
             Outgoing::Raw(v) => encode(&v),
             Outgoing::Chunks(chunks) => {
-                // big answers: written piece by piece, never joined
-                let written = chunks
-                    .iter()
-                    .try_for_each(|c| output.write_all(c))
-                    .and_then(|()| output.write_all(b"\n"))
-                    .and_then(|()| output.flush());
+                // big answers: never joined; all pieces and the `\n` in one
+                // writev, so the reader wakes once for a small message
+                let written =
+                    write_vectored_all(&mut output, &chunks).and_then(|()| output.flush());
                 if written.is_err() {
                     return;
                 }
@@ -233,6 +231,30 @@ fn write_all(rx: std::sync::mpsc::Receiver<Outgoing>, mut output: impl std::io::
             return; // stdout is gone; `send` reports it from now on
         }
     }
+}
+
+/// `chunks` then `\n`, with as few writes as the output takes.
+fn write_vectored_all(
+    output: &mut impl std::io::Write,
+    chunks: &[bytes::Bytes],
+) -> std::io::Result<()> {
+    use std::io::IoSlice;
+    let mut slices: Vec<IoSlice<'_>> = chunks
+        .iter()
+        .filter(|c| !c.is_empty())
+        .map(|c| IoSlice::new(c))
+        .chain([IoSlice::new(b"\n")])
+        .collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        match output.write_vectored(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

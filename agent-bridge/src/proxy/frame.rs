@@ -212,6 +212,38 @@ pub fn child_head(line: &[u8]) -> Result<ChildHead, String> {
     Ok(head)
 }
 
+/// [`child_head`] of a line whose string contents in `cuts` were checked
+/// already ([`super::lines`]): only the rest of the line is parsed, and the
+/// ranges found are of `line`.
+pub fn child_head_cut(line: &[u8], cuts: &[Range<usize>]) -> Result<ChildHead, String> {
+    if cuts.is_empty() {
+        return child_head(line);
+    }
+    let mut skeleton = Vec::with_capacity(line.len() - cuts.iter().map(|c| c.len()).sum::<usize>());
+    let mut at = 0;
+    for c in cuts {
+        skeleton.extend_from_slice(&line[at..c.start]);
+        at = c.end;
+    }
+    skeleton.extend_from_slice(&line[at..]);
+    let mut head = child_head(&skeleton)?;
+    // a skeleton offset, in the line: past every cut made before it
+    let in_line = |s: usize| {
+        let mut removed = 0;
+        for c in cuts {
+            if c.start - removed > s {
+                break;
+            }
+            removed += c.len();
+        }
+        s + removed
+    };
+    let map = |r: Range<usize>| in_line(r.start)..in_line(r.end);
+    head.result = head.result.map(map);
+    head.meta = head.meta.map(map);
+    Ok(head)
+}
+
 /// `line` with `kernel` added as `result._meta["probe/kernel"]`, in pieces
 /// that share the line's memory: only the insertion is new. A result that
 /// is not an object is left as it is.
@@ -284,6 +316,32 @@ mod tests {
         let v = spliced(r#"{"jsonrpc":"2.0","id":1,"result":{"_meta":{"probe/kernel":7,"y":2}}}"#);
         assert_eq!(v["result"]["_meta"][META_KEY]["available"], false);
         assert_eq!(v["result"]["_meta"]["y"], 2);
+    }
+
+    #[test]
+    fn a_skeleton_gives_the_heads_ranges_in_the_line() {
+        let big = "x".repeat(1000);
+        for line in [
+            format!(
+                r#"{{"id":1,"result":{{"content":[{{"text":"{big}"}},{{"text":"{big}"}}],"_meta":{{"a":"{big}"}}}}}}"#
+            ),
+            format!(
+                r#"{{"id":1,"result":{{"_meta":{{"k":[{{"a":"{big}"}}]}},"content":[{{"text":"{big}"}}]}},"jsonrpc":"2.0"}}"#
+            ),
+        ] {
+            let b = line.as_bytes();
+            let cuts: Vec<Range<usize>> = b
+                .windows(big.len())
+                .enumerate()
+                .filter(|(i, w)| *w == big.as_bytes() && b[i - 1] == b'"')
+                .map(|(i, _)| i..i + big.len())
+                .collect();
+            assert!(cuts.len() >= 2);
+            let whole = child_head(b).unwrap();
+            let cut = child_head_cut(b, &cuts).unwrap();
+            assert_eq!((whole.result, whole.meta), (cut.result, cut.meta));
+            assert_eq!((whole.id, whole.kind), (cut.id, cut.kind));
+        }
     }
 
     #[test]

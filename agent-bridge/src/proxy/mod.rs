@@ -14,6 +14,7 @@
 
 pub mod frame;
 pub mod http;
+mod lines;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
@@ -94,6 +95,8 @@ struct Child {
     stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
     tree: Arc<CallCgroups>,
     stderr_tail: Arc<Mutex<VecDeque<u8>>>,
+    /// Fires when the server's stderr ends (its tail is then complete).
+    stderr_done: Mutex<Option<oneshot::Receiver<()>>>,
     alive: AtomicBool,
     /// Why the proxy killed it (a protocol violation, a hung call).
     killed_because: Mutex<Option<String>>,
@@ -497,7 +500,11 @@ impl Relay {
         crate::workload::widen_pipe(stdout.as_fd());
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let tail = stderr_tail.clone();
-        std::thread::spawn(move || pass_stderr(stderr, &tail));
+        let (done_tx, done_rx) = oneshot::channel();
+        std::thread::spawn(move || {
+            pass_stderr(stderr, &tail);
+            let _ = done_tx.send(());
+        });
         let (status_tx, status_rx) = oneshot::channel();
         std::thread::spawn(move || {
             let _ = status_tx.send(child.wait().ok());
@@ -508,6 +515,7 @@ impl Relay {
             stdin: tokio::sync::Mutex::new(tokio::process::ChildStdin::from_std(stdin)?),
             tree: Arc::new(tree),
             stderr_tail,
+            stderr_done: Mutex::new(Some(done_rx)),
             alive: AtomicBool::new(true),
             killed_because: Mutex::new(None),
         });
@@ -615,6 +623,16 @@ impl Relay {
             (Some(e), None) => format!("it {}", e.describe()),
             (None, None) => "it ended with an unknown status".to_string(),
         };
+        // what it wrote last (why it crashed) may still be in the pipe: read
+        // to its end, unless a descendant that outlived it keeps it open
+        let done = child
+            .stderr_done
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(done) = done {
+            let _ = tokio::time::timeout(Duration::from_millis(500), done).await;
+        }
         let tail = child.stderr_tail();
         tracing::warn!("foreign server (pid {}) is gone: {how}", child.pid);
         let taken: Vec<(String, Pending)> = {
@@ -710,8 +728,16 @@ fn error_with_evidence(line: &[u8], kernel: Value) -> Vec<Bytes> {
 
 async fn write_line(child: &Child, line: &[u8]) -> std::io::Result<()> {
     let mut stdin = child.stdin.lock().await;
-    stdin.write_all(line).await?;
-    stdin.write_all(b"\n").await?;
+    if line.len() < 64 << 10 {
+        // one write: the server wakes once, to a whole line
+        let mut whole = Vec::with_capacity(line.len() + 1);
+        whole.extend_from_slice(line);
+        whole.push(b'\n');
+        stdin.write_all(&whole).await?;
+    } else {
+        stdin.write_all(line).await?;
+        stdin.write_all(b"\n").await?;
+    }
     stdin.flush().await
 }
 
@@ -723,27 +749,36 @@ fn read_child(
     child: &Child,
     lines: &mpsc::UnboundedSender<(Bytes, ChildHead)>,
 ) {
-    crate::stdio::read_lines(
-        stdout,
+    lines::read_lines(
+        stdout.into(),
         max,
-        "--max-message",
-        |mut line| match frame::child_head(strip_newline(&mut line)) {
-            Ok(head) => lines.send((Bytes::from(line), head)).is_ok(),
-            Err(e) => {
-                let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
-                child.kill(format!(
-                    "it wrote a line that is not a JSON-RPC message on stdout ({e}): {shown:?}; it was killed"
-                ));
-                true
+        |lines::Line {
+             bytes: mut line,
+             cuts,
+         }| {
+            let text = strip_newline(&mut line);
+            let head = match &cuts {
+                // the whole line again for the error it deserves
+                Some(cuts) => {
+                    frame::child_head_cut(text, cuts).or_else(|_| frame::child_head(text))
+                }
+                None => frame::child_head(text),
+            };
+            match head {
+                Ok(head) => lines.send((Bytes::from(line), head)).is_ok(),
+                Err(e) => {
+                    let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+                    child.kill(format!(
+                        "it wrote a line that is not a JSON-RPC message on stdout ({e}): {shown:?}; it was killed"
+                    ));
+                    true
+                }
             }
         },
-        |answer| {
-            let why = answer["error"]["message"]
-                .as_str()
-                .unwrap_or("")
-                .replace("Invalid Request: a message", "it sent a message")
-                .replace(" bytes is over", " bytes, over");
-            child.kill(format!("{why}; it was killed"));
+        |seen| {
+            child.kill(format!(
+                "it sent a message of at least {seen} bytes, over this server's limit of {max} bytes (--max-message); it was killed"
+            ));
         },
     );
 }
