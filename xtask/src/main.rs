@@ -84,7 +84,7 @@ enum Cmd {
         no_write: bool,
         /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
         /// and the others are kept.
-        #[arg(long, value_parser = ["probe", "daemon", "bridge", "campaign"])]
+        #[arg(long, value_parser = ["probe", "daemon", "bridge", "proxy", "campaign"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
