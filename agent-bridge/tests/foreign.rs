@@ -25,11 +25,11 @@ fn installed(name: &str) {
     );
 }
 
-/// A state directory for a server, outside /tmp (which profiles make read-only).
+/// A state directory for a server, outside /tmp and /var/tmp (which the
+/// `readonly` profile makes read-only; a checkout may live under /tmp).
 fn state(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/foreign/state")
-        .join(format!("{name}-{}", std::process::id()));
+    let dir =
+        Path::new("/run/agent-bridge-foreign-tests").join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

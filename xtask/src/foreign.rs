@@ -30,7 +30,10 @@ pub fn foreign(count: usize, write: bool) -> anyhow::Result<()> {
             lab.socket().display(),
             root.join("agent-bridge/adapters/desktop-commander.sh")
                 .display(),
-            lab.dir.join(state).display()
+            // outside /tmp, which the readonly profile makes read-only
+            std::path::Path::new("/run/agent-bridge-foreign")
+                .join(state)
+                .display()
         )
     };
     let mut summaries = BTreeMap::new();
