@@ -108,6 +108,9 @@ impl Child {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert(because);
+        // from now on the next request starts a new server: it must not be
+        // sent to this one while its end is still being reported
+        self.alive.store(false, Ordering::Release);
         crate::workload::Running::signal_tree(&self.tree, self.pid);
     }
 
