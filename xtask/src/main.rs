@@ -14,6 +14,7 @@ mod campaign;
 mod clients;
 mod demo;
 mod foreign;
+mod toolchain;
 
 #[derive(Parser)]
 #[command(
@@ -27,8 +28,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what the build and tests need: nightly rust-src, bpf-linker
-    /// 0.10.0, Debian packages (iproute2, util-linux, strace, bpftrace, gcc,
+    /// Install what the build and tests need: the eBPF toolchain pinned in
+    /// ebpf-toolchain.toml (a dated nightly with rust-src, and bpf-linker),
+    /// Debian packages (iproute2, util-linux, strace, bpftrace, gcc,
     /// and Chromium with its fonts for the campaign's browser domain).
     Setup,
     /// Run every test: unit tests, the Python SDK and conformance clients,
@@ -185,7 +187,6 @@ fn quiet_ok(cmd: &mut Command) -> bool {
     cmd.output().map(|o| o.status.success()).unwrap_or(false)
 }
 
-const BPF_LINKER: &str = "0.10.0";
 /// (Debian package, shell check that it is installed).
 const DEBIAN_PACKAGES: [(&str, &str); 9] = [
     ("bpftool", "command -v bpftool"),
@@ -204,42 +205,7 @@ const DEBIAN_PACKAGES: [(&str, &str); 9] = [
 ];
 
 fn setup() -> anyhow::Result<()> {
-    let has_src = Command::new("rustup")
-        .args(["component", "list", "--installed", "--toolchain", "nightly"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains("rust-src"))
-        .unwrap_or(false);
-    if !has_src {
-        eprintln!("xtask: installing nightly rust-src");
-        run(Command::new("rustup").args([
-            "toolchain",
-            "install",
-            "nightly",
-            "--profile",
-            "minimal",
-        ]))?;
-        run(Command::new("rustup").args([
-            "component",
-            "add",
-            "rust-src",
-            "--toolchain",
-            "nightly",
-        ]))?;
-    }
-    let linker_ok = Command::new("bpf-linker")
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER))
-        .unwrap_or(false);
-    if !linker_ok {
-        eprintln!("xtask: installing bpf-linker {BPF_LINKER} (about 90 s)");
-        run(Command::new("cargo").args([
-            "install",
-            "--locked",
-            "--force",
-            &format!("bpf-linker@{BPF_LINKER}"),
-        ]))?;
-    }
+    toolchain::Pin::load(&workspace_root())?.ensure()?;
     let missing: Vec<&str> = DEBIAN_PACKAGES
         .iter()
         .filter(|(_, check)| !quiet_ok(Command::new("sh").args(["-c", check])))
