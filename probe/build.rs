@@ -55,7 +55,9 @@ fn check_pin(path: &str) -> anyhow::Result<String> {
         .output()
         .context("running rustup (the eBPF build needs rustup and the pinned nightly)")?;
     if !out.status.success() {
-        bail!("{nightly} (pinned in ebpf-toolchain.toml) is not installed: run `cargo xtask setup`");
+        bail!(
+            "{nightly} (pinned in ebpf-toolchain.toml) is not installed: run `cargo xtask setup`"
+        );
     }
     let vv = String::from_utf8_lossy(&out.stdout);
     let have = vv

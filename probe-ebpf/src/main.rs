@@ -8,6 +8,12 @@
 //!   untracked thread pays one inlined array lookup and emits nothing.
 //! - `EVENTS`, one ring buffer; `DROPS`, per-CPU counters per event kind for
 //!   every record the ring buffer had no room for.
+//! - PID namespaces: when the probe runs in a PID namespace (a container-like
+//!   sandbox), the loader sets `PIDNS_DEV`/`PIDNS_INO` and every id the
+//!   programs report is the one the sandbox sees (`bpf_get_ns_current_pid_tgid`),
+//!   while `TRACKED`/`TASKS` stay keyed by host ids. Userspace attaches by
+//!   namespace id through `PENDING`; a thread is moved to `TRACKED` at its
+//!   next syscall enter or exit. The host path never reads either.
 //! - Seccomp denials: the kernel runs seccomp before `sys_enter` fires but
 //!   always fires `sys_exit`, so an exit with no enter is a syscall that never
 //!   ran. Fresh fork children and tasks attached mid-syscall are excluded with
@@ -19,6 +25,7 @@ use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::{
     EbpfContext,
+    bindings::bpf_pidns_info,
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
         bpf_probe_read_user, bpf_probe_read_user_buf, bpf_probe_read_user_str_bytes,
@@ -54,6 +61,107 @@ static DROPS: PerCpuArray<DropCounters> = PerCpuArray::with_max_entries(1, 0);
 /// the one that called exit_group.
 #[map]
 static EXIT_CODES: HashMap<u32, i32> = HashMap::with_max_entries(65536, 0);
+
+/// The probe's PID namespace (`stat /proc/self/ns/pid`), set by the loader
+/// when it is not the host's; 0 in the host's namespace. Plain statics read
+/// with volatile loads (aya's `Global` wraps a `MaybeUninit`, whose BTF name
+/// this kernel rejects).
+#[unsafe(no_mangle)]
+static PIDNS_DEV: u64 = 0;
+#[unsafe(no_mangle)]
+static PIDNS_INO: u64 = 0;
+
+#[inline(always)]
+fn pidns() -> (u64, u64) {
+    // SAFETY: plain loads of statics the loader may have rewritten.
+    unsafe { (read_volatile(&PIDNS_DEV), read_volatile(&PIDNS_INO)) }
+}
+
+/// PID-namespace mode: namespace thread id → the `TRACKED` slot value it
+/// gets when the kernel adopts it (`probe_abi::pending`).
+#[map]
+static PENDING: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+/// Non-zero while `PENDING` may hold entries: set by userspace when it adds
+/// one, cleared by it once the map is empty (it checks as it drains events).
+/// The programs look `PENDING` up only while it is set.
+#[map]
+static PENDING_ANY: Array<u64> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn ns_mode() -> bool {
+    pidns().1 != 0
+}
+
+/// The current task's ids in the probe's PID namespace, packed like
+/// `bpf_get_current_pid_tgid` (tgid << 32 | tid); 0 outside it.
+#[inline(always)]
+fn ns_current() -> u64 {
+    let mut info = bpf_pidns_info { pid: 0, tgid: 0 };
+    let (dev, ino) = pidns();
+    // SAFETY: `info` is a stack struct of the size passed.
+    let r = unsafe {
+        helper::bpf_get_ns_current_pid_tgid(
+            dev,
+            ino,
+            &mut info,
+            core::mem::size_of::<bpf_pidns_info>() as u32,
+        )
+    };
+    if r == 0 {
+        ((info.tgid as u64) << 32) | info.pid as u64
+    } else {
+        0
+    }
+}
+
+/// The ids a task is reported under: its namespace ids in PID-namespace
+/// mode (from its `TASKS` entry, which is not the current task's), else
+/// host `tid` itself.
+#[inline(always)]
+fn reported_tid(host_tid: u32) -> u32 {
+    if !ns_mode() {
+        return host_tid;
+    }
+    // SAFETY: plain value read.
+    unsafe { TASKS.get(host_tid) }.map_or(0, |st| st.ns_ids as u32)
+}
+
+/// PID-namespace mode: when userspace has attached threads by namespace id
+/// that the kernel has not seen yet, and the current thread is one of them,
+/// start tracing it (host id `tid`) and return its slot.
+#[inline(always)]
+fn adopt(tid: u32) -> Option<*mut u64> {
+    if !ns_mode() {
+        return None;
+    }
+    if *PENDING_ANY.get(0)? == 0 {
+        return None;
+    }
+    let ids = ns_current();
+    let ns_tid = ids as u32;
+    if ns_tid == 0 {
+        return None;
+    }
+    // SAFETY: plain value read.
+    let value = *unsafe { PENDING.get(ns_tid) }?;
+    if PENDING.remove(ns_tid).is_err() {
+        return None;
+    }
+    let mut st = TaskState::new(slot::span(value) as u64);
+    st.ns_ids = ids;
+    if TASKS.insert(tid, st, 0).is_err() {
+        count_drop(EventKind::TaskUntracked);
+        return None;
+    }
+    // this enter is seen, or this exit is skipped by the caller: no orphan
+    // exit to allow for
+    set_tracked(
+        tid,
+        value & !((task::SKIP_ORPHAN_EXIT as u64) << slot::FLAGS_SHIFT),
+    );
+    TRACKED.get_ptr_mut(tid)
+}
 
 /// `probe_abi::ROLES` in the object's read-only data.
 static ROLE_TABLE: [ArgRole; ROLES_LEN] = ROLES;
@@ -139,7 +247,11 @@ fn reserve(
         count_drop(kind);
         return None;
     };
-    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid_tgid = if ns_mode() {
+        ns_current()
+    } else {
+        bpf_get_current_pid_tgid()
+    };
     let ev = entry.as_mut_ptr();
     // SAFETY: `ev` points at ring-buffer memory sized for one Event; fields
     // are written in place so the 400-byte record never lands on the
@@ -272,7 +384,7 @@ fn tracked_slot(tid: u32) -> Option<*mut u64> {
 #[btf_tracepoint(function = "sys_enter")]
 pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(ptr) = tracked_slot(tid) else {
+    let Some(ptr) = tracked_slot(tid).or_else(|| adopt(tid)) else {
         return 0;
     };
     let id: i64 = ctx.arg(1);
@@ -332,6 +444,9 @@ pub fn floor_exit(_ctx: BtfTracePointContext) -> u32 {
 pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(ptr) = tracked_slot(tid) else {
+        // adopted in the middle of a syscall it entered untraced: traced
+        // from its next one
+        let _ = adopt(tid);
         return 0;
     };
     // SAFETY: this thread's own slot, see sys_enter.
@@ -340,7 +455,9 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
     let tflags = slot::flags(v);
     let span = slot::span(v) as u64;
     // nothing in flight any more, and the one-time orphan allowance is spent
-    let cleared = v & !slot::NR_MASK & !((task::SKIP_ORPHAN_EXIT as u64) << slot::FLAGS_SHIFT);
+    let cleared = v
+        & !slot::NR_MASK
+        & !(((task::SKIP_ORPHAN_EXIT | task::REPORT_FORK) as u64) << slot::FLAGS_SHIFT);
     // SAFETY: as above.
     unsafe { *ptr = cleared };
     let regs: *const u8 = ctx.arg(0);
@@ -348,6 +465,9 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
 
     if marker == 0 {
         if tflags & task::SKIP_ORPHAN_EXIT != 0 {
+            if tflags & task::REPORT_FORK != 0 {
+                report_fork(tid, span);
+            }
             return 0;
         }
         // An exit with no enter: seccomp stopped the syscall before it ran.
@@ -388,6 +508,38 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
 
     on_failure(tid, regs, span, entered, ret, tflags);
     0
+}
+
+/// PID-namespace mode: a fresh child's first syscall exit (its return from
+/// clone) sends the Fork event its parent could not: only now are the
+/// child's namespace ids readable.
+#[inline(always)]
+fn report_fork(tid: u32, span: u64) {
+    let Some(st) = TASKS.get_ptr_mut(tid) else {
+        return;
+    };
+    // SAFETY: this thread's own entry.
+    let st = unsafe { &mut *st };
+    let ids = ns_current();
+    st.ns_ids = ids;
+    let (parent, clone_flags) = (st.fork_parent, st.clone_flags);
+    st.fork_parent = 0;
+    st.clone_flags = 0;
+    if let Some(mut entry) = reserve(EventKind::Fork, span, now()) {
+        let ev = entry.as_mut_ptr();
+        // SAFETY: reserved Event, header already written (the child's ids:
+        // the event is the parent's).
+        unsafe {
+            (*ev).pid = (parent >> 32) as u32;
+            (*ev).tid = parent as u32;
+            (*ev).aux[0] = ids as u32 as u64;
+            (*ev).aux[1] = clone_flags;
+            if clone_flags & CLONE_THREAD != 0 {
+                (*ev).flags |= flags::THREAD;
+            }
+        }
+        submit(entry, false);
+    }
 }
 
 /// A traced syscall failed. The same failure as the thread's previous one
@@ -709,18 +861,29 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         _ => 0,
     };
     let inherited = slot::flags(v) & task::SECCOMP_ON;
-    if TASKS
-        .insert(child as u32, TaskState::new(span as u64), 0)
-        .is_ok()
-    {
+    let mut child_state = TaskState::new(span as u64);
+    // PID-namespace mode: the child reports its own Fork event (its
+    // namespace id is not readable from here)
+    let ns = ns_mode();
+    let report = if ns {
+        child_state.fork_parent = ns_current();
+        child_state.clone_flags = clone_flags;
+        task::REPORT_FORK
+    } else {
+        0
+    };
+    if TASKS.insert(child as u32, child_state, 0).is_ok() {
         // the child's first event is its return from clone: no enter seen
         set_tracked(
             child as u32,
-            slot::pack(span, task::SKIP_ORPHAN_EXIT | inherited),
+            slot::pack(span, task::SKIP_ORPHAN_EXIT | inherited | report),
         );
     } else {
         // TASKS is full: the child escapes. Say so rather than lose it silently.
         count_drop(EventKind::TaskUntracked);
+    }
+    if ns {
+        return 0;
     }
     if let Some(mut entry) = reserve(EventKind::Fork, span as u64, now()) {
         let ev = entry.as_mut_ptr();
@@ -745,6 +908,9 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let old = unsafe { ctx.read_at::<i32>(off.exec_old_pid as usize) }
         .map(|p| p as u32)
         .unwrap_or(tid);
+    let ns = ns_mode();
+    // the old id as reported: read before a non-leader's state moves
+    let old_reported = if ns { reported_tid(old) } else { old };
     let span = match span_of(tid) {
         Some(span) => span,
         // a non-leader thread exec'd: the kernel gave it the leader's id,
@@ -764,6 +930,10 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
         }
         None => return 0,
     };
+    if ns && let Some(st) = TASKS.get_ptr_mut(tid) {
+        // SAFETY: this thread's own entry; it now has the leader's ids.
+        unsafe { (*st).ns_ids = ns_current() };
+    }
     let Some(mut entry) = reserve(EventKind::Exec, span, now()) else {
         return 0;
     };
@@ -771,7 +941,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     // SAFETY: reserved Event; offsets parsed from this kernel's format file;
     // __data_loc is (len << 16 | offset) from the record start.
     unsafe {
-        (*ev).aux[0] = old as u64;
+        (*ev).aux[0] = old_reported as u64;
         if let Ok(loc) = ctx.read_at::<u32>(off.exec_filename as usize) {
             let src = (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize);
             if let Ok(s) = bpf_probe_read_kernel_str_bytes(src, &mut (*ev).data) {
@@ -868,7 +1038,7 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
     unsafe {
         (*ev).aux[0] = sig as u64;
         (*ev).aux[1] = code as u32 as u64;
-        (*ev).aux[2] = target as u64;
+        (*ev).aux[2] = reported_tid(target as u32) as u64;
         (*ev).aux[3] = result as u64;
     }
     submit(entry, true);
@@ -889,8 +1059,9 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
     let ev = entry.as_mut_ptr();
     // SAFETY: reserved Event; offsets parsed from this kernel's format file.
     unsafe {
-        (*ev).pid = victim as u32;
-        (*ev).tid = victim as u32;
+        let reported = reported_tid(victim as u32);
+        (*ev).pid = reported;
+        (*ev).tid = reported;
         // u32::MAX: the field is not in this kernel's format
         if off.oom_total_vm != u32::MAX {
             (*ev).aux[0] = ctx.read_at::<u64>(off.oom_total_vm as usize).unwrap_or(0);

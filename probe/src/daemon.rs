@@ -555,6 +555,8 @@ impl Core {
             "protocol": protocol::PROTOCOL_VERSION,
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),
+            // pids in requests and evidence are this namespace's (null: the host's)
+            "pid_namespace": self.probe.pid_namespace().map(|ns| json!({"dev": ns.dev, "inode": ns.ino})),
             "uptime_s": self.started.elapsed().as_secs(),
             "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
             "features": {

@@ -85,12 +85,42 @@ pub struct Probe {
     _ebpf: Ebpf,
     tracked: Array<MapData, u64>,
     tasks: HashMap<MapData, u32, TaskState>,
+    /// Set when the probe runs in a PID namespace other than the host's:
+    /// the ids userspace hands in and gets back are that namespace's.
+    pidns: Option<PidNamespace>,
+    pending: HashMap<MapData, u32, u64>,
+    pending_any: Array<MapData, u64>,
     events: RingBuf<MapData>,
     drops: PerCpuArray<MapData, probe_abi::DropCounters>,
     /// Tracepoints attached, as `category:name`.
     pub attached: Vec<String>,
     /// Optional tracepoints this kernel lacks.
     pub missing: Vec<String>,
+}
+
+/// The PID namespace the probe runs in, when it is not the host's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PidNamespace {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl PidNamespace {
+    /// The kernel's fixed inode number of the initial PID namespace
+    /// (`PROC_PID_INIT_INO`).
+    const HOST_INO: u64 = 0xEFFF_FFFC;
+
+    /// This process's PID namespace, or None in the host's. Pids in
+    /// `/proc` and in every request are this namespace's; the kernel's
+    /// tracepoints speak host pids, so the programs translate.
+    pub fn current() -> std::io::Result<Option<PidNamespace>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata("/proc/self/ns/pid")?;
+        Ok((meta.ino() != Self::HOST_INO).then(|| PidNamespace {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }))
+    }
 }
 
 /// Effective capabilities from /proc/self/status.
@@ -170,8 +200,13 @@ impl Probe {
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
             .unwrap_or(4_194_304);
+        let pidns = PidNamespace::current()
+            .map_err(|e| LoadError::Load(format!("reading /proc/self/ns/pid: {e}")))?;
+        let (ns_dev, ns_ino) = pidns.map_or((0, 0), |ns| (ns.dev, ns.ino));
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("TRACKED", pid_max)
+            .override_global("PIDNS_DEV", &ns_dev, true)
+            .override_global("PIDNS_INO", &ns_ino, true)
             .load(EBPF_OBJECT)
             .map_err(|e| match e {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
@@ -215,6 +250,13 @@ impl Probe {
             .map_err(|e| LoadError::Load(e.to_string()))?;
         let tasks = HashMap::try_from(ebpf.take_map("TASKS").ok_or(LoadError::Map("TASKS"))?)
             .map_err(|e| LoadError::Load(e.to_string()))?;
+        let pending = HashMap::try_from(ebpf.take_map("PENDING").ok_or(LoadError::Map("PENDING"))?)
+            .map_err(|e| LoadError::Load(e.to_string()))?;
+        let pending_any = Array::try_from(
+            ebpf.take_map("PENDING_ANY")
+                .ok_or(LoadError::Map("PENDING_ANY"))?,
+        )
+        .map_err(|e| LoadError::Load(e.to_string()))?;
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(LoadError::Map("EVENTS"))?)
             .map_err(|e| LoadError::Load(e.to_string()))?;
         let drops = PerCpuArray::try_from(ebpf.take_map("DROPS").ok_or(LoadError::Map("DROPS"))?)
@@ -223,6 +265,9 @@ impl Probe {
             _ebpf: ebpf,
             tracked,
             tasks,
+            pidns,
+            pending,
+            pending_any,
             events,
             drops,
             attached,
@@ -230,9 +275,18 @@ impl Probe {
         })
     }
 
+    /// The PID namespace the probe runs in, when not the host's.
+    pub fn pid_namespace(&self) -> Option<PidNamespace> {
+        self.pidns
+    }
+
     /// Starts tracing `pid` (and, in the kernel, everything it forks) as
     /// part of `span` (1..=u32::MAX: the kernel keeps span ids in 32 bits).
     /// Call it while `pid` is blocked before exec.
+    ///
+    /// In a PID namespace `pid` is that namespace's: the thread is handed
+    /// to the kernel through `PENDING` and traced from its next syscall
+    /// enter or exit (a blocked thread, from the moment its syscall returns).
     pub fn track(&mut self, pid: u32, span: u64) -> Result<(), aya::maps::MapError> {
         let mut flags = task::SKIP_ORPHAN_EXIT;
         if seccomp_mode(pid).unwrap_or(0) != 0 {
@@ -242,21 +296,81 @@ impl Probe {
             .ok()
             .filter(|&s| s != 0)
             .ok_or(aya::maps::MapError::KeyNotFound)?;
-        self.tasks.insert(pid, TaskState::new(span), 0)?;
-        self.tracked.set(pid, slot::pack(span32, flags), 0)
+        if self.pidns.is_none() {
+            self.tasks.insert(pid, TaskState::new(span), 0)?;
+            return self.tracked.set(pid, slot::pack(span32, flags), 0);
+        }
+        // already traced (by another span): move it, by its host id
+        if let Some(host) = self.host_ids().get(&pid).copied() {
+            if let Ok(mut st) = self.tasks.get(&host, 0) {
+                st.span = span;
+                self.tasks.insert(host, st, 0)?;
+            }
+            let old = self.tracked.get(&host, 0).unwrap_or(0);
+            let keep = slot::flags(old) & task::SECCOMP_ON;
+            return self.tracked.set(
+                host,
+                slot::pack(span32, keep | (flags & task::SECCOMP_ON)),
+                0,
+            );
+        }
+        self.pending.insert(pid, slot::pack(span32, flags), 0)?;
+        self.pending_any.set(0, 1, 0)
+    }
+
+    /// PID-namespace mode: namespace thread id → host thread id of every
+    /// thread the kernel traces (one walk of `TASKS`).
+    fn host_ids(&self) -> std::collections::HashMap<u32, u32> {
+        self.tasks
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, st)| st.ns_ids as u32 != 0)
+            .map(|(host, st)| (st.ns_ids as u32, host))
+            .collect()
     }
 
     /// Stops tracing every task of `span` (descendants that outlive it).
     /// Returns their counts of repeated failures not sent yet.
     pub fn untrack_span(&mut self, span: u64) -> Vec<PendingRepeats> {
-        let stale: Vec<u32> = self
+        let stale: Vec<(u32, u32)> = self
             .tasks
             .iter()
             .filter_map(Result::ok)
             .filter(|(_, st)| st.span == span)
+            .map(|(host, st)| (host, self.reported(host, &st)))
+            .collect();
+        let never_seen: Vec<u32> = self
+            .pending
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, v)| u64::from(slot::span(*v)) == span)
             .map(|(tid, _)| tid)
             .collect();
-        self.untrack(stale)
+        for tid in never_seen {
+            let _ = self.pending.remove(&tid);
+        }
+        self.untrack_hosts(stale)
+    }
+
+    /// The id a traced thread is reported under: its host id, or in a PID
+    /// namespace its id there.
+    fn reported(&self, host: u32, st: &TaskState) -> u32 {
+        if self.pidns.is_some() {
+            st.ns_ids as u32
+        } else {
+            host
+        }
+    }
+
+    /// The ring buffer is drained: a good moment to tell the kernel that
+    /// every pending attach was adopted, so untraced threads stop looking.
+    fn settle_pending(&mut self) {
+        if self.pidns.is_some()
+            && self.pending_any.get(&0, 0).unwrap_or(0) != 0
+            && self.pending.keys().next().is_none()
+        {
+            let _ = self.pending_any.set(0, 0, 0);
+        }
     }
 
     /// Threads currently traced.
@@ -266,6 +380,7 @@ impl Probe {
 
     /// The ring buffer, to poll and drain.
     pub fn events(&mut self) -> &mut RingBuf<MapData> {
+        self.settle_pending();
         &mut self.events
     }
 
@@ -284,13 +399,50 @@ impl Probe {
     }
 
     /// Stops tracing the given threads of a span (the ones its events named).
+    /// The ids are the ones events report (namespace ids in a PID namespace).
     pub fn untrack(&mut self, tids: impl IntoIterator<Item = u32>) -> Vec<PendingRepeats> {
-        let mut pending = Vec::new();
+        let hosts = self.host_pairs(tids, None);
+        self.untrack_hosts(hosts)
+    }
+
+    /// (host id, reported id) of the given reported ids that the kernel
+    /// traces; in a PID namespace, attaches it never adopted are dropped
+    /// (only `span`'s, when given: a later span may have attached it since).
+    fn host_pairs(
+        &mut self,
+        tids: impl IntoIterator<Item = u32>,
+        span: Option<u64>,
+    ) -> Vec<(u32, u32)> {
+        if self.pidns.is_none() {
+            return tids.into_iter().map(|t| (t, t)).collect();
+        }
+        let hosts = self.host_ids();
+        let mut out = Vec::new();
         for tid in tids {
-            let _ = self.tracked.set(tid, 0, 0);
+            match hosts.get(&tid) {
+                Some(&host) => out.push((host, tid)),
+                None => {
+                    let mine = match (span, self.pending.get(&tid, 0)) {
+                        (Some(span), Ok(v)) => u64::from(slot::span(v)) == span,
+                        (None, Ok(_)) => true,
+                        (_, Err(_)) => false,
+                    };
+                    if mine {
+                        let _ = self.pending.remove(&tid);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn untrack_hosts(&mut self, hosts: Vec<(u32, u32)>) -> Vec<PendingRepeats> {
+        let mut pending = Vec::new();
+        for (host, tid) in hosts {
+            let _ = self.tracked.set(host, 0, 0);
             // a thread that outlives its span: its run of identical failures
             // was counted in the kernel but not sent (that happens at exit)
-            if let Ok(st) = self.tasks.get(&tid, 0)
+            if let Ok(st) = self.tasks.get(&host, 0)
                 && st.repeats > 0
             {
                 pending.push(PendingRepeats {
@@ -300,7 +452,7 @@ impl Probe {
                     repeats: st.repeats,
                 });
             }
-            let _ = self.tasks.remove(&tid);
+            let _ = self.tasks.remove(&host);
         }
         pending
     }
@@ -312,14 +464,15 @@ impl Probe {
         span: u64,
         tids: impl IntoIterator<Item = u32>,
     ) -> Vec<PendingRepeats> {
-        let own: Vec<u32> = tids
+        let hosts = self.host_pairs(tids, Some(span));
+        let own: Vec<(u32, u32)> = hosts
             .into_iter()
-            .filter(|tid| match self.tracked.get(tid, 0) {
+            .filter(|(host, _)| match self.tracked.get(host, 0) {
                 Ok(v) => v == 0 || u64::from(slot::span(v)) == span,
                 Err(_) => true,
             })
             .collect();
-        self.untrack(own)
+        self.untrack_hosts(own)
     }
 
     /// Spans that still have traced threads, with how many.

@@ -285,6 +285,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         "kernel",
         "--test",
         "daemon",
+        // the probe inside a PID namespace (a container-like sandbox)
+        "--test",
+        "pidns",
         "--",
         "--test-threads=1",
     ])

@@ -55,7 +55,10 @@ impl Pin {
             ]))?;
         }
         if self.installed_linker().as_deref() != Some(self.bpf_linker.as_str()) {
-            eprintln!("xtask: installing bpf-linker {} (about 90 s)", self.bpf_linker);
+            eprintln!(
+                "xtask: installing bpf-linker {} (about 90 s)",
+                self.bpf_linker
+            );
             crate::run(Command::new("cargo").args([
                 "install",
                 "--locked",
@@ -97,7 +100,13 @@ impl Pin {
 
     fn has_rust_src(&self) -> bool {
         Command::new("rustup")
-            .args(["component", "list", "--installed", "--toolchain", &self.nightly])
+            .args([
+                "component",
+                "list",
+                "--installed",
+                "--toolchain",
+                &self.nightly,
+            ])
             .output()
             .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("rust-src"))
             .unwrap_or(false)

@@ -142,6 +142,10 @@ pub mod task {
     pub const SKIP_ORPHAN_EXIT: u32 = 1 << 0;
     /// The task runs under a seccomp filter.
     pub const SECCOMP_ON: u32 = 1 << 1;
+    /// PID-namespace mode: a fresh child whose Fork event is sent from its
+    /// own first syscall exit, the first moment its namespace ids are
+    /// readable (`bpf_get_ns_current_pid_tgid` sees only the current task).
+    pub const REPORT_FORK: u32 = 1 << 2;
 }
 
 /// One record in the ring buffer. Field meanings per kind are documented on
@@ -201,6 +205,12 @@ pub struct TaskState {
     pub last: Failure,
     /// Identical failures since `last` was sent, not sent yet.
     pub repeats: u64,
+    /// PID-namespace mode: the thread's ids in the probe's namespace
+    /// (`ns_tgid << 32 | ns_tid`, 0 when outside it). Host mode: 0.
+    pub ns_ids: u64,
+    /// PID-namespace mode, fresh children (`task::REPORT_FORK`): the
+    /// parent's namespace ids, for the Fork event the child sends.
+    pub fork_parent: u64,
 }
 
 /// What identifies a failing syscall: the syscall, its result, its first
@@ -238,6 +248,8 @@ impl TaskState {
             reclaim_ts: 0,
             last: Failure::NONE,
             repeats: 0,
+            ns_ids: 0,
+            fork_parent: 0,
         }
     }
 }
