@@ -38,6 +38,36 @@ fn usage(pid: u32) -> (f64, f64) {
     (cpu, hwm_kib / 1024.0)
 }
 
+/// `BRIDGE campaign ARGS…`, its stdout returned, stderr shown.
+pub fn campaign_cli(bridge: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(bridge)
+        .arg("campaign")
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        bail!("agent-bridge campaign {} failed", args.join(" "));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The default suite: `count` tests, seed 1, written to `out`.
+pub fn generate(bridge: &Path, count: usize, out: &Path) -> anyhow::Result<()> {
+    campaign_cli(
+        bridge,
+        &[
+            "generate",
+            "--count",
+            &count.to_string(),
+            "--seed",
+            "1",
+            "--out",
+            out.to_str().context("a UTF-8 path")?,
+        ],
+    )
+    .map(|_| ())
+}
+
 pub struct Lab {
     bin: PathBuf,
     pub dir: PathBuf,
@@ -48,16 +78,7 @@ pub struct Lab {
 impl Lab {
     /// A fresh directory under target/, a release build and a probe daemon.
     pub fn start(name: &str) -> anyhow::Result<Lab> {
-        crate::run(Command::new("cargo").args([
-            "build",
-            "--release",
-            "-p",
-            "probe",
-            "-p",
-            "agent-bridge",
-            "--bins",
-        ]))?;
-        let bin = crate::workspace_root().join("target/release");
+        let bin = crate::build_release_binaries()?;
         let dir = crate::workspace_root().join("target").join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -110,28 +131,12 @@ impl Lab {
 
     /// `agent-bridge campaign ARGS…`, its stdout returned, stderr shown.
     pub fn campaign(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(self.bridge_bin())
-            .arg("campaign")
-            .args(args)
-            .stderr(Stdio::inherit())
-            .output()?;
-        if !out.status.success() {
-            bail!("agent-bridge campaign {} failed", args.join(" "));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        campaign_cli(&self.bridge_bin(), args)
     }
 
     pub fn generate(&self, count: usize) -> anyhow::Result<PathBuf> {
         let suite = self.dir.join("suite");
-        self.campaign(&[
-            "generate",
-            "--count",
-            &count.to_string(),
-            "--seed",
-            "1",
-            "--out",
-            suite.to_str().unwrap(),
-        ])?;
+        generate(&self.bridge_bin(), count, &suite)?;
         Ok(suite)
     }
 

@@ -1,4 +1,4 @@
-//! `cargo xtask`: setup, test, demo, bench, docs.
+//! `cargo xtask`: setup, test, demo, bench, docs, image.
 //!
 //! xtask does not depend on the probe crates, so `setup` runs before the
 //! eBPF toolchain exists.
@@ -14,12 +14,13 @@ mod campaign;
 mod clients;
 mod demo;
 mod foreign;
+mod image;
 mod toolchain;
 
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
-    about = "Project tasks: setup, test, demo, bench, docs."
+    about = "Project tasks: setup, test, demo, bench, docs, image."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -94,10 +95,56 @@ enum Cmd {
     },
     /// Regenerate docs/PRIMITIVES.md from the taxonomy in the code.
     Docs,
+    /// Build the sandbox image (root): Debian bookworm from mmdebstrap,
+    /// cached in target/image/, with probe, agent-bridge, sshd and
+    /// sandbox-init installed (docs/IMAGE.md).
+    Image {
+        /// Install the binaries of this directory (e.g. target/dist);
+        /// default: a release build.
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// Build the Debian base anew even when the cached one matches.
+        #[arg(long)]
+        rebuild: bool,
+    },
+    /// Build (cached) and boot the image under bubblewrap, run the campaign
+    /// from the host against the bridge inside, inspect the sandbox over
+    /// ssh, import the probe's export into the results DB (root).
+    ImageDemo {
+        /// Tests in the generated suite.
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        #[arg(long, default_value_t = 8)]
+        workers: usize,
+        /// The sandbox's sshd, on 127.0.0.1.
+        #[arg(long, default_value_t = 2222)]
+        ssh_port: u16,
+        /// The sandbox's agent-bridge, on 127.0.0.1.
+        #[arg(long, default_value_t = 8765)]
+        bridge_port: u16,
+        /// Install the binaries of this directory; default: a release build.
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+    },
+    /// Only the image's part of `cargo xtask test` (root).
+    ImageTest {
+        /// Install the binaries of this directory; default: a debug build.
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        #[arg(long, default_value_t = 30)]
+        count: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // before anything else: a user who is not root may not even enter the tree
+    match cli.cmd {
+        Cmd::Image { .. } => image::require_root("image")?,
+        Cmd::ImageDemo { .. } => image::require_root("image-demo")?,
+        Cmd::ImageTest { .. } => image::require_root("image-test")?,
+        _ => {}
+    }
     let root = workspace_root();
     std::env::set_current_dir(&root)?;
     match cli.cmd {
@@ -152,6 +199,34 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Docs => docs(),
+        Cmd::Image { bin_dir, rebuild } => {
+            image::build(&image::binaries(bin_dir)?, rebuild).map(|_| ())
+        }
+        Cmd::ImageDemo {
+            count,
+            workers,
+            ssh_port,
+            bridge_port,
+            bin_dir,
+        } => image::demo(
+            count,
+            workers,
+            image::Ports {
+                ssh: ssh_port,
+                bridge: bridge_port,
+            },
+            bin_dir,
+        ),
+        Cmd::ImageTest { bin_dir, count } => {
+            let bin = match bin_dir {
+                Some(d) => std::path::absolute(d)?,
+                None => {
+                    setup()?;
+                    build_debug_binaries()?
+                }
+            };
+            image::test(&bin, count)
+        }
     }
 }
 
@@ -206,30 +281,45 @@ const DEBIAN_PACKAGES: [(&str, &str); 9] = [
 
 fn setup() -> anyhow::Result<()> {
     toolchain::Pin::load(&workspace_root())?.ensure()?;
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+    ensure_debian(&DEBIAN_PACKAGES)
+}
+
+/// Installs the Debian packages of `packages` whose check fails, with
+/// apt-get (an `apt-get update` and a second try when the first fails).
+pub fn ensure_debian(packages: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(_, check)| !quiet_ok(Command::new("sh").args(["-c", check])))
         .map(|(pkg, _)| *pkg)
         .collect();
-    if !missing.is_empty() {
-        eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
-        let apt = |args: &[&str]| {
-            Command::new("apt-get")
-                .args(args)
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()
-        };
-        let mut install = vec!["install", "-y", "--no-install-recommends"];
-        install.extend(&missing);
-        if !apt(&install).map(|s| s.success()).unwrap_or(false) {
-            apt(&["update"]).context("apt-get update")?;
-            let status = apt(&install).context("apt-get install")?;
-            if !status.success() {
-                bail!("apt-get install {} failed", missing.join(" "));
-            }
-        }
+    if missing.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let list = missing.join(" ");
+    eprintln!("xtask: installing Debian packages: {list}");
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+    };
+    let mut install = vec!["install", "-y", "--no-install-recommends"];
+    install.extend(&missing);
+    if apt(&install).map(|s| s.success()).unwrap_or(false) {
+        return Ok(());
+    }
+    let _ = apt(&["update"]);
+    match apt(&install) {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => bail!(
+            "{list}: not installed, and `apt-get install {list}` failed ({s}); \
+             install the Debian package(s) by hand or fix the apt sources"
+        ),
+        Err(e) => bail!(
+            "{list}: not installed, and apt-get cannot be run ({e}); \
+             install the Debian package(s) by hand"
+        ),
+    }
 }
 
 fn is_root() -> bool {
@@ -246,8 +336,7 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     run(Command::new("cargo").args(["test", "-p", "probe", "--test", "docs"]))?;
     // independent MCP clients against the real bridge binary
     clients::install()?;
-    let bin = build_probe()?;
-    run(Command::new("cargo").args(["build", "-p", "agent-bridge"]))?;
+    let bin = build_debug_binaries()?;
     let bridge = bin.join("agent-bridge");
     clients::python_sdk(&bridge)?;
     clients::conformance(&bridge)?;
@@ -292,7 +381,30 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         "--test-threads=1",
     ])
     .args(args);
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // the sandbox image, booted (cached in target/image/ after the first build)
+    image::test(&bin, 30)
+}
+
+/// Builds probe and agent-bridge (release) and returns their directory.
+pub fn build_release_binaries() -> anyhow::Result<PathBuf> {
+    run(Command::new("cargo").args([
+        "build",
+        "--release",
+        "-p",
+        "probe",
+        "-p",
+        "agent-bridge",
+        "--bins",
+    ]))?;
+    Ok(workspace_root().join("target/release"))
+}
+
+/// Builds probe and agent-bridge (debug) and returns their directory.
+fn build_debug_binaries() -> anyhow::Result<PathBuf> {
+    let bin = build_probe()?;
+    run(Command::new("cargo").args(["build", "-p", "agent-bridge"]))?;
+    Ok(bin)
 }
 
 /// Builds the probe binaries (debug) and returns the target directory.
