@@ -1,4 +1,4 @@
-//! `cargo xtask`: setup, test, demo, bench, docs.
+//! `cargo xtask`: setup, test, dist, demo, bench, docs.
 //!
 //! xtask does not depend on the probe crates, so `setup` runs before the
 //! eBPF toolchain exists.
@@ -13,13 +13,14 @@ mod bench;
 mod campaign;
 mod clients;
 mod demo;
+mod dist;
 mod foreign;
 mod toolchain;
 
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
-    about = "Project tasks: setup, test, demo, bench, docs."
+    about = "Project tasks: setup, test, dist, demo, bench, docs."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -31,7 +32,7 @@ enum Cmd {
     /// Install what the build and tests need: the eBPF toolchain pinned in
     /// ebpf-toolchain.toml (a dated nightly with rust-src, and bpf-linker),
     /// Debian packages (iproute2, util-linux, strace, bpftrace, gcc,
-    /// and Chromium with its fonts for the campaign's browser domain).
+    /// musl-tools, and Chromium with its fonts for the campaign's browser domain).
     Setup,
     /// Run every test: unit tests, the Python SDK and conformance clients,
     /// then the kernel, daemon and bridge tests (as root).
@@ -40,6 +41,9 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Build probe, probe-fault and agent-bridge as static musl executables
+    /// (release) into <target dir>/dist, with SHA256SUMS.
+    Dist,
     /// The main job: start the probe daemon and bridges, run the generated
     /// campaign against the clean sandbox and a faulty one, print the reports
     /// and the comparison, write HTML (target/campaign/).
@@ -105,6 +109,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Test { args } => {
             setup()?;
             test(&args)
+        }
+        Cmd::Dist => {
+            setup()?;
+            dist::build().map(drop)
         }
         Cmd::Demo { count, fault } => {
             setup()?;
@@ -188,7 +196,7 @@ fn quiet_ok(cmd: &mut Command) -> bool {
 }
 
 /// (Debian package, shell check that it is installed).
-const DEBIAN_PACKAGES: [(&str, &str); 9] = [
+const DEBIAN_PACKAGES: [(&str, &str); 11] = [
     ("bpftool", "command -v bpftool"),
     ("iproute2", "command -v ip"),
     ("util-linux", "command -v unshare"),
@@ -196,6 +204,9 @@ const DEBIAN_PACKAGES: [(&str, &str); 9] = [
     ("bpftrace", "command -v bpftrace"),
     ("gcc", "command -v gcc"),
     ("procps", "command -v ps"),
+    // `cargo xtask dist` (musl-gcc for SQLite) and its test (readelf)
+    ("musl-tools", "command -v musl-gcc"),
+    ("binutils", "command -v readelf"),
     // the campaign's browser domain, and fonts for its screenshots and PDFs
     ("chromium", "command -v chromium"),
     (
@@ -206,7 +217,12 @@ const DEBIAN_PACKAGES: [(&str, &str); 9] = [
 
 fn setup() -> anyhow::Result<()> {
     toolchain::Pin::load(&workspace_root())?.ensure()?;
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+    ensure_debian_packages(&DEBIAN_PACKAGES)
+}
+
+/// Installs those of the (package, shell check) pairs whose check fails.
+pub fn ensure_debian_packages(packages: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(_, check)| !quiet_ok(Command::new("sh").args(["-c", check])))
         .map(|(pkg, _)| *pkg)
@@ -289,7 +305,13 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         "--test-threads=1",
     ])
     .args(args);
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // the static release executables, static by their ELF headers and
+    // working in an empty root (no libc, no /bin/sh)
+    let dist = dist::build()?;
+    run(Command::new("cargo")
+        .args(["test", "-p", "agent-bridge", "--test", "dist"])
+        .env("DIST_DIR", &dist))
 }
 
 /// Builds the probe binaries (debug) and returns the target directory.
