@@ -173,8 +173,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{s}` is too large"))
 }
 
+/// setrlimit's resource argument: glibc's `__rlimit_resource_t`, a plain
+/// int in musl (the static `cargo xtask dist` build).
+#[cfg(target_env = "gnu")]
+pub type RlimitResource = libc::__rlimit_resource_t;
+#[cfg(not(target_env = "gnu"))]
+pub type RlimitResource = libc::c_int;
+
 /// The rlimit names a profile may set, and their resources.
-pub const RLIMITS: &[(&str, libc::__rlimit_resource_t)] = &[
+pub const RLIMITS: &[(&str, RlimitResource)] = &[
     ("as", libc::RLIMIT_AS),
     ("core", libc::RLIMIT_CORE),
     ("cpu", libc::RLIMIT_CPU),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use seccompiler::BpfProgram;
 
-use crate::profile::{Profile, RLIMITS};
+use crate::profile::{Profile, RLIMITS, RlimitResource};
 
 /// One mount in the workload's private mount namespace.
 #[derive(Debug)]
@@ -31,7 +31,7 @@ struct Mount {
 pub struct Plan {
     mounts: Vec<Mount>,
     no_network: bool,
-    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    rlimits: Vec<(RlimitResource, u64)>,
     ids: Option<(libc::uid_t, libc::gid_t)>,
     drop_caps: bool,
     filters: Vec<BpfProgram>,
@@ -282,9 +282,9 @@ unsafe fn loopback_up() -> bool {
         let mut req: libc::ifreq = std::mem::zeroed();
         req.ifr_name[0] = b'l' as libc::c_char;
         req.ifr_name[1] = b'o' as libc::c_char;
-        let ok = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) == 0 && {
+        let ok = libc::ioctl(fd, libc::SIOCGIFFLAGS as libc::Ioctl, &mut req) == 0 && {
             req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) == 0
+            libc::ioctl(fd, libc::SIOCSIFFLAGS as libc::Ioctl, &req) == 0
         };
         libc::close(fd);
         ok

@@ -1252,7 +1252,8 @@ pub fn binaries(bin_dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         return Ok(std::path::absolute(d)?);
     }
     crate::setup()?;
-    crate::build_release_binaries()
+    // the static executables, installed as a user would install a release
+    crate::dist::build()
 }
 
 /// `cargo xtask image-demo`.

@@ -1,4 +1,4 @@
-//! `cargo xtask`: setup, test, demo, bench, docs, image.
+//! `cargo xtask`: setup, test, dist, image, demo, bench, docs.
 //!
 //! xtask does not depend on the probe crates, so `setup` runs before the
 //! eBPF toolchain exists.
@@ -13,6 +13,7 @@ mod bench;
 mod campaign;
 mod clients;
 mod demo;
+mod dist;
 mod foreign;
 mod image;
 mod toolchain;
@@ -20,7 +21,7 @@ mod toolchain;
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
-    about = "Project tasks: setup, test, demo, bench, docs, image."
+    about = "Project tasks: setup, test, dist, image, demo, bench, docs."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,7 +33,7 @@ enum Cmd {
     /// Install what the build and tests need: the eBPF toolchain pinned in
     /// ebpf-toolchain.toml (a dated nightly with rust-src, and bpf-linker),
     /// Debian packages (iproute2, util-linux, strace, bpftrace, gcc,
-    /// and Chromium with its fonts for the campaign's browser domain).
+    /// musl-tools, and Chromium with its fonts for the campaign's browser domain).
     Setup,
     /// Run every test: unit tests, the Python SDK and conformance clients,
     /// then the kernel, daemon and bridge tests (as root).
@@ -41,6 +42,9 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Build probe, probe-fault and agent-bridge as static musl executables
+    /// (release) into <target dir>/dist, with SHA256SUMS.
+    Dist,
     /// The main job: start the probe daemon and bridges, run the generated
     /// campaign against the clean sandbox and a faulty one, print the reports
     /// and the comparison, write HTML (target/campaign/).
@@ -99,8 +103,8 @@ enum Cmd {
     /// cached in target/image/, with probe, agent-bridge, sshd and
     /// sandbox-init installed (docs/IMAGE.md).
     Image {
-        /// Install the binaries of this directory (e.g. target/dist);
-        /// default: a release build.
+        /// Install the binaries of this directory;
+        /// default: the static ones of `cargo xtask dist`.
         #[arg(long)]
         bin_dir: Option<PathBuf>,
         /// Build the Debian base anew even when the cached one matches.
@@ -122,13 +126,13 @@ enum Cmd {
         /// The sandbox's agent-bridge, on 127.0.0.1.
         #[arg(long, default_value_t = 8765)]
         bridge_port: u16,
-        /// Install the binaries of this directory; default: a release build.
+        /// Install the binaries of this directory; default: `cargo xtask dist`.
         #[arg(long)]
         bin_dir: Option<PathBuf>,
     },
     /// Only the image's part of `cargo xtask test` (root).
     ImageTest {
-        /// Install the binaries of this directory; default: a debug build.
+        /// Install the binaries of this directory; default: `cargo xtask dist`.
         #[arg(long)]
         bin_dir: Option<PathBuf>,
         #[arg(long, default_value_t = 30)]
@@ -152,6 +156,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Test { args } => {
             setup()?;
             test(&args)
+        }
+        Cmd::Dist => {
+            setup()?;
+            dist::build().map(drop)
         }
         Cmd::Demo { count, fault } => {
             setup()?;
@@ -217,16 +225,7 @@ fn main() -> anyhow::Result<()> {
             },
             bin_dir,
         ),
-        Cmd::ImageTest { bin_dir, count } => {
-            let bin = match bin_dir {
-                Some(d) => std::path::absolute(d)?,
-                None => {
-                    setup()?;
-                    build_debug_binaries()?
-                }
-            };
-            image::test(&bin, count)
-        }
+        Cmd::ImageTest { bin_dir, count } => image::test(&image::binaries(bin_dir)?, count),
     }
 }
 
@@ -263,7 +262,7 @@ fn quiet_ok(cmd: &mut Command) -> bool {
 }
 
 /// (Debian package, shell check that it is installed).
-const DEBIAN_PACKAGES: [(&str, &str); 9] = [
+const DEBIAN_PACKAGES: [(&str, &str); 11] = [
     ("bpftool", "command -v bpftool"),
     ("iproute2", "command -v ip"),
     ("util-linux", "command -v unshare"),
@@ -271,6 +270,9 @@ const DEBIAN_PACKAGES: [(&str, &str); 9] = [
     ("bpftrace", "command -v bpftrace"),
     ("gcc", "command -v gcc"),
     ("procps", "command -v ps"),
+    // `cargo xtask dist` (musl-gcc for SQLite) and its test (readelf)
+    ("musl-tools", "command -v musl-gcc"),
+    ("binutils", "command -v readelf"),
     // the campaign's browser domain, and fonts for its screenshots and PDFs
     ("chromium", "command -v chromium"),
     (
@@ -382,8 +384,15 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     ])
     .args(args);
     run(&mut cmd)?;
-    // the sandbox image, booted (cached in target/image/ after the first build)
-    image::test(&bin, 30)
+    // the static release executables, static by their ELF headers and
+    // working in an empty root (no libc, no /bin/sh)
+    let dist = dist::build()?;
+    run(Command::new("cargo")
+        .args(["test", "-p", "agent-bridge", "--test", "dist"])
+        .env("DIST_DIR", &dist))?;
+    // the sandbox image with those executables installed, booted (the
+    // Debian base is cached in target/image/ after the first build)
+    image::test(&dist, 30)
 }
 
 /// Builds probe and agent-bridge (release) and returns their directory.
