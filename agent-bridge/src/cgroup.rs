@@ -42,7 +42,14 @@ fn hierarchy(controller: Option<&str>) -> Option<Hierarchy> {
 
 /// Removes call cgroups left by bridges that died without cleaning up
 /// (SIGKILL): directories `mcp-PID-…` whose PID is gone. Returns how many.
+///
+/// Not inside a PID namespace: there a bridge of the host (or of another
+/// sandbox) sharing the hierarchy has a pid this one cannot see, so a
+/// missing pid proves nothing, and sweeping would kill its calls.
 pub fn sweep_stale() -> usize {
+    if !matches!(probe::loader::PidNamespace::current(), Ok(None)) {
+        return 0;
+    }
     let mut roots: Vec<PathBuf> = v2_root().into_iter().collect();
     roots.extend(
         ["memory", "pids"]
