@@ -646,6 +646,7 @@ fn render_status(s: &Value) -> String {
     let mib = |v: &Value| v.as_f64().unwrap_or(0.0) / 1024.0 / 1024.0;
     format!(
         "probe daemon   pid {}, up {}s, protocol {}, version {}\n\
+         pids           {}\n\
          kernel         {} (btf: {}, kprobes: {})\n\
          programs       {} attached: {}{}\n\
          events         {} total, {}/s, {} late (after their span ended), {} undecodable\n\
@@ -657,6 +658,11 @@ fn render_status(s: &Value) -> String {
         s["uptime_s"],
         s["protocol"],
         s["version"].as_str().unwrap_or("?"),
+        match s["pid_namespace"]["inode"].as_u64() {
+            Some(ino) =>
+                format!("of PID namespace pid:[{ino}] (the sandbox's; the kernel's are translated)"),
+            None => "of the host's PID namespace".to_owned(),
+        },
         s["kernel"].as_str().unwrap_or("?"),
         s["features"]["btf"],
         s["features"]["kprobes"],

@@ -199,6 +199,7 @@ fn span_through_a_daemon_in_a_pid_namespace() {
         daemon=$!
         for i in $(seq 1 100); do [ -S {sock} ] && break; sleep 0.1; done
         {probe} status --socket {sock} --json > {status}
+        {probe} status --socket {sock} > {status}.txt
         {probe} span --socket {sock} --session pidns --json -- {workload} > {out}
         {probe} span --socket {sock} --session pidns --json -- {fault} --seccomp errno:mkdir -- mkdir {dir}/made > {out}.seccomp
         kill -TERM $daemon; wait $daemon
@@ -218,12 +219,22 @@ fn span_through_a_daemon_in_a_pid_namespace() {
     let daemon_log = std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
     assert!(st.success(), "namespace script failed: {st}\n{daemon_log}");
 
-    let status: Value = serde_json::from_str(&std::fs::read_to_string(&status).unwrap()).unwrap();
+    let status_path = status;
+    let status: Value =
+        serde_json::from_str(&std::fs::read_to_string(&status_path).unwrap()).unwrap();
     assert!(
         status["pid_namespace"]["inode"].as_u64().is_some(),
         "status does not name the PID namespace: {status:#}"
     );
     assert!(status["pid"].as_u64().unwrap() < 100, "{status:#}");
+    let human = std::fs::read_to_string(format!("{}.txt", status_path.display())).unwrap();
+    assert!(
+        human.contains(&format!(
+            "pids           of PID namespace pid:[{}]",
+            status["pid_namespace"]["inode"]
+        )),
+        "{human}"
+    );
 
     let span: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap())
         .unwrap_or_else(|e| panic!("{e}\n{daemon_log}"));
