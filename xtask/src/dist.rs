@@ -57,7 +57,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
         if !linkage.is_static() {
             bail!("{} is not static: {linkage}", out.display());
         }
-        sums.push_str(&format!("{}  {bin}\n", sha256(&out)?));
+        sums.push_str(&format!("{}  {bin}\n", crate::image::sha256_file(&out)?));
     }
     std::fs::write(dist.join("SHA256SUMS"), sums)?;
     eprintln!("xtask: wrote {} (with SHA256SUMS)", dist.display());
@@ -108,21 +108,6 @@ pub fn target_dir(root: &Path) -> anyhow::Result<PathBuf> {
         .as_str()
         .map(PathBuf::from)
         .context("cargo metadata: no target_directory")
-}
-
-fn sha256(path: &Path) -> anyhow::Result<String> {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .context("running sha256sum")?;
-    if !out.status.success() {
-        bail!("sha256sum {} failed", path.display());
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .map(str::to_owned)
-        .context("sha256sum printed nothing")
 }
 
 /// How an ELF executable is linked, from its own headers.

@@ -171,7 +171,8 @@ fn sha256_hex(data: &[u8]) -> String {
         .collect()
 }
 
-fn sha256_file(path: &Path) -> anyhow::Result<String> {
+/// The sha256 of a file, as `sha256sum` prints it.
+pub fn sha256_file(path: &Path) -> anyhow::Result<String> {
     Ok(sha256_hex(
         &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
     ))
