@@ -307,12 +307,10 @@ impl Probe {
                 self.tasks.insert(host, st, 0)?;
             }
             let old = self.tracked.get(&host, 0).unwrap_or(0);
+            // as on the host: the syscall it may be in was entered under the
+            // old slot, so its exit is allowed to come without an enter
             let keep = slot::flags(old) & task::SECCOMP_ON;
-            return self.tracked.set(
-                host,
-                slot::pack(span32, keep | (flags & task::SECCOMP_ON)),
-                0,
-            );
+            return self.tracked.set(host, slot::pack(span32, keep | flags), 0);
         }
         self.pending.insert(pid, slot::pack(span32, flags), 0)?;
         self.pending_any.set(0, 1, 0)
