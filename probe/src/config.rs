@@ -9,6 +9,12 @@
 //! [retention]
 //! max_age_secs = 604800       # a week
 //! max_db_bytes = 1073741824   # 1 GiB
+//! [otlp]                      # OpenTelemetry export (off without an endpoint)
+//! endpoint = "http://127.0.0.1:4318/v1/traces"
+//! headers = { authorization = "Bearer xyz" }
+//! timeout_ms = 10000
+//! service_name = "probe"
+//! queue_capacity = 8192
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -27,6 +33,10 @@ pub struct ConfigFile {
     pub max_open_spans: Option<usize>,
     #[serde(default)]
     pub retention: RetentionPolicy,
+    /// OpenTelemetry export; the flag and then `OTEL_EXPORTER_OTLP_*`
+    /// fill what it leaves out.
+    #[serde(default)]
+    pub otlp: Option<crate::otlp::OtlpFile>,
 }
 
 /// Why the config file was not usable.
@@ -58,5 +68,17 @@ mod tests {
         assert_eq!(c.socket.as_deref(), Some(Path::new("/tmp/p.sock")));
         assert_eq!(c.retention.max_age_secs, Some(60));
         assert!(toml::from_str::<ConfigFile>("sockett = \"x\"").is_err());
+        let c: ConfigFile = toml::from_str(
+            "[otlp]\nendpoint = \"http://127.0.0.1:4318/v1/traces\"\ntimeout_ms = 500\nheaders = { authorization = \"Bearer x\" }\n",
+        )
+        .unwrap();
+        let o = c.otlp.unwrap();
+        assert_eq!(
+            o.endpoint.as_deref(),
+            Some("http://127.0.0.1:4318/v1/traces")
+        );
+        assert_eq!(o.timeout_ms, Some(500));
+        assert_eq!(o.headers["authorization"], "Bearer x");
+        assert!(toml::from_str::<ConfigFile>("[otlp]\nendpont = \"x\"").is_err());
     }
 }

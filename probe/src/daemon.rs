@@ -34,6 +34,7 @@ use tokio::sync::oneshot;
 use crate::attribution::{Attribution, ExitStatus, Outcome, attribute};
 use crate::event::{Kind, decode, read_raw};
 use crate::loader::Probe;
+use crate::otlp::{CallMeta, Exporter, OtlpConfig, TraceParent};
 use crate::protocol::{self, ErrorBody, ErrorCode, MAX_LINE, Request};
 use crate::sessions::Sessions;
 use crate::spans::SpanEvidence;
@@ -50,6 +51,8 @@ pub struct DaemonConfig {
     pub event_cap: usize,
     pub max_open_spans: usize,
     pub retention: RetentionPolicy,
+    /// Export every finished span as an OpenTelemetry span (OTLP/HTTP).
+    pub otlp: Option<OtlpConfig>,
 }
 
 /// Records the drain thread takes per pass, holding the core.
@@ -69,6 +72,8 @@ enum Command {
         pid: Option<u32>,
         /// With `pid`: every thread of it and of its descendants too.
         tree: bool,
+        /// For OpenTelemetry export: tool, MCP session, trace context.
+        meta: Box<BeginMeta>,
         /// The span, and with `tree` how many threads were attached.
         reply: Reply<(u64, Option<usize>)>,
     },
@@ -81,6 +86,7 @@ enum Command {
         span: u64,
         exit: Option<ExitStatus>,
         timed_out: Option<Duration>,
+        is_error: bool,
         reply: Reply<Attribution>,
     },
     Status {
@@ -154,8 +160,21 @@ struct StoreStats {
     retention_events: AtomicU64,
 }
 
+/// `begin_span`'s fields for OpenTelemetry, as the client sent them.
+#[derive(Default)]
+struct BeginMeta {
+    tool: Option<String>,
+    mcp_method: Option<String>,
+    mcp_session: Option<String>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+}
+
 struct OpenSpan {
     evidence: SpanEvidence,
+    /// What the exported span says about the call (export on only).
+    meta: Option<Box<CallMeta>>,
+    started_unix_ns: u64,
     started_ms: i64,
     started: Instant,
     drops_before: u64,
@@ -185,6 +204,9 @@ struct Core {
     spans_ended: u64,
     retention_drops_total: u64,
     rate: (Instant, u64, f64),
+    otlp: Option<Arc<Exporter>>,
+    /// `begin_span` traceparents that were not valid W3C trace context.
+    invalid_traceparents: u64,
 }
 
 /// The drain thread: waits for the ring buffer (or the read interval, or
@@ -240,7 +262,7 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
             // end what is still open, so nothing collected is lost
             let open: Vec<u64> = core.spans.keys().copied().collect();
             for span in open {
-                let _ = core.end(span, None, None);
+                let _ = core.end(span, None, None, false);
             }
             core.store_tx = None; // lets the store thread finish
             tracing::info!("core stopped");
@@ -325,19 +347,22 @@ impl Core {
                 label,
                 pid,
                 tree,
+                meta,
                 reply,
             } => {
-                let begun = self.begin(session, label).and_then(|span| match pid {
-                    None => Ok((span, None)),
-                    Some(pid) => match self.attach_pid(span, pid, tree) {
-                        Ok(n) => Ok((span, tree.then_some(n))),
-                        Err(e) => {
-                            // nothing was traced: the span never existed
-                            self.spans.remove(&span);
-                            Err(e)
-                        }
-                    },
-                });
+                let begun = self
+                    .begin(session, label, *meta)
+                    .and_then(|span| match pid {
+                        None => Ok((span, None)),
+                        Some(pid) => match self.attach_pid(span, pid, tree) {
+                            Ok(n) => Ok((span, tree.then_some(n))),
+                            Err(e) => {
+                                // nothing was traced: the span never existed
+                                self.spans.remove(&span);
+                                Err(e)
+                            }
+                        },
+                    });
                 let _ = reply.send(begun);
             }
             Command::Attach { span, pid, reply } => {
@@ -347,9 +372,10 @@ impl Core {
                 span,
                 exit,
                 timed_out,
+                is_error,
                 reply,
             } => {
-                let _ = reply.send(self.end(span, exit, timed_out));
+                let _ = reply.send(self.end(span, exit, timed_out, is_error));
             }
             Command::Status { reply } => {
                 self.drain(); // counts up to date, as of this request
@@ -364,7 +390,12 @@ impl Core {
         }
     }
 
-    fn begin(&mut self, session: Option<String>, label: String) -> Result<u64, ErrorBody> {
+    fn begin(
+        &mut self,
+        session: Option<String>,
+        label: String,
+        meta: BeginMeta,
+    ) -> Result<u64, ErrorBody> {
         if self.spans.len() >= self.config.max_open_spans {
             return Err(ErrorBody::new(
                 ErrorCode::Unavailable,
@@ -385,10 +416,30 @@ impl Core {
         let mut evidence = SpanEvidence::new(id, session, label, crate::clock::monotonic_ns());
         evidence.cap = self.config.event_cap;
         let drops_before = self.probe.drops().iter().sum();
+        let meta = self.otlp.is_some().then(|| {
+            let parent = meta.traceparent.as_deref().and_then(|t| {
+                let parsed = TraceParent::parse(t);
+                if parsed.is_none() {
+                    // ignored: the span starts a trace of its own
+                    self.invalid_traceparents += 1;
+                }
+                parsed
+            });
+            Box::new(CallMeta {
+                tool: meta.tool,
+                mcp_method: meta.mcp_method,
+                mcp_session: meta.mcp_session,
+                tracestate: meta.tracestate.filter(|_| parent.is_some()),
+                parent,
+                is_error: false,
+            })
+        });
         self.spans.insert(
             id,
             OpenSpan {
                 evidence,
+                meta,
+                started_unix_ns: crate::otlp::now_unix_ns(),
                 started_ms: crate::clock::now_ms(),
                 started: Instant::now(),
                 drops_before,
@@ -464,6 +515,7 @@ impl Core {
         span: u64,
         exit: Option<ExitStatus>,
         timed_out: Option<Duration>,
+        is_error: bool,
     ) -> Result<Attribution, ErrorBody> {
         if !self.spans.contains_key(&span) {
             return Err(ErrorBody::new(
@@ -503,6 +555,15 @@ impl Core {
         let attribution = attribute(&open.evidence, &outcome);
         self.spans_ended += 1;
         self.retention_drops_total += open.evidence.drops.retention;
+        if let (Some(exporter), Some(mut meta)) = (&self.otlp, open.meta.take()) {
+            // the protobuf is built on the exporter thread, off the core
+            meta.is_error = is_error;
+            let a = attribution.clone();
+            let (start, end) = (open.started_unix_ns, crate::otlp::now_unix_ns());
+            exporter.submit(Box::new(move || {
+                crate::otlp::probe_span(&meta, &a, start, end)
+            }));
+        }
         let mut stored = attribution.clone();
         stored.events = std::mem::take(&mut open.evidence.events).into();
         self.store_stats.queued.fetch_add(1, Ordering::Relaxed);
@@ -583,6 +644,12 @@ impl Core {
             "spans_ended": self.spans_ended,
             "tracked_tasks": self.probe.tracked_tasks(),
             "sessions_remembered": self.sessions.len(),
+            // OpenTelemetry export (null when off)
+            "otlp": self.otlp.as_ref().map(|e| {
+                let mut v = e.status();
+                v["invalid_traceparents"] = self.invalid_traceparents.into();
+                v
+            }),
             "rss_kib": rss_kib,
             "db": {
                 "path": self.config.db,
@@ -757,6 +824,13 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             .name("store".into())
             .spawn(move || store_loop(store, store_rx, policy, stats))?
     };
+    let otlp = match &config.otlp {
+        Some(c) => {
+            tracing::info!(endpoint = %c.endpoint, "exporting spans over OTLP/HTTP");
+            Some(Arc::new(Exporter::start(c.clone())?))
+        }
+        None => None,
+    };
     let (wake_r, wake_w) = StdUnixStream::pair()?;
     wake_w.set_nonblocking(true)?;
     let core = Core {
@@ -775,6 +849,8 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         spans_ended: 0,
         retention_drops_total: 0,
         rate: (Instant::now(), 0, 0.0),
+        otlp: otlp.clone(),
+        invalid_traceparents: 0,
     };
     let handle = Arc::new(CoreHandle {
         core: std::sync::Mutex::new(core),
@@ -801,6 +877,10 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     }
     if store_thread.join().is_err() {
         tracing::error!("store thread panicked");
+    }
+    if let Some(e) = otlp {
+        // what is queued goes out (each request within the timeout)
+        e.shutdown();
     }
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("probe daemon stopped");
@@ -1011,12 +1091,24 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             label,
             pid,
             tree,
+            tool,
+            mcp_method,
+            mcp_session,
+            traceparent,
+            tracestate,
         } => core
             .ask(|reply| Command::Begin {
                 session,
                 label,
                 pid,
                 tree,
+                meta: Box::new(BeginMeta {
+                    tool,
+                    mcp_method,
+                    mcp_session,
+                    traceparent,
+                    tracestate,
+                }),
                 reply,
             })
             .await
@@ -1036,11 +1128,13 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             span_id,
             exit,
             timed_out_ms,
+            is_error,
         } => core
             .ask(|reply| Command::End {
                 span: span_id,
                 exit,
                 timed_out: timed_out_ms.map(Duration::from_millis),
+                is_error,
                 reply,
             })
             .await

@@ -23,6 +23,8 @@ pub mod event;
 pub mod fault;
 pub mod loader;
 pub mod mounts;
+pub mod otlp;
+pub mod otlp_receiver;
 pub mod primitive;
 pub mod proctree;
 pub mod protocol;

@@ -91,7 +91,8 @@ enum Cmd {
         #[arg(long)]
         db: Option<PathBuf>,
         /// TOML config file (socket, db, group, events_per_span,
-        /// max_open_spans, [retention] max_age_secs, max_db_bytes).
+        /// max_open_spans, [retention] max_age_secs, max_db_bytes, [otlp]
+        /// endpoint, headers, timeout_ms, service_name, queue_capacity).
         #[arg(long)]
         config: Option<PathBuf>,
         /// Group allowed to use the socket besides root (mode becomes 0660).
@@ -103,6 +104,13 @@ enum Cmd {
         /// Spans that may be open at once [default: 4096].
         #[arg(long)]
         max_open_spans: Option<usize>,
+        /// Export every finished span as an OpenTelemetry span over
+        /// OTLP/HTTP protobuf to this URL (e.g.
+        /// http://127.0.0.1:4318/v1/traces). Else the config's [otlp]
+        /// endpoint, else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT /
+        /// OTEL_EXPORTER_OTLP_ENDPOINT; none: no export.
+        #[arg(long, value_name = "URL")]
+        otlp: Option<String>,
     },
     /// Run a command inside a span of the running daemon; print its attribution.
     ///
@@ -305,6 +313,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             group,
             event_cap,
             max_open_spans,
+            otlp,
         } => {
             let file = match &config {
                 Some(path) => probe::config::load(path)?,
@@ -333,6 +342,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .unwrap_or(4096)
                     .max(1),
                 retention: file.retention,
+                otlp: probe::otlp::OtlpConfig::resolve(
+                    otlp.as_deref(),
+                    file.otlp.as_ref(),
+                    "probe",
+                    |k| std::env::var(k).ok(),
+                )
+                .map_err(anyhow::Error::msg)?,
             })?;
             Ok(ExitCode::SUCCESS)
         }
@@ -653,7 +669,8 @@ fn render_status(s: &Value) -> String {
          drops          kernel {} (ring buffer full), retention {} (per-span cap), {} children untraced (task map full)\n\
          spans          {} open, {} ended; {} threads traced; {} sessions remembered\n\
          db             {} — {:.1} MiB, queue {}, stored {}, errors {}, retention removed {} spans / {} events\n\
-         memory         RSS {:.1} MiB\n",
+         memory         RSS {:.1} MiB\n\
+         otlp           {}\n",
         s["pid"],
         s["uptime_s"],
         s["protocol"],
@@ -697,6 +714,21 @@ fn render_status(s: &Value) -> String {
         s["db"]["retention_removed"]["spans"],
         s["db"]["retention_removed"]["events"],
         s["rss_kib"].as_f64().unwrap_or(0.0) / 1024.0,
+        match s["otlp"].as_object() {
+            None => "off".to_owned(),
+            Some(o) => format!(
+                "{} — exported {}, dropped {} (queue full) / {} (export failed), queued {}{}",
+                o["endpoint"].as_str().unwrap_or("?"),
+                o["exported"],
+                o["dropped_queue_full"],
+                o["dropped_export_failed"],
+                o["queued"],
+                match o["last_error"].as_str() {
+                    Some(e) => format!("; last error: {e}"),
+                    None => String::new(),
+                }
+            ),
+        },
     )
 }
 

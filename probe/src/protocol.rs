@@ -38,6 +38,21 @@ pub enum Request {
         pid: Option<u32>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         tree: bool,
+        /// For OpenTelemetry export: the MCP tool the span runs for.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool: Option<String>,
+        /// The MCP method (`tools/call`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp_method: Option<String>,
+        /// The MCP session id (transports with sessions).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp_session: Option<String>,
+        /// The caller's W3C trace context: the exported span is its child.
+        /// An invalid one is ignored (and counted).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tracestate: Option<String>,
     },
     /// Traces `pid` (and everything it starts) in the span. Send it while
     /// the child is blocked before exec.
@@ -51,6 +66,10 @@ pub enum Request {
         exit: Option<ExitStatus>,
         #[serde(default)]
         timed_out_ms: Option<u64>,
+        /// The tool's result is an error (`isError`): exported as
+        /// `error.type = tool_error`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
     },
     /// Daemon health: kernel, programs, rates, drops, open spans, DB.
     Status,
@@ -219,6 +238,11 @@ mod tests {
                 label: "exec: ls".into(),
                 pid: None,
                 tree: false,
+                tool: None,
+                mcp_method: None,
+                mcp_session: None,
+                traceparent: None,
+                tracestate: None,
             }
         );
         let (_, r) = parse_request(br#"{"op": "begin_span", "label": "x", "pid": 42}"#);
@@ -240,6 +264,22 @@ mod tests {
             }
         ));
         let (_, r) = parse_request(
+            br#"{"op": "begin_span", "label": "x", "tool": "exec", "mcp_method": "tools/call", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#,
+        );
+        assert!(matches!(
+            r.unwrap(),
+            Request::BeginSpan {
+                tool: Some(t),
+                traceparent: Some(_),
+                ..
+            } if t == "exec"
+        ));
+        let (_, r) = parse_request(br#"{"op": "end_span", "span_id": 3, "is_error": true}"#);
+        assert!(matches!(
+            r.unwrap(),
+            Request::EndSpan { is_error: true, .. }
+        ));
+        let (_, r) = parse_request(
             br#"{"op": "end_span", "span_id": 3, "exit": {"code": 1, "signal": null}}"#,
         );
         assert!(matches!(
@@ -247,7 +287,8 @@ mod tests {
             Request::EndSpan {
                 span_id: 3,
                 exit: Some(_),
-                timed_out_ms: None
+                timed_out_ms: None,
+                is_error: false,
             }
         ));
     }

@@ -379,6 +379,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         // the probe inside a PID namespace (a container-like sandbox)
         "--test",
         "pidns",
+        // spans exported over OTLP/HTTP to a local receiver
+        "--test",
+        "otlp",
         "--",
         "--test-threads=1",
     ])
