@@ -23,6 +23,44 @@ pub struct Kernel {
     ender: tokio::sync::Mutex<Option<AsyncClient>>,
 }
 
+/// The MCP call a span runs for, as the daemon's OpenTelemetry export
+/// names it: the tool, the MCP session (transports with sessions) and the
+/// caller's W3C trace context from the request's `params._meta`.
+#[derive(Debug, Clone, Default)]
+pub struct CallTrace {
+    pub tool: String,
+    pub mcp_session: Option<String>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+tokio::task_local! {
+    /// The tool call being served (set around the call by the server).
+    pub static CALL: CallTrace;
+}
+
+impl CallTrace {
+    /// The call this task serves, if any.
+    pub fn current() -> Option<CallTrace> {
+        CALL.try_with(Clone::clone).ok()
+    }
+
+    /// Adds `begin_span`'s OpenTelemetry fields to `request`.
+    fn add_to(&self, request: &mut Value) {
+        request["tool"] = self.tool.clone().into();
+        request["mcp_method"] = "tools/call".into();
+        for (key, v) in [
+            ("mcp_session", &self.mcp_session),
+            ("traceparent", &self.traceparent),
+            ("tracestate", &self.tracestate),
+        ] {
+            if let Some(v) = v {
+                request[key] = v.clone().into();
+            }
+        }
+    }
+}
+
 /// A span that is open for one call, or why there is none.
 #[derive(Debug, Clone)]
 pub enum Span {
@@ -69,10 +107,24 @@ impl Kernel {
     }
 
     /// Blocking. Opens the call's span with `pid` (waiting before exec)
-    /// attached, in one round trip.
-    pub fn begin(&self, label: &str, pid: u32) -> Span {
-        match self.with_client(|c| c.begin_span_attached(Some(&self.session), label, pid)) {
-            Ok(id) => Span::Open(id),
+    /// attached, in one round trip; `call`: the MCP call it runs for.
+    pub fn begin(&self, label: &str, pid: u32, call: Option<&CallTrace>) -> Span {
+        let Some(call) = call else {
+            return match self
+                .with_client(|c| c.begin_span_attached(Some(&self.session), label, pid))
+            {
+                Ok(id) => Span::Open(id),
+                Err(reason) => Span::Unavailable(reason),
+            };
+        };
+        let mut request =
+            json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid});
+        call.add_to(&mut request);
+        match self.with_client(|c| c.call(request)) {
+            Ok(r) => match r["span_id"].as_u64() {
+                Some(id) => Span::Open(id),
+                None => Span::Unavailable(format!("the probe daemon answered nonsense: {r}")),
+            },
             Err(reason) => Span::Unavailable(reason),
         }
     }
@@ -94,18 +146,23 @@ impl Kernel {
     }
 
     /// Ends the span and returns the attribution object (or why there is
-    /// none), on the runtime.
+    /// none), on the runtime. `is_error`: the tool's result will be an
+    /// error (`isError`), for the OpenTelemetry export.
     pub async fn end(
         &self,
         span: &Span,
         exit: Option<&ExitStatus>,
         timed_out_ms: Option<u64>,
+        is_error: bool,
     ) -> Value {
         let Span::Open(id) = span else {
             return self.end_blocking(span, exit, timed_out_ms); // nothing to ask
         };
-        let request =
+        let mut request =
             json!({"op": "end_span", "span_id": id, "exit": exit, "timed_out_ms": timed_out_ms});
+        if is_error {
+            request["is_error"] = true.into();
+        }
         let answer = self.ask(request).await.and_then(|mut r| {
             serde_json::from_value(r["attribution"].take())
                 .map_err(|e| format!("the probe daemon answered nonsense: attribution: {e}"))
@@ -115,8 +172,11 @@ impl Kernel {
 
     /// On the runtime: opens a span with a running process tree attached
     /// (every thread of `pid` and of its descendants, in one round trip).
-    pub async fn begin_tree(&self, label: &str, pid: u32) -> Span {
-        let request = json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "tree": true});
+    pub async fn begin_tree(&self, label: &str, pid: u32, call: Option<&CallTrace>) -> Span {
+        let mut request = json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "tree": true});
+        if let Some(call) = call {
+            call.add_to(&mut request);
+        }
         match self.ask(request).await {
             Ok(r) => match r["span_id"].as_u64() {
                 Some(id) => Span::Open(id),

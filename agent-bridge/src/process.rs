@@ -59,6 +59,7 @@ impl Background {
             span,
             kernel,
             started,
+            fails_on_exit: _,
         } = running;
         let bg = Arc::new(Background {
             pid,
@@ -78,7 +79,8 @@ impl Background {
             };
             let duration = started.elapsed();
             // attribution first: killing the leftovers is ours, not the workload's
-            let kernel = kernel.end(&span, Some(&exit), None).await;
+            // the call that started it has answered already
+            let kernel = kernel.end(&span, Some(&exit), None, false).await;
             let tree = me.tree.clone();
             let _ = tokio::task::spawn_blocking(move || Running::kill_tree(&tree, pid)).await;
             let _ = tokio::time::timeout(Duration::from_secs(2), async {

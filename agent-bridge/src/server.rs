@@ -144,10 +144,24 @@ impl ServerHandler for Bridge {
         let session = self.session(&context).await.map_err(|e| {
             McpError::internal_error(format!("cannot set up the sandbox session: {e}"), None)
         })?;
-        match session
-            .call(&name, request.arguments, context.ct.clone(), tick)
-            .await
-        {
+        // for the probe's OpenTelemetry export: the tool, the MCP session
+        // (HTTP transports) and the caller's trace context (`params._meta`)
+        let call = crate::kernel::CallTrace {
+            tool: name.clone(),
+            mcp_session: context
+                .extensions
+                .get::<axum::http::request::Parts>()
+                .and_then(|p| p.headers.get(HEADER_SESSION_ID))
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            traceparent: context.meta.get_traceparent().map(str::to_owned),
+            tracestate: context.meta.get_tracestate().map(str::to_owned),
+        };
+        let called = crate::kernel::CALL.scope(
+            call,
+            session.call(&name, request.arguments, context.ct.clone(), tick),
+        );
+        match called.await {
             Some(reply) => {
                 let mut result = if reply.is_error {
                     CallToolResult::error(reply.content)

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::cgroup::{CallCgroups, Limits};
-use crate::kernel::{Kernel, Span};
+use crate::kernel::{CallTrace, Kernel, Span};
 use crate::sandbox::Plan;
 use crate::self_exec::ExecByFd;
 
@@ -58,6 +58,9 @@ pub struct Running {
     pub span: Span,
     pub kernel: Arc<Kernel>,
     pub started: Instant,
+    /// A failed exit makes the tool's result an error (file tools'
+    /// workers; not exec, whose failures are results).
+    pub fails_on_exit: bool,
 }
 
 /// Bytes captured from one stream, at most the cap.
@@ -122,6 +125,8 @@ impl Context {
         };
         let label = spec.label.clone();
         let stdin_pipe = spec.stdin_pipe;
+        let fails_on_exit = spec.own_binary;
+        let call = CallTrace::current();
         let blocking = tokio::task::spawn_blocking(move || {
             let tree = CallCgroups::create(&name, limits)
                 .map_err(|e| StartError(format!("cannot set up the call's cgroup: {e}")))?;
@@ -130,7 +135,7 @@ impl Context {
                 &mut cmd,
                 |pid| {
                     tree.add(pid)?;
-                    span = kernel.begin(&label, pid);
+                    span = kernel.begin(&label, pid, call.as_ref());
                     Ok::<(), io::Error>(())
                 },
                 move |report| {
@@ -197,6 +202,7 @@ impl Context {
             span,
             kernel: self.kernel.clone(),
             started: Instant::now(),
+            fails_on_exit,
         })
     }
 }
@@ -329,7 +335,11 @@ impl Running {
         // the attribution covers the workload up to its exit; the kill of
         // whatever it left behind is ours and must not be blamed on it
         let timed_out_ms = timed_out.then_some(stops.timeout.as_millis() as u64);
-        let kernel = self.kernel.end(&self.span, Some(&exit), timed_out_ms).await;
+        let is_error = timed_out || cancelled || (self.fails_on_exit && !exit.success());
+        let kernel = self
+            .kernel
+            .end(&self.span, Some(&exit), timed_out_ms, is_error)
+            .await;
         // whatever the workload left running dies with the call (usually
         // nothing is left: then no blocking kill-and-wait on the reply path)
         if !self.tree.tracks() {

@@ -1050,3 +1050,81 @@ async fn call_cgroups_left_by_a_killed_bridge_are_swept_at_start() {
     assert!(!stale.exists(), "the stale cgroup was not swept");
     assert!(b.alive());
 }
+
+/// W3C trace context in a tools/call's `params._meta` (SEP-414) reaches
+/// the probe daemon: the span it exports over OTLP is a child of the
+/// caller's span, named and attributed after the MCP conventions.
+#[tokio::test(flavor = "multi_thread")]
+async fn trace_context_in_meta_reaches_the_probe_span_over_otlp() {
+    use probe::otlp::hex;
+    use probe::otlp_receiver::{Receiver, attr, attr_str};
+    if !root() {
+        return;
+    }
+    let rx = Receiver::start().unwrap();
+    let dir = std::path::PathBuf::from(scratch("otlp-probe"));
+    let (_probe, socket) = otlp_probe(&dir, &rx.url());
+    let b = Bridge::stdio(Opts {
+        probe_at: Some(socket),
+        ..Default::default()
+    })
+    .await;
+    let (trace, parent) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let r = call_with_meta(
+        &b.client,
+        "exec",
+        json!({"argv": ["cat", "/nonexistent-otlp-bridge/data.csv"]}),
+        json!({"traceparent": format!("00-{trace}-{parent}-01"), "tracestate": "k=v"}),
+    )
+    .await;
+    assert!(!is_error(&r));
+    assert_eq!(structured(&r)["kernel"]["primitive"], "fs.missing");
+    let exec_span = structured(&r)["kernel"]["span"].as_u64().unwrap();
+    // a file tool whose worker fails: the result is an error
+    let r = call_with_meta(
+        &b.client,
+        "read_file",
+        json!({"path": "/nonexistent-otlp-bridge/other"}),
+        json!({}),
+    )
+    .await;
+    assert!(is_error(&r));
+    let read_span = structured(&r)["kernel"]["span"].as_u64().unwrap();
+    assert!(rx.wait_for(2, Duration::from_secs(10)));
+    let spans = rx.spans();
+    let find = |id: u64| {
+        spans
+            .iter()
+            .map(|r| &r.span)
+            .find(|s| {
+                matches!(attr(&s.attributes, "probe.span_id"),
+                    Some(probe::otlp::any_value::Value::IntValue(v)) if *v as u64 == id)
+            })
+            .unwrap_or_else(|| panic!("span {id} exported: {spans:?}"))
+    };
+    let s = find(exec_span);
+    assert_eq!(s.name, "tools/call exec");
+    assert_eq!(hex(&s.trace_id), trace);
+    assert_eq!(hex(&s.parent_span_id), parent);
+    assert_eq!(s.trace_state, "k=v");
+    assert_eq!(
+        attr_str(&s.attributes, "mcp.method.name"),
+        Some("tools/call")
+    );
+    assert_eq!(attr_str(&s.attributes, "gen_ai.tool.name"), Some("exec"));
+    assert_eq!(
+        attr_str(&s.attributes, "probe.primitive"),
+        Some("fs.missing")
+    );
+    // exec's failing command is a result, not a tool error
+    assert!(attr(&s.attributes, "error.type").is_none());
+    // stdio has no MCP session id
+    assert!(attr(&s.attributes, "mcp.session.id").is_none());
+    let s = find(read_span);
+    assert_eq!(s.name, "tools/call read_file");
+    assert!(
+        s.parent_span_id.is_empty(),
+        "no trace context: a trace of its own"
+    );
+    assert_eq!(attr_str(&s.attributes, "error.type"), Some("tool_error"));
+}

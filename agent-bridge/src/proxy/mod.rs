@@ -225,7 +225,14 @@ impl Relay {
             Some(tool) if method == "tools/call" => {
                 let span = self
                     .kernel
-                    .begin_tree(&format!("tools/call {tool}"), child.pid)
+                    .begin_tree(
+                        &format!("tools/call {tool}"),
+                        child.pid,
+                        Some(&crate::kernel::CallTrace {
+                            tool: tool.clone(),
+                            ..Default::default()
+                        }),
+                    )
                     .await;
                 Some(Call {
                     span,
@@ -418,7 +425,7 @@ impl Relay {
         if let Some(call) = p.call {
             let kernel = self.kernel.clone();
             tokio::spawn(async move {
-                let _ = kernel.end(&call.span, None, None).await;
+                let _ = kernel.end(&call.span, None, None, false).await;
             });
         }
     }
@@ -432,7 +439,7 @@ impl Relay {
         outcome: &str,
         pid: u32,
     ) -> Value {
-        let mut v = self.kernel.end(&call.span, exit, timed_out_ms).await;
+        let mut v = self.kernel.end(&call.span, exit, timed_out_ms, false).await;
         v["overlapping_calls"] = call.overlapping.into();
         v["outcome"] = outcome.into();
         v["server_pid"] = pid.into();

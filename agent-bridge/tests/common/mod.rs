@@ -487,3 +487,42 @@ pub fn ok(args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// A probe daemon of the test's own that exports its spans over OTLP to
+/// `otlp_url` (killed on drop); its socket. `dir` holds socket and DB.
+pub fn otlp_probe(dir: &Path, otlp_url: &str) -> (Killed, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let socket = dir.join("probe.sock");
+    let mut cmd = Command::new(probe_binary());
+    cmd.args(["run", "--socket"])
+        .arg(&socket)
+        .arg("--db")
+        .arg(dir.join("evidence.db"))
+        .args(["--otlp", otlp_url])
+        .stderr(Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OTEL_") {
+            cmd.env_remove(k);
+        }
+    }
+    let child = Killed(cmd.spawn().expect("start probe run --otlp"));
+    probe::client::wait_until_ready(&socket, Duration::from_secs(30))
+        .expect("the probe daemon did not come up");
+    (child, socket)
+}
+
+/// A tools/call with `_meta` (e.g. W3C trace context, SEP-414).
+pub async fn call_with_meta(
+    client: &Client,
+    tool: &str,
+    args: Value,
+    meta: Value,
+) -> CallToolResult {
+    let mut params = CallToolRequestParams::new(tool.to_string())
+        .with_arguments(args.as_object().cloned().unwrap_or_default());
+    params.meta = Some(meta.as_object().cloned().unwrap_or_default().into());
+    tokio::time::timeout(Duration::from_secs(120), client.call_tool(params))
+        .await
+        .unwrap_or_else(|_| panic!("{tool}: no answer in 120 s"))
+        .unwrap_or_else(|e| panic!("{tool}: {e}"))
+}
