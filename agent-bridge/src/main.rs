@@ -290,6 +290,11 @@ struct RunArgs {
     /// session whose connection broke is replaced.
     #[arg(long)]
     reuse_sessions: bool,
+    /// Export the run as OpenTelemetry spans (run → test → step) over
+    /// OTLP/HTTP protobuf to this URL (e.g. http://127.0.0.1:4318/v1/traces);
+    /// each step's context goes to the bridge in `params._meta.traceparent`.
+    #[arg(long, value_name = "URL")]
+    otlp: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -718,9 +723,33 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         upstream_host: a.upstream_host,
         adapter,
         reuse_sessions: a.reuse_sessions,
+        otlp: a
+            .otlp
+            .as_deref()
+            .map(agent_bridge::campaign::otel::Tracer::start)
+            .transpose()?
+            .map(std::sync::Arc::new),
     };
+    let tracer = opts.otlp.clone();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let s = rt.block_on(run::run(opts))?;
+    if let Some(t) = tracer {
+        let o = t.finish(
+            &serde_json::to_value(&s).unwrap_or_default(),
+            std::time::Duration::from_secs(15),
+        );
+        eprintln!(
+            "otlp: {} span(s) exported to {}, {} dropped (queue full), {} dropped (export failed){}",
+            o["exported"],
+            o["endpoint"].as_str().unwrap_or("?"),
+            o["dropped_queue_full"],
+            o["dropped_export_failed"],
+            o["last_error"]
+                .as_str()
+                .map(|e| format!("; last error: {e}"))
+                .unwrap_or_default()
+        );
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {

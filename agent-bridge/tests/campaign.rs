@@ -1243,3 +1243,126 @@ fn shrink_finds_the_smallest_input_that_fails_the_same_way() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("encoding-0000 has no step 9"));
 }
+
+/// `campaign run --otlp`: the runner's run → test → step spans, linked
+/// parent to child, and the probe daemon's span of each tool call in the
+/// step's trace, a child of the step span (its traceparent went through
+/// the bridge in `params._meta`).
+#[test]
+fn otlp_traces_run_test_step_and_the_kernel_spans_of_each_call() {
+    use probe::otlp::{SpanKind, any_value};
+    use probe::otlp_receiver::{Receiver, attr, attr_str};
+    use std::collections::{HashMap, HashSet};
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (suite, n) = suite(dir.path(), 40, &["files"]);
+    assert!(n >= 3, "{n} files tests");
+    let rx = Receiver::start().unwrap();
+    let (_probe, socket) = common::otlp_probe(&dir.path().join("probe"), &rx.url());
+    let target = format!(
+        "stdio:{BRIDGE} serve --stdio --probe-socket {}",
+        socket.display()
+    );
+    let results = dir.path().join("results.db");
+    let out = run(
+        &suite,
+        &target,
+        &results,
+        &["--workers", "2", "--no-bar", "--otlp", &rx.url()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("otlp: "), "{stderr}");
+    let spans = rx.spans();
+    let service = |r: &probe::otlp_receiver::Received| {
+        attr_str(&r.resource, "service.name")
+            .unwrap_or("")
+            .to_owned()
+    };
+    let campaign: Vec<_> = spans
+        .iter()
+        .filter(|r| service(r) == "agent-bridge")
+        .map(|r| &r.span)
+        .collect();
+    let runs: Vec<_> = campaign
+        .iter()
+        .filter(|s| s.name == "campaign run")
+        .collect();
+    assert_eq!(runs.len(), 1, "one run span per runner");
+    let run_span = runs[0];
+    assert!(run_span.parent_span_id.is_empty(), "the run is the root");
+    let trace = run_span.trace_id.clone();
+    assert!(campaign.iter().all(|s| s.trace_id == trace), "one trace");
+    let tests: Vec<_> = campaign
+        .iter()
+        .filter(|s| s.name.starts_with("test "))
+        .collect();
+    assert_eq!(tests.len(), n, "a span per test");
+    for t in &tests {
+        assert_eq!(t.parent_span_id, run_span.span_id, "test under the run");
+        assert_eq!(
+            attr_str(&t.attributes, "campaign.test.domain"),
+            Some("files")
+        );
+        assert!(attr_str(&t.attributes, "campaign.verdict").is_some());
+    }
+    let test_ids: HashSet<_> = tests.iter().map(|t| t.span_id.clone()).collect();
+    let steps: Vec<_> = campaign
+        .iter()
+        .filter(|s| s.kind == SpanKind::Client as i32)
+        .collect();
+    assert!(steps.len() >= n, "{} steps", steps.len());
+    // step spans by the probe span of their call
+    let mut by_probe_span = HashMap::new();
+    for s in &steps {
+        assert!(test_ids.contains(&s.parent_span_id), "step under a test");
+        assert!(s.name.starts_with("tools/call "), "{}", s.name);
+        let tool = s.name.trim_start_matches("tools/call ");
+        assert_eq!(attr_str(&s.attributes, "gen_ai.tool.name"), Some(tool));
+        assert!(attr_str(&s.attributes, "campaign.test.id").is_some());
+        assert!(attr_str(&s.attributes, "campaign.verdict").is_some());
+        if let Some(any_value::Value::IntValue(id)) = attr(&s.attributes, "probe.span_id") {
+            assert!(attr_str(&s.attributes, "probe.primitive").is_some());
+            by_probe_span.insert(*id, s.span_id.clone());
+        }
+    }
+    assert!(!by_probe_span.is_empty(), "steps name their kernel spans");
+    // the daemon exports on its own clock: wait for its spans
+    let expected = (campaign.len() + by_probe_span.len()) as u64;
+    assert!(
+        rx.wait_for(expected, Duration::from_secs(15)),
+        "{} of {expected} spans",
+        rx.span_count()
+    );
+    let kernel: Vec<_> = rx
+        .spans()
+        .into_iter()
+        .filter(|r| service(r) == "probe")
+        .map(|r| r.span)
+        .collect();
+    let mut linked = 0;
+    for k in &kernel {
+        let Some(any_value::Value::IntValue(id)) = attr(&k.attributes, "probe.span_id") else {
+            panic!("a daemon span without probe.span_id")
+        };
+        let Some(step) = by_probe_span.get(id) else {
+            continue;
+        };
+        assert_eq!(k.trace_id, trace, "the kernel span is in the run's trace");
+        assert_eq!(&k.parent_span_id, step, "a child of its step span");
+        assert_eq!(k.kind, SpanKind::Server as i32);
+        assert!(k.name.starts_with("tools/call "));
+        linked += 1;
+    }
+    assert_eq!(
+        linked,
+        by_probe_span.len(),
+        "every step's kernel span arrived"
+    );
+}

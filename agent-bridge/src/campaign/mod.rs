@@ -25,6 +25,7 @@ pub mod export;
 pub mod generate;
 pub mod html;
 pub mod mangle;
+pub mod otel;
 pub mod pattern;
 pub mod report;
 pub mod run;

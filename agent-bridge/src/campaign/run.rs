@@ -49,6 +49,8 @@ pub struct Options {
     pub adapter: Option<Arc<Adapter>>,
     /// One MCP session per worker, not per test (for slow-starting servers).
     pub reuse_sessions: bool,
+    /// Run → test → step spans over OTLP (`--otlp URL`).
+    pub otlp: Option<Arc<super::otel::Tracer>>,
 }
 
 /// What a runner process did.
@@ -258,6 +260,7 @@ async fn execute(
         let upstream = upstream.clone();
         let runner = format!("{}/w{w}", std::process::id());
         let reuse = o.reuse_sessions;
+        let otlp = o.otlp.clone();
         workers.push(tokio::spawn(async move {
             let mut session = None;
             loop {
@@ -266,7 +269,7 @@ async fn execute(
                 };
                 let test = upstream.bind(&test);
                 let record = tokio::select! {
-                    r = run_test(&target, adapter.as_deref(), &test, &runner, reuse.then_some(&mut session)) => r,
+                    r = super::otel::scope(otlp.clone(), run_test(&target, adapter.as_deref(), &test, &runner, reuse.then_some(&mut session))) => r,
                     () = stop.cancelled() => break,
                 };
                 if tx.send(record).is_err() {
@@ -418,6 +421,7 @@ pub async fn run_test(
     mut kept: Option<&mut Option<super::target::Connection>>,
 ) -> TestRecord {
     let started = Instant::now();
+    super::otel::test_begin();
     let mut steps: Vec<(String, Value, Option<verdict::StepOutcome>)> = test
         .steps
         .iter()
@@ -446,7 +450,8 @@ pub async fn run_test(
         Ok(conn) => {
             let mut sent = Sent::default();
             for (i, step) in test.steps.iter().enumerate() {
-                let o = match run_step(&conn, adapter, step, &mut sent).await {
+                let sent_step = run_step(&conn, adapter, step, &mut sent);
+                let o = match super::otel::step(test, step, sent_step).await {
                     Ok(o) => o,
                     Err(why) => {
                         unsupported = Some(format!("step {i} ({}): {why}", step.tool));
@@ -478,7 +483,7 @@ pub async fn run_test(
         }
     }
     let judged = unsupported.is_none();
-    TestRecord {
+    let record = TestRecord {
         test_id: test.id.clone(),
         domain: test.domain.clone(),
         title: test.title.clone(),
@@ -489,7 +494,9 @@ pub async fn run_test(
         runner: runner.to_string(),
         mcp_session: session,
         steps,
-    }
+    };
+    super::otel::test_end(test, &record);
+    record
 }
 
 /// One step: sent (through the adapter when there is one) and judged; or

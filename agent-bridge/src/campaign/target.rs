@@ -166,7 +166,9 @@ impl Connection {
         arguments: serde_json::Map<String, Value>,
         wait: Duration,
     ) -> Result<CallToolResult, CallError> {
-        let params = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments);
+        let mut params = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments);
+        // the step span's trace context, with --otlp (SEP-414)
+        params.meta = super::otel::step_meta();
         match tokio::time::timeout(wait, self.client.call_tool(params)).await {
             Err(_) => Err(CallError::Timeout(wait)),
             Ok(Ok(r)) => Ok(r),
