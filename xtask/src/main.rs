@@ -91,7 +91,7 @@ enum Cmd {
         no_write: bool,
         /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
         /// and the others are kept.
-        #[arg(long, value_parser = ["probe", "daemon", "bridge", "proxy", "campaign"])]
+        #[arg(long, value_parser = ["probe", "daemon", "otlp", "bridge", "proxy", "campaign"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
@@ -193,6 +193,7 @@ fn main() -> anyhow::Result<()> {
                 let text = match section {
                     "probe" => bench::probe_section(&build_probe_release()?, n, runs)?,
                     "daemon" => bench::cargo_bench_section("probe", "daemon")?,
+                    "otlp" => bench::cargo_bench_section("probe", "otlp")?,
                     "bridge" => bench::cargo_bench_section("agent-bridge", "bridge")?,
                     "proxy" => bench::cargo_bench_section("agent-bridge", "proxy")?,
                     _ => campaign::bench(campaign_tests)?,
