@@ -262,7 +262,7 @@ fn quiet_ok(cmd: &mut Command) -> bool {
 }
 
 /// (Debian package, shell check that it is installed).
-const DEBIAN_PACKAGES: [(&str, &str); 11] = [
+const DEBIAN_PACKAGES: [(&str, &str); 12] = [
     ("bpftool", "command -v bpftool"),
     ("iproute2", "command -v ip"),
     ("util-linux", "command -v unshare"),
@@ -273,6 +273,8 @@ const DEBIAN_PACKAGES: [(&str, &str); 11] = [
     // `cargo xtask dist` (musl-gcc for SQLite) and its test (readelf)
     ("musl-tools", "command -v musl-gcc"),
     ("binutils", "command -v readelf"),
+    // the fleet tests start their own PostgreSQL cluster
+    ("postgresql-15", "test -x /usr/lib/postgresql/15/bin/initdb"),
     // the campaign's browser domain, and fonts for its screenshots and PDFs
     ("chromium", "command -v chromium"),
     (
@@ -366,6 +368,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         "proxy",
         "--test",
         "foreign",
+        // runs over many targets; runners sharing a run in PostgreSQL
+        "--test",
+        "fleet",
     ]))?;
     let mut cmd = Command::new("cargo");
     cmd.args([
