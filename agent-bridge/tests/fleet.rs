@@ -2,7 +2,7 @@
 //! PostgreSQL cluster (started here), the same schema and reports as SQLite.
 
 mod common;
-#[path = "common/pg.rs"]
+#[path = "../../xtask/src/pgcluster.rs"]
 mod pg;
 
 use std::collections::BTreeMap;
@@ -19,7 +19,12 @@ const DOMAINS: &[&str] = &["files", "encoding", "process", "compute", "persisten
 
 fn cluster() -> &'static pg::Cluster {
     static CLUSTER: OnceLock<pg::Cluster> = OnceLock::new();
-    CLUSTER.get_or_init(pg::Cluster::start)
+    CLUSTER.get_or_init(|| pg::Cluster::start(&std::env::temp_dir()))
+}
+
+/// A client of database `db` of `cluster`.
+fn client_of(cluster: &pg::Cluster, db: &str) -> postgres::Client {
+    postgres::Client::connect(&cluster.url(db), postgres::NoTls).unwrap()
 }
 
 /// Generates `count` tests and keeps those of [`DOMAINS`].
@@ -98,7 +103,7 @@ fn sqlite_and_postgresql_have_the_same_tables_columns_and_keys() {
         .into_connection();
     let url = cluster().url("schema");
     agent_bridge::campaign::pg::Pg::connect(&url).unwrap();
-    let mut pgc = cluster().client("schema");
+    let mut pgc = client_of(cluster(), "schema");
 
     // SQLite: (table, column) → (type as PostgreSQL names it, not null, in key)
     let mut lite = BTreeMap::new();
@@ -192,7 +197,7 @@ fn runners_sharing_a_postgres_run_lose_and_duplicate_nothing_through_a_kill_9() 
     };
     let mut runners: Vec<_> = (0..3).map(|i| spawn(i != 0)).collect();
     let victim = runners[2].id();
-    let mut pgc = cluster().client("shared");
+    let mut pgc = client_of(cluster(), "shared");
     let deadline = Instant::now() + Duration::from_secs(120);
     let by_victim = format!(
         "SELECT COUNT(*) FROM campaign_tests WHERE run = 'shared' AND runner LIKE '{victim}/%'"
@@ -340,10 +345,7 @@ fn a_wrong_password_a_newer_schema_and_a_database_that_goes_away_are_clear_error
     // a schema from a newer version is refused
     let newer = cluster().url("newer");
     agent_bridge::campaign::pg::Pg::connect(&newer).unwrap();
-    cluster()
-        .client("newer")
-        .batch_execute("INSERT INTO bridge_schema VALUES (99, 0)")
-        .unwrap();
+    cluster().psql("newer", "INSERT INTO bridge_schema VALUES (99, 0)");
     let out = campaign(&["runs", "--db", &newer]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
@@ -353,7 +355,7 @@ fn a_wrong_password_a_newer_schema_and_a_database_that_goes_away_are_clear_error
     );
 
     // the database goes away mid-run: the runner stops and says how to go on
-    let gone = pg::Cluster::start();
+    let gone = pg::Cluster::start(&std::env::temp_dir());
     let url = gone.url("results");
     let (suite, n) = suite(dir.path(), 120);
     let (_bridge, target) = Bridge::start_http(&Opts {
@@ -370,7 +372,7 @@ fn a_wrong_password_a_newer_schema_and_a_database_that_goes_away_are_clear_error
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let mut c = gone.client("results");
+    let mut c = client_of(&gone, "results");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let n: i64 = c
@@ -390,7 +392,7 @@ fn a_wrong_password_a_newer_schema_and_a_database_that_goes_away_are_clear_error
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("--resume cut"), "{err}");
     gone.start_again();
-    let mut c = gone.client("results");
+    let mut c = client_of(&gone, "results");
     let before = pg_count(
         &mut c,
         "SELECT COUNT(*) FROM campaign_tests WHERE run = 'cut'",

@@ -16,6 +16,8 @@ mod demo;
 mod dist;
 mod foreign;
 mod image;
+#[allow(dead_code)] // shared with the tests, which use all of it
+mod pgcluster;
 mod toolchain;
 
 #[derive(Parser)]
@@ -91,7 +93,7 @@ enum Cmd {
         no_write: bool,
         /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
         /// and the others are kept.
-        #[arg(long, value_parser = ["probe", "daemon", "bridge", "proxy", "campaign"])]
+        #[arg(long, value_parser = ["probe", "daemon", "bridge", "proxy", "campaign", "fleet"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
@@ -195,6 +197,11 @@ fn main() -> anyhow::Result<()> {
                     "daemon" => bench::cargo_bench_section("probe", "daemon")?,
                     "bridge" => bench::cargo_bench_section("agent-bridge", "bridge")?,
                     "proxy" => bench::cargo_bench_section("agent-bridge", "proxy")?,
+                    "fleet" => format!(
+                        "{}{}",
+                        campaign::fleet_bench(campaign_tests)?,
+                        bench::cargo_bench_section("agent-bridge", "ingest")?
+                    ),
                     _ => campaign::bench(campaign_tests)?,
                 };
                 print!("{text}");
