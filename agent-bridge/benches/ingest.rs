@@ -159,7 +159,8 @@ fn main() {
         .parse()
         .unwrap_or(1.0);
     let conn = rusqlite::Connection::open(&lite_file).unwrap();
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
     let lite_tests: f64 = conn
         .query_row("SELECT COUNT(*) FROM campaign_tests", [], |r| r.get(0))
         .unwrap();

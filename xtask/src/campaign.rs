@@ -556,7 +556,10 @@ pub fn fleet_bench(count: usize) -> anyhow::Result<String> {
     }
     let pg_s = started.elapsed().as_secs_f64();
     let rows: i64 = cluster
-        .psql("fleet", "SELECT COUNT(*) FROM campaign_tests WHERE run = 'fleet'")
+        .psql(
+            "fleet",
+            "SELECT COUNT(*) FROM campaign_tests WHERE run = 'fleet'",
+        )
         .trim()
         .parse()?;
     let distinct: i64 = cluster
