@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_bridge::campaign::db::{Location, Needs};
 use agent_bridge::campaign::{compare, db as rdb, export, html, report};
 use agent_bridge::fault::InterfaceFault;
 use agent_bridge::profile::{BUILT_IN, Profile};
@@ -118,18 +119,18 @@ enum CampaignCommand {
     Run(RunArgs),
     /// The runs in a results DB.
     Runs {
-        /// The results database (SQLite).
-        #[arg(long, value_name = "FILE")]
-        db: PathBuf,
+        /// The results: a SQLite file, or postgres://USER:PASSWORD@HOST:PORT/DB.
+        #[arg(long, value_name = "FILE|URL")]
+        db: Location,
         /// Machine-readable output on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Report one run: domain × outcome, layer × primitive, top explanations; --html for a file.
     Report {
-        /// The results database (SQLite).
-        #[arg(long, value_name = "FILE")]
-        db: PathBuf,
+        /// The results: a SQLite file, or postgres://USER:PASSWORD@HOST:PORT/DB.
+        #[arg(long, value_name = "FILE|URL")]
+        db: Location,
         /// The run (default: the newest).
         #[arg(long)]
         run: Option<String>,
@@ -143,12 +144,13 @@ enum CampaignCommand {
     },
     /// Two runs side by side: tests that flipped, primitives that appeared or vanished.
     Compare {
-        /// The results database (SQLite).
-        #[arg(long, value_name = "FILE")]
-        db: PathBuf,
-        /// The run to compare from (e.g. the current sandbox).
+        /// The results: a SQLite file, or postgres://USER:PASSWORD@HOST:PORT/DB.
+        #[arg(long, value_name = "FILE|URL")]
+        db: Location,
+        /// The run to compare from (e.g. the current sandbox); RUN@TARGET
+        /// takes only the tests that one target of a run over several ran.
         run_a: String,
-        /// The run to compare to (e.g. the hardened one).
+        /// The run to compare to (e.g. the hardened one), or RUN@TARGET.
         run_b: String,
         /// Machine-readable output on stdout.
         #[arg(long)]
@@ -156,9 +158,9 @@ enum CampaignCommand {
     },
     /// Confusion matrix: for every run with an injected fault, where its newly failing tests were attributed.
     Matrix {
-        /// The results database (SQLite).
-        #[arg(long, value_name = "FILE")]
-        db: PathBuf,
+        /// The results: a SQLite file, or postgres://USER:PASSWORD@HOST:PORT/DB.
+        #[arg(long, value_name = "FILE|URL")]
+        db: Location,
         /// The run without injected faults that the others are compared to.
         #[arg(long)]
         baseline: String,
@@ -171,9 +173,9 @@ enum CampaignCommand {
     },
     /// Export a run's tests for other tools: CSV (one row per test) or JSON lines (with steps).
     Export {
-        /// The results database (SQLite).
-        #[arg(long, value_name = "FILE")]
-        db: PathBuf,
+        /// The results: a SQLite file, or postgres://USER:PASSWORD@HOST:PORT/DB.
+        #[arg(long, value_name = "FILE|URL")]
+        db: Location,
         /// The run (default: the newest).
         #[arg(long)]
         run: Option<String>,
@@ -194,9 +196,9 @@ enum CampaignCommand {
         a command's stdout (printed with printf) and a file written and read back. The finding is\n\
         stored with the run; `campaign report` shows it beside the failure.")]
     Shrink {
-        /// The results database (SQLite).
-        #[arg(long, value_name = "FILE")]
-        db: PathBuf,
+        /// The results: a SQLite file, or postgres://USER:PASSWORD@HOST:PORT/DB.
+        #[arg(long, value_name = "FILE|URL")]
+        db: Location,
         /// The run the failure is in.
         run: String,
         /// The failed test.
@@ -223,9 +225,9 @@ enum CampaignCommand {
     /// Merge `probe export` files (SQLite or JSONL) into a results DB, so the
     /// kernel evidence travels with the results (join: spans.session = campaign_tests.mcp_session).
     Import {
-        /// The results database (SQLite).
-        #[arg(long, value_name = "FILE")]
-        db: PathBuf,
+        /// The results: a SQLite file, or postgres://USER:PASSWORD@HOST:PORT/DB.
+        #[arg(long, value_name = "FILE|URL")]
+        db: Location,
         /// Files written by `probe export` (--format sqlite or jsonl).
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -244,14 +246,26 @@ struct RunArgs {
     #[arg(long, value_name = "DIR")]
     suite: PathBuf,
     /// stdio:'COMMAND' (a bridge started per test) or http(s)://HOST:PORT/mcp.
-    #[arg(long, value_name = "TARGET", value_parser = clap::value_parser!(agent_bridge::campaign::target::Target))]
-    target: agent_bridge::campaign::target::Target,
-    /// Concurrent workers, each with its own MCP sessions.
+    /// Give it more than once to spread the tests over several sandboxes.
+    #[arg(long, value_name = "TARGET", value_parser = clap::value_parser!(agent_bridge::campaign::target::Target), required_unless_present = "targets")]
+    target: Vec<agent_bridge::campaign::target::Target>,
+    /// A file of targets, one per line (# comments), added to --target.
+    #[arg(long, value_name = "FILE")]
+    targets: Option<PathBuf>,
+    /// Seconds a step may run past its own timeout before its target
+    /// counts as not answering (the test is recorded as
+    /// interface.transport and the target is checked; a dead one is marked
+    /// down and its share of the tests goes to the others).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    target_timeout: f64,
+    /// Concurrent workers in all, shared out over the targets; each has its own MCP sessions.
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Results database (created if missing; several runners may share it).
-    #[arg(long, value_name = "FILE")]
-    db: PathBuf,
+    /// Results: a SQLite file (created if missing), or
+    /// postgres://USER:PASSWORD@HOST:PORT/DB, shared by runners on several
+    /// machines (each claims tests as it goes; start them with one --run NAME).
+    #[arg(long, value_name = "FILE|URL")]
+    db: Location,
     /// Name of the run (default: LABEL-TIMESTAMP). Shards of one run pass the same name.
     #[arg(long, value_name = "NAME", conflicts_with = "resume")]
     run: Option<String>,
@@ -608,7 +622,7 @@ fn campaign(cmd: CampaignCommand) -> ExitCode {
 /// `campaign shrink`.
 #[allow(clippy::too_many_arguments)]
 fn campaign_shrink(
-    db: &std::path::Path,
+    db: &Location,
     run: &str,
     test: &str,
     step: Option<usize>,
@@ -618,7 +632,7 @@ fn campaign_shrink(
     json: bool,
 ) -> anyhow::Result<()> {
     use agent_bridge::campaign::{adapter::Adapter, shrink, validate};
-    let conn = rdb::open_existing(db)?;
+    let conn = rdb::reader(db, Needs::Run(Some(run)))?;
     let row = report::pick_run(&conn, Some(run))?;
     let step = match step {
         Some(s) => s,
@@ -667,6 +681,31 @@ fn campaign_shrink(
         f
     })?;
     shrink::store(&conn, run, &finding)?;
+    if let Location::Postgres(url) = db {
+        // the snapshot took the finding: it goes back into the shared DB
+        let mut pg = agent_bridge::campaign::pg::Pg::connect(url)?;
+        pg.execute(
+            "DELETE FROM campaign_shrinks WHERE run = ?1 AND test_id = ?2 AND step = ?3",
+            &[
+                run.to_string().into(),
+                test.to_string().into(),
+                (step as i64).into(),
+            ],
+        )?;
+        pg.copy_in(
+            &conn,
+            "campaign_shrinks",
+            Some((
+                "run = ?1 AND test_id = ?2 AND step = ?3",
+                &[
+                    run.to_string().into(),
+                    test.to_string().into(),
+                    (step as i64).into(),
+                ],
+            )),
+            false,
+        )?;
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&finding)?);
     } else {
@@ -709,9 +748,20 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         .transpose()
         .map_err(anyhow::Error::msg)?
         .map(std::sync::Arc::new);
+    let mut targets = a.target;
+    if let Some(file) = &a.targets {
+        targets.extend(run::read_targets(file)?);
+    }
+    let target_timeout = Duration::try_from_secs_f64(a.target_timeout).map_err(|_| {
+        anyhow::anyhow!(
+            "--target-timeout: {} is not a number of seconds",
+            a.target_timeout
+        )
+    })?;
     let opts = run::Options {
         suite: a.suite,
-        target: a.target,
+        targets,
+        target_timeout,
         workers: a.workers,
         db: a.db,
         run: a.run,
@@ -731,8 +781,7 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
             .map(std::sync::Arc::new),
     };
     let tracer = opts.otlp.clone();
-    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let s = rt.block_on(run::run(opts))?;
+    let s = run::run(opts)?;
     if let Some(t) = tracer {
         let o = t.finish(
             &serde_json::to_value(&s).unwrap_or_default(),
@@ -781,8 +830,8 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn campaign_runs(db: &std::path::Path, json: bool) -> anyhow::Result<()> {
-    let conn = rdb::open_existing(db)?;
+fn campaign_runs(db: &Location, json: bool) -> anyhow::Result<()> {
+    let conn = rdb::reader(db, Needs::All)?;
     let mut all = Vec::new();
     for run in rdb::runs(&conn)? {
         all.push(report::report(&conn, &run)?.run);
@@ -810,12 +859,12 @@ fn campaign_runs(db: &std::path::Path, json: bool) -> anyhow::Result<()> {
 }
 
 fn campaign_report(
-    db: &std::path::Path,
+    db: &Location,
     run: Option<&str>,
     html: Option<PathBuf>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let conn = rdb::open_existing(db)?;
+    let conn = rdb::reader(db, Needs::Run(run))?;
     let run = report::pick_run(&conn, run)?;
     let r = report::report(&conn, &run)?;
     if let Some(path) = &html {
@@ -833,8 +882,9 @@ fn campaign_report(
     Ok(())
 }
 
-fn campaign_compare(db: &std::path::Path, a: &str, b: &str, json: bool) -> anyhow::Result<()> {
-    let conn = rdb::open_existing(db)?;
+fn campaign_compare(db: &Location, a: &str, b: &str, json: bool) -> anyhow::Result<()> {
+    let conn = rdb::reader(db, Needs::These(&[a, b]))?;
+    rdb::with_splits(&conn, &[a, b])?;
     let (a, b) = (
         report::pick_run(&conn, Some(a))?,
         report::pick_run(&conn, Some(b))?,
@@ -849,12 +899,12 @@ fn campaign_compare(db: &std::path::Path, a: &str, b: &str, json: bool) -> anyho
 }
 
 fn campaign_matrix(
-    db: &std::path::Path,
+    db: &Location,
     baseline: &str,
     markdown: bool,
     json: bool,
 ) -> anyhow::Result<()> {
-    let conn = rdb::open_existing(db)?;
+    let conn = rdb::reader(db, Needs::All)?;
     let base = report::pick_run(&conn, Some(baseline))?;
     let m = compare::matrix(&conn, &base)?;
     if json {
@@ -891,12 +941,12 @@ fn campaign_matrix(
 }
 
 fn campaign_export(
-    db: &std::path::Path,
+    db: &Location,
     run: Option<&str>,
     format: ExportFormat,
     out: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let conn = rdb::open_existing(db)?;
+    let conn = rdb::reader(db, Needs::Run(run))?;
     let run = report::pick_run(&conn, run)?;
     let text = match format {
         ExportFormat::Csv => export::csv(&conn, &run.id)?,
@@ -909,7 +959,11 @@ fn campaign_export(
     Ok(())
 }
 
-fn campaign_import(db: &std::path::Path, files: &[PathBuf]) -> anyhow::Result<()> {
+fn campaign_import(db: &Location, files: &[PathBuf]) -> anyhow::Result<()> {
+    let db = match db {
+        Location::Sqlite(path) => path,
+        Location::Postgres(url) => return campaign_import_pg(url, files),
+    };
     let mut store = probe::store::Store::open(db)?;
     for f in files {
         let n = store
@@ -926,6 +980,49 @@ fn campaign_import(db: &std::path::Path, files: &[PathBuf]) -> anyhow::Result<()
     println!(
         "{linked} campaign steps now have their kernel spans in {}",
         db.display()
+    );
+    Ok(())
+}
+
+/// `campaign import` into PostgreSQL: each export is read into a scratch
+/// SQLite store (the same importer, the same checks), then its rows are
+/// copied over in one transaction.
+fn campaign_import_pg(url: &str, files: &[PathBuf]) -> anyhow::Result<()> {
+    let mut pg = agent_bridge::campaign::pg::Pg::connect(url)?;
+    for f in files {
+        let mut scratch = probe::store::Store::open_in_memory()?;
+        let n = scratch
+            .import(f)
+            .with_context(|| format!("importing {}", f.display()))?;
+        pg.batch("BEGIN")?;
+        let copied = (|| -> anyhow::Result<()> {
+            pg.copy_in(scratch.connection(), "sessions", None, true)?;
+            for table in ["spans", "attributions", "events", "drops"] {
+                pg.copy_in(scratch.connection(), table, None, false)?;
+            }
+            Ok(())
+        })();
+        match copied {
+            Ok(()) => pg.batch("COMMIT")?,
+            Err(e) => {
+                let _ = pg.batch("ROLLBACK");
+                return Err(e.context(format!("importing {} into {}", f.display(), pg.shown)));
+            }
+        }
+        println!("{}: {n} spans imported", f.display());
+    }
+    let linked = pg.query(
+        "SELECT COUNT(*) FROM campaign_steps s JOIN campaign_tests t USING (run, test_id)
+         JOIN spans p ON p.session = t.mcp_session AND p.id = s.span_id",
+        &[],
+    )?;
+    println!(
+        "{} campaign steps now have their kernel spans in {}",
+        match linked.first().and_then(|r| r.first()) {
+            Some(rusqlite::types::Value::Integer(n)) => *n,
+            _ => 0,
+        },
+        pg.shown
     );
     Ok(())
 }

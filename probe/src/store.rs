@@ -196,7 +196,39 @@ fn schema_lock(path: &Path) -> Option<std::fs::File> {
     Some(file)
 }
 
+/// The schema's migrations in order, as (directory name, `up.sql`): the one
+/// source both SQLite and the campaign's PostgreSQL backend are built from.
+pub fn migration_sources() -> Vec<(&'static str, &'static str)> {
+    let mut all: Vec<(&'static str, &'static str)> = MIGRATIONS_DIR
+        .dirs()
+        .filter_map(|d| {
+            let name = d.path().file_name()?.to_str()?;
+            let up = d.get_file(d.path().join("up.sql"))?.contents_utf8()?;
+            Some((name, up))
+        })
+        .collect();
+    all.sort();
+    all
+}
+
 impl Store {
+    /// A migrated database in memory (a scratch copy of rows kept elsewhere).
+    pub fn open_in_memory() -> Result<Store, StoreError> {
+        let path = Path::new(":memory:");
+        let mut conn = Connection::open_in_memory().map_err(|e| classify(path, e))?;
+        configure(&conn).map_err(|e| classify(path, e))?;
+        let migrations = Migrations::from_directory(&MIGRATIONS_DIR)
+            .map_err(|e| StoreError::Migrate(path.into(), e.to_string()))?;
+        migrations
+            .to_latest(&mut conn)
+            .map_err(|e| StoreError::Migrate(path.into(), e.to_string()))?;
+        Ok(Store {
+            conn,
+            path: path.into(),
+            probe_id: new_probe_id(),
+        })
+    }
+
     /// Opens (creating if needed) and migrates the database at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         // processes opening a new DB at the same moment (campaign shards)

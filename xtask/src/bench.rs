@@ -226,13 +226,14 @@ fn wait_with_rusage(mut child: Child) -> anyhow::Result<(std::process::ExitStatu
 }
 
 /// The sections of docs/BENCHMARKS.md, in order, with the heading each starts at.
-pub const SECTIONS: [(&str, &str); 6] = [
+pub const SECTIONS: [(&str, &str); 7] = [
     ("probe", "# Benchmarks"),
     ("daemon", "## Daemon"),
     ("otlp", "## OpenTelemetry export"),
     ("bridge", "## agent-bridge"),
     ("proxy", "## Proxy"),
     ("campaign", "## Campaign"),
+    ("fleet", "## Fleet"),
 ];
 
 /// Replaces section `name` of `doc` (see [`SECTIONS`]) with `text`, keeping the others.

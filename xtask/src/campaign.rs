@@ -507,6 +507,92 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
     ))
 }
 
+/// The fleet benchmark: the same suite against two bridges, once by one
+/// runner of 16 workers into SQLite, once by 4 runner processes of 4
+/// workers sharing one run in PostgreSQL (a cluster started here).
+pub fn fleet_bench(count: usize) -> anyhow::Result<String> {
+    let lab = Lab::start("fleet-bench")?;
+    let suite = lab.generate(count)?;
+    let suite = suite.to_str().context("a UTF-8 path")?;
+    let socket = [OsStr::new("--probe-socket"), lab.socket().as_os_str()];
+    let (_one, url_one) = crate::clients::start_http(&lab.bridge_bin(), &socket)?;
+    let (_two, url_two) = crate::clients::start_http(&lab.bridge_bin(), &socket)?;
+    let runner = |db: &str, workers: usize| {
+        let mut c = Command::new(lab.bridge_bin());
+        c.args(["campaign", "run", "--suite", suite, "--target", &url_one])
+            .args(["--target", &url_two, "--db", db, "--run", "fleet"])
+            .args(["--workers", &workers.to_string(), "--json", "--no-bar"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        c
+    };
+    let wait = |mut c: Command| -> anyhow::Result<Value> {
+        let out = c.output()?;
+        if !out.status.success() {
+            bail!("a runner failed ({})", out.status);
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let lite = lab.dir.join("results.db");
+    eprintln!("fleet: SQLite, one runner of 16 workers");
+    let started = Instant::now();
+    let one = wait(runner(lite.to_str().context("a UTF-8 path")?, 16))?;
+    let lite_s = started.elapsed().as_secs_f64();
+
+    let cluster = crate::pgcluster::Cluster::start(&lab.dir);
+    let url = cluster.url("fleet");
+    eprintln!("fleet: PostgreSQL, 4 runners of 4 workers");
+    let started = Instant::now();
+    let children: Vec<_> = (0..4)
+        .map(|_| runner(&url, 4).spawn())
+        .collect::<Result<_, _>>()?;
+    let mut summaries = Vec::new();
+    for child in children {
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!("a PostgreSQL runner failed ({})", out.status);
+        }
+        summaries.push(serde_json::from_slice::<Value>(&out.stdout)?);
+    }
+    let pg_s = started.elapsed().as_secs_f64();
+    let rows: i64 = cluster
+        .psql(
+            "fleet",
+            "SELECT COUNT(*) FROM campaign_tests WHERE run = 'fleet'",
+        )
+        .trim()
+        .parse()?;
+    let distinct: i64 = cluster
+        .psql(
+            "fleet",
+            "SELECT COUNT(DISTINCT test_id) FROM campaign_tests WHERE run = 'fleet'",
+        )
+        .trim()
+        .parse()?;
+    let per_runner: Vec<String> = summaries
+        .iter()
+        .map(|s| s["recorded"].to_string())
+        .collect();
+    let valid = one["suite_tests"].as_i64().unwrap_or(0);
+    let ratio = pg_s / lite_s;
+    Ok(format!(
+        "## Fleet\n\n\
+         `cargo xtask bench --only fleet`: {valid} generated tests (seed 1) against two bridges (Streamable HTTP on \
+         loopback, one probe daemon), once by one runner of 16 workers into SQLite, once by 4 runner processes of \
+         4 workers sharing one run in PostgreSQL 15 (a cluster started by the benchmark; runners claim tests with \
+         `FOR UPDATE SKIP LOCKED`). Target: 0 lost, 0 duplicated, wall time within 1.2× of SQLite's.\n\n\
+         | run | wall time | tests recorded | |\n|---|---:|---:|---|\n\
+         | SQLite, 1 runner × 16 workers | {lite_s:.1} s | {} | baseline |\n\
+         | PostgreSQL, 4 runners × 4 workers | {pg_s:.1} s | {rows} ({} per runner), {distinct} distinct | **{ratio:.2}×** ({}) |\n\n\
+         Lost: {}; duplicated: {}.\n\n",
+        one["recorded"],
+        per_runner.join(" + "),
+        if ratio <= 1.2 { "met" } else { "MISSED" },
+        valid - distinct,
+        rows - distinct,
+    ))
+}
+
 /// (steal, all) CPU ticks of the machine so far, from /proc/stat.
 fn cpu_steal_ticks() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();

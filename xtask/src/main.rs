@@ -16,6 +16,8 @@ mod demo;
 mod dist;
 mod foreign;
 mod image;
+#[allow(dead_code)] // shared with the tests, which use all of it
+mod pgcluster;
 mod toolchain;
 
 #[derive(Parser)]
@@ -91,7 +93,7 @@ enum Cmd {
         no_write: bool,
         /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
         /// and the others are kept.
-        #[arg(long, value_parser = ["probe", "daemon", "otlp", "bridge", "proxy", "campaign"])]
+        #[arg(long, value_parser = ["probe", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
@@ -196,6 +198,11 @@ fn main() -> anyhow::Result<()> {
                     "otlp" => bench::cargo_bench_section("probe", "otlp")?,
                     "bridge" => bench::cargo_bench_section("agent-bridge", "bridge")?,
                     "proxy" => bench::cargo_bench_section("agent-bridge", "proxy")?,
+                    "fleet" => format!(
+                        "{}{}",
+                        campaign::fleet_bench(campaign_tests)?,
+                        bench::cargo_bench_section("agent-bridge", "ingest")?
+                    ),
                     _ => campaign::bench(campaign_tests)?,
                 };
                 print!("{text}");
@@ -263,7 +270,7 @@ fn quiet_ok(cmd: &mut Command) -> bool {
 }
 
 /// (Debian package, shell check that it is installed).
-const DEBIAN_PACKAGES: [(&str, &str); 11] = [
+const DEBIAN_PACKAGES: [(&str, &str); 12] = [
     ("bpftool", "command -v bpftool"),
     ("iproute2", "command -v ip"),
     ("util-linux", "command -v unshare"),
@@ -274,6 +281,8 @@ const DEBIAN_PACKAGES: [(&str, &str); 11] = [
     // `cargo xtask dist` (musl-gcc for SQLite) and its test (readelf)
     ("musl-tools", "command -v musl-gcc"),
     ("binutils", "command -v readelf"),
+    // the fleet tests start their own PostgreSQL cluster
+    ("postgresql-15", "test -x /usr/lib/postgresql/15/bin/initdb"),
     // the campaign's browser domain, and fonts for its screenshots and PDFs
     ("chromium", "command -v chromium"),
     (
@@ -367,6 +376,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         "proxy",
         "--test",
         "foreign",
+        // runs over many targets; runners sharing a run in PostgreSQL
+        "--test",
+        "fleet",
     ]))?;
     let mut cmd = Command::new("cargo");
     cmd.args([

@@ -589,6 +589,7 @@ mod tests {
                 finished_ms: Some(1),
                 adapter: None,
             },
+            targets: Vec::new(),
             domains: BTreeMap::from([(
                 "network".to_string(),
                 Outcomes {

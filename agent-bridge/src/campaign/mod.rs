@@ -9,7 +9,8 @@
 //!   the campaign's steps on another server's tools.
 //! - [`verdict`]: one step's result against its expectations.
 //! - [`triage`]: a failed test's layer and primitive.
-//! - [`db`]: results in SQLite; [`run`]: workers, shards, resume.
+//! - [`db`]: results in SQLite or ([`pg`]) PostgreSQL; [`run`]: workers,
+//!   targets, shards and claims, resume.
 //! - [`report`]: one run as data and tables; [`html`], [`export`] (CSV,
 //!   JSON lines); [`compare`]: runs side by side, the confusion matrix.
 //! - [`mangle`]: how bytes that came back differ from the bytes sent;
@@ -27,6 +28,7 @@ pub mod html;
 pub mod mangle;
 pub mod otel;
 pub mod pattern;
+pub mod pg;
 pub mod report;
 pub mod run;
 pub mod shrink;

@@ -67,10 +67,22 @@ pub struct Explanation {
     pub example: String,
 }
 
+/// One target's share of a run (a run spread over several sandboxes).
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetOutcomes {
+    pub target: String,
+    #[serde(flatten)]
+    pub outcomes: Outcomes,
+    /// Why the target was marked down during the run, if it was.
+    pub down: Option<String>,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub run: RunInfo,
     pub domains: BTreeMap<String, Outcomes>,
+    /// Per target, in the order they first recorded a test.
+    pub targets: Vec<TargetOutcomes>,
     /// (layer, primitive) → failed tests
     pub layers: BTreeMap<String, BTreeMap<String, i64>>,
     /// domain → primitive → failed tests (the heat map)
@@ -136,6 +148,7 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         let (d, o) = row?;
         domains.insert(d, o);
     }
+    let targets = targets(conn, run)?;
     let failures = tests_with(conn, &run.id, "fail")?;
     let degraded_tests = tests_with(conn, &run.id, "degraded")?;
     let unsupported_tests = tests_with(conn, &run.id, "unsupported")?;
@@ -217,6 +230,7 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
             adapter: run.adapter.clone(),
         },
         domains,
+        targets,
         layers,
         heat,
         top,
@@ -234,6 +248,47 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         },
         test_time_s: test_ms.unwrap_or(0.0) / 1000.0,
     })
+}
+
+/// Outcomes per target (a test without one ran on the run's only target),
+/// and the targets that went down.
+fn targets(conn: &Connection, run: &RunRow) -> anyhow::Result<Vec<TargetOutcomes>> {
+    let mut stmt = conn.prepare(
+        "SELECT COALESCE(target, ?2), SUM(outcome = 'pass'), SUM(outcome = 'degraded'), SUM(outcome = 'fail'),
+                SUM(outcome = 'unsupported'),
+                (SELECT GROUP_CONCAT(reason, '; ') FROM campaign_target_downs d
+                  WHERE d.run = ?1 AND d.target = COALESCE(t.target, ?2))
+         FROM campaign_tests t WHERE run = ?1 GROUP BY COALESCE(target, ?2) ORDER BY MIN(finished_ms)",
+    )?;
+    let mut all: Vec<TargetOutcomes> = stmt
+        .query_map([&run.id, &run.target], |r| {
+            Ok(TargetOutcomes {
+                target: r.get(0)?,
+                outcomes: Outcomes {
+                    passed: r.get(1)?,
+                    degraded: r.get(2)?,
+                    failed: r.get(3)?,
+                    unsupported: r.get(4)?,
+                },
+                down: r.get(5)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    // a target that went down before it recorded anything
+    let mut stmt = conn.prepare(
+        "SELECT target, GROUP_CONCAT(reason, '; ') FROM campaign_target_downs WHERE run = ?1 GROUP BY target",
+    )?;
+    for row in stmt.query_map([&run.id], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))? {
+        let (target, down) = row?;
+        if !all.iter().any(|t| t.target == target) {
+            all.push(TargetOutcomes {
+                target,
+                outcomes: Outcomes::default(),
+                down,
+            });
+        }
+    }
+    Ok(all)
 }
 
 /// The tests of `run` with `outcome` (`fail`, `degraded` or `unsupported`).
@@ -329,6 +384,29 @@ pub fn text(r: &Report) -> String {
         "{:<12} {:>6} {:>8} {:>6} {:>6}\n",
         "total", r.passed, r.degraded, r.failed, r.unsupported
     );
+    if r.targets.len() > 1 || r.targets.iter().any(|t| t.down.is_some()) {
+        let _ = writeln!(
+            o,
+            "{:>6} {:>8} {:>6} {:>6}  TARGET",
+            "PASS", "DEGRADED", "FAIL", "UNSUP"
+        );
+        for t in &r.targets {
+            let c = &t.outcomes;
+            let _ = writeln!(
+                o,
+                "{:>6} {:>8} {:>6} {:>6}  {}{}",
+                c.passed,
+                c.degraded,
+                c.failed,
+                c.unsupported,
+                t.target,
+                t.down
+                    .as_ref()
+                    .map_or(String::new(), |d| format!("  (down: {})", cut(d, 80)))
+            );
+        }
+        o.push('\n');
+    }
     if !r.unsupported_tests.is_empty() {
         let _ = writeln!(
             o,

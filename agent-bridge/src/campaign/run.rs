@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::adapter::Adapter;
-use super::db::{self, RunRow, TestRecord};
+use super::db::{Db, Location, RunRow, TestRecord};
 use super::spec::TestSpec;
 use super::target::{CallError, Target};
 use super::triage;
@@ -29,10 +29,12 @@ use super::verdict::{self, Sent};
 
 pub struct Options {
     pub suite: PathBuf,
-    pub target: Target,
+    /// One or more targets: the tests are spread over them.
+    pub targets: Vec<Target>,
+    /// Workers in all, shared out over the targets.
     pub workers: usize,
-    pub db: PathBuf,
-    /// Name of the run (shards of one run share it).
+    pub db: Location,
+    /// Name of the run (shards and other runners of one run share it).
     pub run: Option<String>,
     pub label: Option<String>,
     /// (i, n): this process runs the tests whose index is i-1 modulo n.
@@ -51,6 +53,9 @@ pub struct Options {
     pub reuse_sessions: bool,
     /// Run → test → step spans over OTLP (`--otlp URL`).
     pub otlp: Option<Arc<super::otel::Tracer>>,
+    /// How long a step may run past its own timeout before its target
+    /// counts as not answering.
+    pub target_timeout: Duration,
 }
 
 /// What a runner process did.
@@ -60,6 +65,7 @@ pub struct Summary {
     pub suite_tests: usize,
     pub skipped_files: usize,
     pub already_recorded: usize,
+    /// Tests this process set out to run (with PostgreSQL: claimed as it went).
     pub this_process: usize,
     pub recorded: usize,
     pub passed: usize,
@@ -68,6 +74,8 @@ pub struct Summary {
     pub degraded: usize,
     /// A step the target cannot express (through its adapter) stopped the test.
     pub unsupported: usize,
+    /// Tests another runner recorded first (kept once, by their key).
+    pub recorded_elsewhere: usize,
     pub complete: bool,
     pub wall_s: f64,
     /// This runner process's own CPU time and peak RSS (not the bridges').
@@ -76,6 +84,18 @@ pub struct Summary {
     /// Steps the bridge ran without kernel evidence, and the first reason it gave.
     pub steps_without_kernel: usize,
     pub kernel_unavailable_reason: Option<String>,
+    /// Per target: its workers, what it ran, and whether it went down.
+    pub targets: Vec<TargetSummary>,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct TargetSummary {
+    pub target: String,
+    pub workers: usize,
+    pub recorded: usize,
+    pub failed: usize,
+    /// Why it was marked down (it died or stopped answering), if it was.
+    pub down: Option<String>,
 }
 
 /// Parses `i/n` (1-based).
@@ -97,6 +117,22 @@ pub fn parse_shard(s: &str) -> Result<(usize, usize), String> {
     Ok((i, n))
 }
 
+/// Reads `--targets FILE`: one target per line; blank lines and `#`
+/// comments skipped.
+pub fn read_targets(file: &std::path::Path) -> anyhow::Result<Vec<Target>> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("--targets {}", file.display()))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i, l.split('#').next().unwrap_or_default().trim()))
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(i, l)| {
+            l.parse::<Target>()
+                .map_err(|e| anyhow::anyhow!("{}:{}: {e}", file.display(), i + 1))
+        })
+        .collect()
+}
+
 /// A digest of the suite's tests, so a resume or a shard runs the same suite.
 fn digest(tests: &[TestSpec]) -> String {
     let mut h = Sha256::new();
@@ -107,7 +143,19 @@ fn digest(tests: &[TestSpec]) -> String {
     crate::bytes::sha256_hex(&h.finalize())
 }
 
-pub async fn run(o: Options) -> anyhow::Result<Summary> {
+/// This runner's name in the DB: host, pid and start time.
+fn runner_name() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "host".into());
+    format!("{host}/{}/{}", std::process::id(), probe::clock::now_ms())
+}
+
+/// Runs the campaign. Blocking: the database is used from plain threads
+/// (the PostgreSQL client runs its own runtime), the targets from a tokio
+/// runtime of its own.
+pub fn run(o: Options) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let suite = validate::load_dir(&o.suite)
         .with_context(|| format!("cannot read the suite {}", o.suite.display()))?;
@@ -135,82 +183,128 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
             suite.problems.len()
         );
     }
-    let conn = db::open(&o.db)?;
+    if o.targets.is_empty() {
+        bail!("no target: pass --target (more than once for several) or --targets FILE");
+    }
+    let mut db = Db::open(&o.db)?;
+    if db.is_postgres() && o.shard.is_some() {
+        bail!(
+            "--shard splits a SQLite run by hand; runners on PostgreSQL share a run by claiming tests: start each with the same --run NAME"
+        );
+    }
+    let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
     let upstream = Arc::new(
-        Upstream::start(o.upstream_host)
-            .await
+        rt.block_on(Upstream::start(o.upstream_host))
             .context("the campaign's local upstream (stands in for the internet)")?,
     );
-    // fail fast when the target cannot start at all; learn what a bridge
-    // injects, or check that a foreign server has every tool the adapter maps
-    let probe = o
-        .target
-        .connect()
-        .await
-        .map_err(anyhow::Error::msg)
-        .context("the target does not answer")?;
-    let (profile, injected) = match &o.adapter {
-        None => probe
-            .sandbox()
-            .await
-            .map_err(|e| anyhow::anyhow!("sandbox_info: {e}"))?,
-        Some(adapter) => {
-            let tools = probe
-                .list_tools()
-                .await
-                .map_err(|e| anyhow::anyhow!("tools/list: {e}"))?;
-            let problems = super::adapter_check::problems(adapter, &tools);
-            if !problems.is_empty() {
-                bail!(
-                    "{}: the target lacks what the adapter maps:\n  {}",
-                    adapter.file.display(),
-                    problems.join("\n  ")
-                );
+    // fail fast when no target answers; learn what a bridge injects, or
+    // check that a foreign server has every tool the adapter maps
+    let mut answered = Vec::new();
+    let mut down_at_start = Vec::new();
+    for target in &o.targets {
+        match rt.block_on(inspect(target, o.adapter.as_deref())) {
+            Ok(info) => answered.push(info),
+            Err(e) if o.targets.len() == 1 => return Err(e),
+            Err(e) => {
+                eprintln!("target {target} is down: {e:#}");
+                down_at_start.push((target.to_string(), format!("{e:#}")));
             }
-            (None, None)
         }
+    }
+    let Some((profile, injected)) = answered.first().cloned() else {
+        bail!("none of the {} targets answers", o.targets.len());
     };
-    probe.close().await;
-    let run = open_run(&conn, &o, &suite.tests, profile, injected)?;
-    let done = db::recorded(&conn, &run.id)?;
-    let todo: VecDeque<TestSpec> = suite
-        .tests
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| o.shard.is_none_or(|(k, n)| i % n == k - 1))
-        .filter(|(_, t)| !done.contains(&t.id))
-        .map(|(_, t)| t.clone())
-        .collect();
+    let run = open_run(&mut db, &o, &suite.tests, profile, injected)?;
+    let runner = runner_name();
+    let done = db.recorded(&run.id)?;
+    let work = if db.is_postgres() {
+        let all = suite
+            .tests
+            .iter()
+            .map(|t| (t.id.clone(), t.clone()))
+            .collect();
+        let targets = serde_json::to_string(
+            &o.targets
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+        )?;
+        Work::Claims(Claims::start(&o.db, &run.id, &runner, &targets, all)?)
+    } else {
+        Work::Local(Mutex::new(
+            suite
+                .tests
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| o.shard.is_none_or(|(k, n)| i % n == k - 1))
+                .filter(|(_, t)| !done.contains(&t.id))
+                .map(|(_, t)| t.clone())
+                .collect(),
+        ))
+    };
+    let to_run = match &work {
+        Work::Local(q) => q.lock().unwrap().len(),
+        Work::Claims(_) => suite.tests.len() - done.len(),
+    };
     let mut summary = Summary {
         run: run.id.clone(),
         suite_tests: suite.tests.len(),
         skipped_files: suite.files - suite.tests.len(),
         already_recorded: done.len(),
-        this_process: todo.len(),
+        this_process: to_run,
         ..Summary::default()
     };
+    let plan = share_workers(o.workers, o.targets.len());
     eprintln!(
-        "run {}: {} tests in the suite, {} already recorded, {} to run here with {} workers against {}\nupstream: {}",
+        "run {}: {} tests in the suite, {} already recorded, {} to run {} with {} workers against {}\nupstream: {}",
         run.id,
         suite.tests.len(),
         done.len(),
-        todo.len(),
-        o.workers,
-        o.target,
+        to_run,
+        if db.is_postgres() {
+            format!("by the runners sharing {} (this one is {runner})", o.db)
+        } else {
+            "here".to_string()
+        },
+        plan.iter().sum::<usize>(),
+        o.targets
+            .iter()
+            .zip(&plan)
+            .map(|(t, n)| format!("{t} ({n})"))
+            .collect::<Vec<_>>()
+            .join(", "),
         upstream.describe()
     );
-
-    let (written, was_interrupted) = execute(conn, &run.id, todo, &o, &upstream).await;
-    let counts = written?;
+    for (target, reason) in &down_at_start {
+        db.target_down(&run.id, &runner, target, reason)?;
+    }
+    let down: Vec<Option<String>> = o
+        .targets
+        .iter()
+        .map(|t| {
+            down_at_start
+                .iter()
+                .find(|(d, _)| *d == t.to_string())
+                .map(|(_, r)| r.clone())
+        })
+        .collect();
+    let (written, was_interrupted) = rt.block_on(execute(
+        db, &run.id, &runner, work, to_run, &o, &plan, down, &upstream,
+    ));
+    let (mut db, counts) = written?;
     summary.recorded = counts.recorded;
+    summary.recorded_elsewhere = counts.elsewhere;
     summary.steps_without_kernel = counts.without_kernel;
     summary.kernel_unavailable_reason = counts.kernel_reason;
     summary.passed = counts.passed;
     summary.degraded = counts.degraded;
     summary.unsupported = counts.unsupported;
     summary.failed = counts.recorded - counts.passed - counts.degraded - counts.unsupported;
-    let conn = db::open(&o.db)?;
-    summary.complete = db::finish_if_complete(&conn, &run.id)?;
+    summary.targets = counts.targets;
+    summary.complete = db.finish_if_complete(&run.id)?;
+    if db.is_postgres() {
+        db.runner_finished(&run.id, &runner)?;
+    }
     summary.wall_s = started.elapsed().as_secs_f64();
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
     let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
@@ -223,26 +317,209 @@ pub async fn run(o: Options) -> anyhow::Result<Summary> {
             run.id
         );
     }
+    if summary.targets.iter().all(|t| t.down.is_some()) && !summary.complete {
+        bail!(
+            "every target is down ({}); {} tests recorded in this process, the run is not complete: continue with --resume {}",
+            summary
+                .targets
+                .iter()
+                .map(|t| format!("{}: {}", t.target, t.down.as_deref().unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join("; "),
+            summary.recorded,
+            run.id
+        );
+    }
     Ok(summary)
 }
 
-/// Runs `todo` on the workers; the writer stores what they send. Returns
-/// the writer's counts (or why it stopped) and whether Ctrl-C stopped it.
+/// Asks a target what it is: a bridge's profile and injected fault, or
+/// (through an adapter) whether the server has every tool mapped.
+async fn inspect(
+    target: &Target,
+    adapter: Option<&Adapter>,
+) -> anyhow::Result<(Option<String>, Option<String>)> {
+    let probe = tokio::time::timeout(Duration::from_secs(60), target.connect())
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer in 60 s"))?
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("the target {target} does not answer"))?;
+    let answer = match adapter {
+        None => probe
+            .sandbox()
+            .await
+            .map_err(|e| anyhow::anyhow!("sandbox_info: {e}")),
+        Some(adapter) => match probe.list_tools().await {
+            Err(e) => Err(anyhow::anyhow!("tools/list: {e}")),
+            Ok(tools) => {
+                let problems = super::adapter_check::problems(adapter, &tools);
+                if problems.is_empty() {
+                    Ok((None, None))
+                } else {
+                    Err(anyhow::anyhow!(
+                        "{}: the target lacks what the adapter maps:\n  {}",
+                        adapter.file.display(),
+                        problems.join("\n  ")
+                    ))
+                }
+            }
+        },
+    };
+    probe.close().await;
+    answer
+}
+
+/// `workers` shared out over `targets`, at least one each.
+fn share_workers(workers: usize, targets: usize) -> Vec<usize> {
+    let workers = workers.max(targets);
+    (0..targets)
+        .map(|i| workers / targets + usize::from(i < workers % targets))
+        .collect()
+}
+
+/// Where a worker gets its next test.
+enum Work {
+    /// This process's own queue (SQLite: shards split a run by hand).
+    Local(Mutex<VecDeque<TestSpec>>),
+    /// Claimed one by one from the run's queue in PostgreSQL.
+    Claims(Claims),
+}
+
+impl Work {
+    async fn next(&self) -> Option<TestSpec> {
+        match self {
+            Work::Local(q) => q.lock().unwrap().pop_front(),
+            Work::Claims(c) => c.next().await,
+        }
+    }
+}
+
+/// The claiming thread: one PostgreSQL connection that claims tests for
+/// the workers and renews this runner's heartbeat every second.
+struct Claims {
+    ask: std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Option<TestSpec>>>,
+    /// Why claiming stopped, if the database failed.
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+impl Claims {
+    fn start(
+        at: &Location,
+        run: &str,
+        runner: &str,
+        targets: &str,
+        tests: std::collections::HashMap<String, TestSpec>,
+    ) -> anyhow::Result<Claims> {
+        let mut db = Db::open(at)?;
+        db.heartbeat(run, runner, targets)?;
+        let (ask, asked) =
+            std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Option<TestSpec>>>();
+        let failed = Arc::new(Mutex::new(None));
+        let (run, runner, targets) = (run.to_string(), runner.to_string(), targets.to_string());
+        let why = failed.clone();
+        std::thread::spawn(move || {
+            let beat = Duration::from_secs(1);
+            let mut last_beat = Instant::now();
+            let mut step = || -> anyhow::Result<bool> {
+                if last_beat.elapsed() >= beat {
+                    db.heartbeat(&run, &runner, &targets)?;
+                    last_beat = Instant::now();
+                }
+                let reply = match asked.recv_timeout(beat) {
+                    Ok(reply) => reply,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Ok(true),
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Ok(false),
+                };
+                // none free: wait while other runners hold unrecorded tests
+                // (they record them, or fall silent and give them up)
+                let next = loop {
+                    if let Some(id) = db.claim(&run, &runner)? {
+                        break tests.get(&id).cloned();
+                    }
+                    if db.held_elsewhere(&run, &runner)? == 0 || reply.is_closed() {
+                        break None;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                    if last_beat.elapsed() >= beat {
+                        db.heartbeat(&run, &runner, &targets)?;
+                        last_beat = Instant::now();
+                    }
+                };
+                let _ = reply.send(next);
+                Ok(true)
+            };
+            loop {
+                match step() {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        *why.lock().unwrap() = Some(format!("{e:#}"));
+                        // every later ask is answered "no more": the senders drop
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Claims { ask, failed })
+    }
+
+    async fn next(&self) -> Option<TestSpec> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.ask.send(tx).ok()?;
+        rx.await.ok().flatten()
+    }
+}
+
+/// What the workers send the writer.
+enum Written {
+    Test(Box<TestRecord>),
+    /// A target died or stopped answering (index, why).
+    Down(usize, String),
+}
+
+/// Runs the work on the workers; the writer stores what they send. Returns
+/// the DB and the writer's counts (or why it stopped), and whether Ctrl-C
+/// stopped it.
+#[allow(clippy::too_many_arguments)]
 async fn execute(
-    mut conn: rusqlite::Connection,
+    db: Db,
     run_id: &str,
-    todo: VecDeque<TestSpec>,
+    runner_id: &str,
+    work: Work,
+    total: usize,
     o: &Options,
+    plan: &[usize],
+    down: Vec<Option<String>>,
     upstream: &Arc<Upstream>,
-) -> (anyhow::Result<Counts>, bool) {
-    let total = todo.len();
-    let queue = Arc::new(Mutex::new(todo));
+) -> (anyhow::Result<(Db, Counts)>, bool) {
+    let work = Arc::new(work);
     let stop = CancellationToken::new();
-    let (tx, rx) = std::sync::mpsc::channel::<TestRecord>();
+    let (tx, rx) = std::sync::mpsc::channel::<Written>();
     let progress = Progress::new(total, o.quiet);
+    let is_down: Arc<Vec<AtomicBool>> =
+        Arc::new(down.iter().map(|d| AtomicBool::new(d.is_some())).collect());
+    let names: Vec<String> = o.targets.iter().map(ToString::to_string).collect();
     let writer = {
-        let (run_id, stop) = (run_id.to_string(), stop.clone());
-        std::thread::spawn(move || write_all(&mut conn, &run_id, rx, &stop, progress))
+        let (run_id, runner_id, stop) = (run_id.to_string(), runner_id.to_string(), stop.clone());
+        let mut counts = Counts {
+            targets: names
+                .iter()
+                .zip(plan)
+                .zip(&down)
+                .map(|((t, w), d)| TargetSummary {
+                    target: t.clone(),
+                    workers: *w,
+                    down: d.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Counts::default()
+        };
+        std::thread::spawn(move || {
+            let result = write_all(db, &run_id, &runner_id, rx, &stop, &progress, &mut counts);
+            progress.finish();
+            result.map(|db| (db, counts))
+        })
     };
     let interrupted = {
         let stop = stop.clone();
@@ -254,25 +531,48 @@ async fn execute(
         })
     };
     let mut workers = Vec::new();
-    for w in 0..o.workers.max(1) {
-        let (queue, tx, stop, target) = (queue.clone(), tx.clone(), stop.clone(), o.target.clone());
+    let assignment = plan
+        .iter()
+        .enumerate()
+        .flat_map(|(t, n)| std::iter::repeat_n(t, *n));
+    for (w, t) in assignment.enumerate() {
+        let (work, tx, stop, target) =
+            (work.clone(), tx.clone(), stop.clone(), o.targets[t].clone());
         let adapter = o.adapter.clone();
         let upstream = upstream.clone();
+        let is_down = is_down.clone();
         let runner = format!("{}/w{w}", std::process::id());
         let reuse = o.reuse_sessions;
         let otlp = o.otlp.clone();
+        let extra = o.target_timeout;
+        let name = (o.targets.len() > 1).then(|| names[t].clone());
         workers.push(tokio::spawn(async move {
             let mut session = None;
             loop {
-                let Some(test) = queue.lock().unwrap().pop_front() else {
+                if is_down[t].load(Ordering::SeqCst) {
+                    break;
+                }
+                let Some(test) = work.next().await else {
                     break;
                 };
                 let test = upstream.bind(&test);
-                let record = tokio::select! {
-                    r = super::otel::scope(otlp.clone(), run_test(&target, adapter.as_deref(), &test, &runner, reuse.then_some(&mut session))) => r,
+                let mut record = tokio::select! {
+                    r = super::otel::scope(otlp.clone(), run_test(&target, adapter.as_deref(), &test, &runner, reuse.then_some(&mut session), extra)) => r,
                     () = stop.cancelled() => break,
                 };
-                if tx.send(record).is_err() {
+                record.target = name.clone();
+                let lost = record
+                    .steps
+                    .iter()
+                    .any(|(_, _, o)| o.as_ref().is_some_and(|o| o.transport_lost));
+                if tx.send(Written::Test(Box::new(record))).is_err() {
+                    break;
+                }
+                if lost && let Err(why) = alive(&target).await {
+                    if !is_down[t].swap(true, Ordering::SeqCst) {
+                        eprintln!("target {target} is down ({why}): its queued tests go to the others");
+                        let _ = tx.send(Written::Down(t, why));
+                    }
                     break;
                 }
             }
@@ -289,18 +589,42 @@ async fn execute(
     // ends the Ctrl-C watcher, which says whether it fired
     stop.cancel();
     let was_interrupted = interrupted.await.unwrap_or(false);
+    let written = match (&*work, written) {
+        (Work::Claims(c), Ok(w)) => match c.failed.lock().unwrap().take() {
+            Some(why) => Err(anyhow::anyhow!(
+                "cannot claim tests ({why}); the run stopped, the {} tests recorded here before it are kept: continue with --resume {run_id}",
+                w.1.recorded
+            )),
+            None => Ok(w),
+        },
+        (_, w) => w,
+    };
     (written, was_interrupted)
 }
 
+/// Whether a target still answers (a new MCP session within 10 s).
+async fn alive(target: &Target) -> Result<(), String> {
+    match tokio::time::timeout(Duration::from_secs(10), target.connect()).await {
+        Err(_) => Err("no answer to a new session in 10 s".into()),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(c)) => {
+            c.close().await;
+            Ok(())
+        }
+    }
+}
+
 /// The run to record into: a new one, the one to resume, or the one a
-/// shard shares; refused when it was made from another suite.
+/// shard or another runner shares; refused when it was made from another
+/// suite.
 fn open_run(
-    conn: &rusqlite::Connection,
+    db: &mut Db,
     o: &Options,
     tests: &[TestSpec],
     profile: Option<String>,
     injected: Option<String>,
 ) -> anyhow::Result<RunRow> {
+    let joins = o.shard.is_some() || db.is_postgres();
     let wanted = RunRow {
         id: match (&o.resume, &o.run) {
             (Some(r), _) | (None, Some(r)) => r.clone(),
@@ -318,7 +642,12 @@ fn open_run(
             .clone()
             .or_else(|| o.run.clone())
             .unwrap_or_else(|| "run".into()),
-        target: o.target.to_string(),
+        target: o
+            .targets
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" "),
         suite: o.suite.display().to_string(),
         suite_digest: digest(tests),
         tests_total: tests.len() as i64,
@@ -332,15 +661,16 @@ fn open_run(
             .map(|a| format!("{} (sha256 {})", a.name, &a.digest[..16])),
     };
     let run = if let Some(id) = &o.resume {
-        db::run(conn, id)?
-            .with_context(|| format!("--resume {id}: no such run in {}", o.db.display()))?
+        db.run_row(id)?
+            .with_context(|| format!("--resume {id}: no such run in {}", o.db))?
     } else {
-        let (run, created) = db::create_run(conn, &wanted)?;
-        if !created && o.shard.is_none() {
+        let ids: Vec<String> = tests.iter().map(|t| t.id.clone()).collect();
+        let (run, created) = db.create_run(&wanted, &ids)?;
+        if !created && !joins {
             bail!(
                 "run `{}` already exists in {}: continue it with --resume {0}, or pick another --run",
                 run.id,
-                o.db.display()
+                o.db
             );
         }
         run
@@ -364,50 +694,87 @@ struct Counts {
     passed: usize,
     degraded: usize,
     unsupported: usize,
+    elsewhere: usize,
     without_kernel: usize,
     kernel_reason: Option<String>,
+    targets: Vec<TargetSummary>,
 }
 
-/// The one writer: stores each record, stops the run on a DB error
-/// (everything committed before it stays).
+/// The one writer: stores what arrives, several tests per transaction when
+/// they queue up; stops the run on a DB error (everything committed before
+/// it stays) and hands the DB back.
 fn write_all(
-    conn: &mut rusqlite::Connection,
+    mut db: Db,
     run: &str,
-    rx: std::sync::mpsc::Receiver<TestRecord>,
+    runner: &str,
+    rx: std::sync::mpsc::Receiver<Written>,
     stop: &CancellationToken,
-    progress: Progress,
-) -> anyhow::Result<Counts> {
-    let mut counts = Counts::default();
-    for record in rx {
-        if let Err(e) = db::insert(conn, run, &record) {
-            stop.cancel();
-            progress.finish();
-            bail!(
-                "cannot record test {} ({e}); the run stopped, the {} tests recorded before it are kept: continue with --resume {run}",
-                record.test_id,
-                counts.recorded
-            );
-        }
-        counts.recorded += 1;
-        for o in record.steps.iter().filter_map(|(_, _, o)| o.as_ref()) {
-            if let Some(reason) = &o.kernel_unavailable {
-                counts.without_kernel += 1;
-                counts.kernel_reason.get_or_insert_with(|| reason.clone());
+    progress: &Progress,
+    counts: &mut Counts,
+) -> anyhow::Result<Db> {
+    while let Ok(first) = rx.recv() {
+        let mut batch = Vec::new();
+        let mut downs = Vec::new();
+        for w in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok()).take(63)) {
+            match w {
+                Written::Test(t) => batch.push(*t),
+                Written::Down(t, why) => downs.push((t, why)),
             }
         }
-        match (&record.triage, &record.degraded) {
-            _ if record.unsupported.is_some() => counts.unsupported += 1,
-            (None, None) => counts.passed += 1,
-            (None, Some(_)) => counts.degraded += 1,
-            (Some(_), _) => {}
+        for (t, why) in downs {
+            let name = counts.targets[t].target.clone();
+            counts.targets[t].down = Some(why.clone());
+            db.target_down(run, runner, &name, &why)?;
         }
-        progress.tick(
-            &record,
-            counts.recorded - counts.passed - counts.degraded - counts.unsupported,
-        );
+        let inserted = match db.insert(run, &batch) {
+            Ok(inserted) => inserted,
+            Err(e) => {
+                stop.cancel();
+                bail!(
+                    "cannot record test {} ({e:#}); the run stopped, the {} tests recorded before it are kept: continue with --resume {run}",
+                    batch[0].test_id,
+                    counts.recorded
+                );
+            }
+        };
+        for (record, fresh) in batch.iter().zip(inserted) {
+            if !fresh {
+                counts.elsewhere += 1;
+                continue;
+            }
+            count(counts, record);
+            progress.tick(
+                record,
+                counts.recorded - counts.passed - counts.degraded - counts.unsupported,
+            );
+        }
     }
-    progress.finish();
-    Ok(counts)
+    Ok(db)
+}
+
+fn count(counts: &mut Counts, record: &TestRecord) {
+    counts.recorded += 1;
+    for o in record.steps.iter().filter_map(|(_, _, o)| o.as_ref()) {
+        if let Some(reason) = &o.kernel_unavailable {
+            counts.without_kernel += 1;
+            counts.kernel_reason.get_or_insert_with(|| reason.clone());
+        }
+    }
+    let outcome = record.outcome();
+    match outcome {
+        "unsupported" => counts.unsupported += 1,
+        "pass" => counts.passed += 1,
+        "degraded" => counts.degraded += 1,
+        _ => {}
+    }
+    let target = match &record.target {
+        Some(name) => counts.targets.iter_mut().find(|t| &t.target == name),
+        None => counts.targets.first_mut(),
+    };
+    if let Some(t) = target {
+        t.recorded += 1;
+        t.failed += usize::from(outcome == "fail");
+    }
 }
 
 /// Runs one test in its own MCP session; through `adapter` when the
@@ -419,6 +786,8 @@ pub async fn run_test(
     runner: &str,
     // Some: the worker's session, used and kept for the next test
     mut kept: Option<&mut Option<super::target::Connection>>,
+    // how long a step may run past its own timeout
+    extra_wait: Duration,
 ) -> TestRecord {
     let started = Instant::now();
     super::otel::test_begin();
@@ -430,9 +799,19 @@ pub async fn run_test(
     let mut outcomes = Vec::new();
     let mut session = None;
     let mut unsupported = None;
+    // a target that accepts connections but never answers must not hold
+    // the worker forever
+    let patience = Duration::from_secs(30) + extra_wait;
     let open = match kept.as_mut().and_then(|k| k.take()) {
         Some(c) => Ok(c),
-        None => target.connect().await,
+        None => tokio::time::timeout(patience, target.connect())
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no answer to initialize in {} s",
+                    patience.as_secs()
+                ))
+            }),
     };
     match open {
         Err(e) => {
@@ -450,7 +829,7 @@ pub async fn run_test(
         Ok(conn) => {
             let mut sent = Sent::default();
             for (i, step) in test.steps.iter().enumerate() {
-                let sent_step = run_step(&conn, adapter, step, &mut sent);
+                let sent_step = run_step(&conn, adapter, step, &mut sent, extra_wait);
                 let o = match super::otel::step(test, step, sent_step).await {
                     Ok(o) => o,
                     Err(why) => {
@@ -493,6 +872,7 @@ pub async fn run_test(
         duration_ms: started.elapsed().as_secs_f64() * 1000.0,
         runner: runner.to_string(),
         mcp_session: session,
+        target: None,
         steps,
     };
     super::otel::test_end(test, &record);
@@ -506,14 +886,14 @@ async fn run_step(
     adapter: Option<&Adapter>,
     step: &super::spec::Step,
     sent: &mut Sent,
+    extra_wait: Duration,
 ) -> Result<verdict::StepOutcome, String> {
     let wait = Duration::from_millis(
         step.arguments
             .get("timeout_ms")
             .and_then(Value::as_u64)
-            .unwrap_or(60_000)
-            + 30_000,
-    );
+            .unwrap_or(60_000),
+    ) + extra_wait;
     let Some(adapter) = adapter else {
         let args: serde_json::Map<String, Value> = step.arguments.clone().into_iter().collect();
         let t0 = Instant::now();

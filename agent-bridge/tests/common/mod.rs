@@ -81,6 +81,7 @@ pub fn probe_socket() -> PathBuf {
     static SOCKET: OnceLock<PathBuf> = OnceLock::new();
     SOCKET
         .get_or_init(|| {
+            sweep_dead_daemon_dirs();
             let dir =
                 std::env::temp_dir().join(format!("bridge-test-probe-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
@@ -113,6 +114,23 @@ pub fn probe_socket() -> PathBuf {
             socket
         })
         .clone()
+}
+
+/// Removes the evidence DBs of test processes that are gone (a test
+/// process cannot clean up after its once-per-process daemon).
+fn sweep_dead_daemon_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = name.strip_prefix("bridge-test-probe-")
+            && pid.parse::<u32>().is_ok()
+            && !Path::new("/proc").join(pid).exists()
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Counts progress notifications.
