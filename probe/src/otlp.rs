@@ -46,6 +46,9 @@ use crate::event::KernelEvent;
 pub const QUEUE_CAPACITY: usize = 8192;
 /// Spans per export request, at most.
 pub const BATCH: usize = 512;
+/// Export requests in flight at once: a collector's round trip does not
+/// stall the queue behind it.
+pub const EXPORT_THREADS: usize = 2;
 /// A partial batch waits at most this long.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// One export request's deadline unless configured.
@@ -567,7 +570,7 @@ struct Shared {
 /// queued (within the request timeout) and stops the thread.
 pub struct Exporter {
     shared: Arc<Shared>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Exporter {
@@ -585,15 +588,17 @@ impl Exporter {
             idle: Condvar::new(),
             stats: Stats::default(),
         });
-        let thread = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("otlp".into())
-                .spawn(move || export_loop(&shared))?
-        };
+        let threads = (0..EXPORT_THREADS)
+            .map(|_| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name("otlp".into())
+                    .spawn(move || export_loop(&shared))
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Exporter {
             shared,
-            thread: Mutex::new(Some(thread)),
+            threads: Mutex::new(threads),
         })
     }
 
@@ -678,9 +683,9 @@ impl Exporter {
         {
             let mut q = lock(&self.shared.queue);
             q.stopping = true;
-            self.shared.work.notify_one();
+            self.shared.work.notify_all();
         }
-        if let Some(t) = lock(&self.thread).take() {
+        for t in std::mem::take(&mut *lock(&self.threads)) {
             let _ = t.join();
         }
     }
@@ -753,7 +758,7 @@ fn export_loop(shared: &Shared) {
                 continue;
             }
             let n = q.spans.len().min(BATCH);
-            q.in_flight = n;
+            q.in_flight += n;
             q.spans.drain(..n).collect()
         };
         let n = batch.len() as u64;
@@ -803,8 +808,8 @@ fn export_loop(shared: &Shared) {
             }
         }
         let mut q = lock(&shared.queue);
-        q.in_flight = 0;
-        if q.spans.is_empty() {
+        q.in_flight -= n as usize;
+        if q.spans.is_empty() && q.in_flight == 0 {
             q.flush = false;
             shared.idle.notify_all();
         }

@@ -25,6 +25,9 @@ pub enum Mode {
     Fail = 1,
     /// Reads the request and never answers (the connection stays open).
     Hang = 2,
+    /// Reads the request and answers it (as `Accept`) only once the mode
+    /// changes: a collector that stalls, then catches up (benchmarks).
+    Hold = 3,
 }
 
 /// One received span with its resource's attributes.
@@ -165,6 +168,9 @@ fn serve(stream: TcpStream, st: &State) -> std::io::Result<()> {
         rd.read_exact(&mut body)?;
         st.requests.fetch_add(1, Ordering::AcqRel);
         st.bytes.fetch_add(length as u64, Ordering::AcqRel);
+        while st.mode.load(Ordering::Acquire) == Mode::Hold as u8 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         match st.mode.load(Ordering::Acquire) {
             1 => {
                 let msg = b"collector says no";
