@@ -7,7 +7,8 @@ ALTER TABLE campaign_tests ADD COLUMN target TEXT; -- the target that ran it (NU
 -- Work claiming: every test of a run is claimed by one runner at a time.
 -- A claim held by a runner whose heartbeat stopped is taken over, so a
 -- runner killed with kill -9 loses nothing: its recorded tests stay, its
--- claimed ones are run again elsewhere.
+-- claimed ones are run again elsewhere. A test's claim is deleted in the
+-- transaction that records it: the queue holds only what is left.
 CREATE TABLE campaign_claims (
     run        TEXT NOT NULL REFERENCES campaign_runs (id) ON DELETE CASCADE,
     test_id    TEXT NOT NULL,

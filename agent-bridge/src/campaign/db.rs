@@ -456,7 +456,9 @@ impl Db {
 
     /// Claims the next test of the run for `runner`: the first in suite
     /// order that nobody holds, or that a silent runner held and never
-    /// recorded. PostgreSQL only (row locks skipped, not waited on).
+    /// recorded. PostgreSQL only (row locks skipped, not waited on). A
+    /// recorded test's claim is deleted with the recording, so the queue
+    /// holds only what is left and in flight.
     pub fn claim(&mut self, run: &str, runner: &str) -> anyhow::Result<Option<String>> {
         let now = probe::clock::now_ms() as i64;
         let rows = self.query(
@@ -589,6 +591,14 @@ impl Db {
                 t.target.clone().into(),
             ],
         )? == 1;
+        if self.is_postgres() {
+            // the queue keeps only outstanding work, so claiming stays cheap
+            // however many tests the run has
+            self.execute(
+                "DELETE FROM campaign_claims WHERE run = ?1 AND test_id = ?2",
+                &[sql(run), sql(&t.test_id)],
+            )?;
+        }
         if !inserted {
             return Ok(false);
         }
