@@ -547,3 +547,68 @@ fn a_run_over_three_targets_goes_on_when_one_dies_and_one_stops_answering() {
         String::from_utf8_lossy(&cmp.stderr)
     );
 }
+
+#[test]
+fn shrink_and_matrix_work_on_postgresql_as_on_sqlite() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = cluster().url("shrink");
+    let suite = dir.path().join("suite");
+    std::fs::create_dir_all(&suite).unwrap();
+    let test = serde_json::json!({"id": "encoding-0000", "domain": "encoding", "title": "bytes",
+        "steps": [{"tool": "exec", "arguments": {"command": "printf 'abc\\000def'"},
+                   "expect": {"exit_code": 0, "stdout_base64": "YWJjAGRlZg=="}}]});
+    std::fs::write(suite.join("encoding-0000.json"), test.to_string()).unwrap();
+    let target = |extra: &str| {
+        format!(
+            "stdio:{BRIDGE} serve --stdio --probe-socket {} {extra}",
+            probe_socket().display()
+        )
+    };
+    run_json(&suite, &[&target("")], &db, &["--run", "clean"]);
+    run_json(
+        &suite,
+        &[&target("--interface-fault nul-truncate")],
+        &db,
+        &["--run", "lossy"],
+    );
+    let out = campaign(&["shrink", "--db", &db, "lossy", "encoding-0000", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        f["cause"]
+            .as_str()
+            .unwrap()
+            .starts_with("one byte 0x00 is enough"),
+        "{f}"
+    );
+    // the finding went back into the shared database, and reports show it
+    let mut c = client_of(cluster(), "shrink");
+    assert_eq!(
+        pg_count(
+            &mut c,
+            "SELECT COUNT(*) FROM campaign_shrinks WHERE run = 'lossy'"
+        ),
+        1
+    );
+    let report = ok(&["report", "--db", &db, "--run", "lossy"]);
+    assert!(report.contains("MINIMIZED CAUSES"), "{report}");
+    // the matrix reads every run
+    let m: Value = serde_json::from_str(&ok(&[
+        "matrix",
+        "--db",
+        &db,
+        "--baseline",
+        "clean",
+        "--json",
+    ]))
+    .unwrap();
+    let rows = m["rows"].as_array().unwrap();
+    assert!(rows.iter().any(|r| r["label"] == "lossy"), "{m}");
+}

@@ -495,7 +495,7 @@ async fn execute(
     let work = Arc::new(work);
     let stop = CancellationToken::new();
     let (tx, rx) = std::sync::mpsc::channel::<Written>();
-    let progress = Progress::new(total, o.quiet);
+    let progress = Progress::new(total, o.quiet, matches!(*work, Work::Claims(_)));
     let is_down: Arc<Vec<AtomicBool>> =
         Arc::new(down.iter().map(|d| AtomicBool::new(d.is_some())).collect());
     let names: Vec<String> = o.targets.iter().map(ToString::to_string).collect();
@@ -1040,13 +1040,15 @@ pub async fn send_adapted(
 struct Progress {
     bar: Option<indicatif::ProgressBar>,
     total: usize,
+    /// Other runners share the run: `total` is what the run had left.
+    shared: bool,
     done: AtomicUsize,
     started: Instant,
     last_line: Mutex<Instant>,
 }
 
 impl Progress {
-    fn new(total: usize, quiet: bool) -> Progress {
+    fn new(total: usize, quiet: bool, shared: bool) -> Progress {
         let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
             let b = indicatif::ProgressBar::new(total as u64);
             b.set_style(
@@ -1061,6 +1063,7 @@ impl Progress {
         Progress {
             bar,
             total,
+            shared,
             done: AtomicUsize::new(0),
             started: Instant::now(),
             last_line: Mutex::new(Instant::now()),
@@ -1082,9 +1085,13 @@ impl Progress {
         {
             *last = Instant::now();
             let secs = self.started.elapsed().as_secs_f64();
+            let of = if self.shared {
+                format!(" here (of {} left in the shared run at start)", self.total)
+            } else {
+                format!("/{}", self.total)
+            };
             eprintln!(
-                "progress: {done}/{} tests, {failed} failed, {secs:.0} s ({:.1} tests/s), last {}",
-                self.total,
+                "progress: {done}{of} tests, {failed} failed, {secs:.0} s ({:.1} tests/s), last {}",
                 done as f64 / secs.max(0.001),
                 r.test_id
             );
