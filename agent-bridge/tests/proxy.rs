@@ -399,3 +399,66 @@ async fn http_sessions_end_with_delete_and_bad_requests_are_refused() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trace_context_in_meta_reaches_the_kernel_span_through_the_proxy() {
+    use probe::otlp::hex;
+    use probe::otlp_receiver::{Receiver, attr, attr_str};
+    if !root() {
+        return;
+    }
+    let rx = Receiver::start().unwrap();
+    let dir = std::path::PathBuf::from(scratch("otlp-proxy"));
+    let (_probe, socket) = otlp_probe(&dir, &rx.url());
+    let mut args: Vec<String> = ["proxy", "--stdio", "--probe-socket"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(socket.display().to_string());
+    args.push("--".into());
+    args.extend(bridge_server().iter().map(|s| s.to_string()));
+    let b = Bridge::stdio_with(&args, false)
+        .await
+        .expect("handshake through the proxy");
+    let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let r = call_with_meta(
+        &b.client,
+        "exec",
+        json!({"argv": ["cat", "/nonexistent-otlp-proxy/data.csv"]}),
+        json!({"traceparent": format!("00-{trace}-{parent}-01"), "tracestate": "vendor=1"}),
+    )
+    .await;
+    assert!(!is_error(&r));
+    // the foreign server failed its tool: an error for the trace too
+    let r = call_with_meta(
+        &b.client,
+        "read_file",
+        json!({"path": "/nonexistent-otlp-proxy/other"}),
+        json!({}),
+    )
+    .await;
+    assert!(is_error(&r));
+    assert!(rx.wait_for(2, Duration::from_secs(10)));
+    let spans = rx.spans();
+    let named = |name: &str| {
+        spans
+            .iter()
+            .map(|r| &r.span)
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no span {name}: {spans:?}"))
+    };
+    let s = named("tools/call exec");
+    assert_eq!(hex(&s.trace_id), trace);
+    assert_eq!(hex(&s.parent_span_id), parent);
+    assert_eq!(s.trace_state, "vendor=1");
+    assert_eq!(attr_str(&s.attributes, "gen_ai.tool.name"), Some("exec"));
+    // a plain result: the call did not fail, nothing is blamed
+    assert_eq!(attr_str(&s.attributes, "probe.primitive"), Some("none"));
+    assert!(attr(&s.attributes, "error.type").is_none());
+    let s = named("tools/call read_file");
+    assert!(
+        s.parent_span_id.is_empty(),
+        "no trace context: its own trace"
+    );
+    assert_eq!(attr_str(&s.attributes, "error.type"), Some("tool_error"));
+}

@@ -34,6 +34,10 @@ pub struct ClientHead {
     pub progress_token: Option<String>,
     /// `params.requestId` of `notifications/cancelled`, canonical JSON.
     pub cancelled: Option<String>,
+    /// W3C trace context in `params._meta` (`traceparent`, `tracestate`),
+    /// for the daemon's OpenTelemetry export.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -64,6 +68,10 @@ struct RawParams<'a> {
 struct RawMeta<'a> {
     #[serde(borrow, default, rename = "progressToken")]
     progress_token: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    traceparent: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tracestate: Option<&'a RawValue>,
 }
 
 /// An id (or token) in canonical JSON: `1`, `"a"`.
@@ -121,6 +129,13 @@ pub fn client_head(line: &[u8]) -> Result<ClientHead, Value> {
             .then(|| params.name.map(Cow::into_owned))
             .flatten(),
         progress_token: meta.progress_token.and_then(|r| canonical(r.get())),
+        // strings only; anything else is not trace context and is ignored
+        traceparent: meta
+            .traceparent
+            .and_then(|r| serde_json::from_str(r.get()).ok()),
+        tracestate: meta
+            .tracestate
+            .and_then(|r| serde_json::from_str(r.get()).ok()),
         cancelled: (method.as_deref() == Some("notifications/cancelled"))
             .then(|| params.request_id.and_then(|r| canonical(r.get())))
             .flatten(),

@@ -230,7 +230,9 @@ impl Relay {
                         child.pid,
                         Some(&crate::kernel::CallTrace {
                             tool: tool.clone(),
-                            ..Default::default()
+                            mcp_session: None,
+                            traceparent: head.traceparent.clone(),
+                            tracestate: head.tracestate.clone(),
                         }),
                     )
                     .await;
@@ -439,7 +441,11 @@ impl Relay {
         outcome: &str,
         pid: u32,
     ) -> Value {
-        let mut v = self.kernel.end(&call.span, exit, timed_out_ms, false).await;
+        // anything but a plain result is a tool error for the trace
+        let mut v = self
+            .kernel
+            .end(&call.span, exit, timed_out_ms, outcome != "ok")
+            .await;
         v["overlapping_calls"] = call.overlapping.into();
         v["outcome"] = outcome.into();
         v["server_pid"] = pid.into();
