@@ -57,31 +57,12 @@ fn stdio_target(extra: &str) -> String {
 
 /// Generates `count` tests and keeps those of `domains` (all when empty).
 fn suite(dir: &Path, count: usize, domains: &[&str]) -> (PathBuf, usize) {
-    let suite = dir.join("suite");
-    ok(&[
-        "generate",
-        "--count",
-        &count.to_string(),
-        "--out",
-        suite.to_str().unwrap(),
-        // tests of this binary run at once: each works in its own directory
-        "--base",
-        &format!(
-            "/tmp/campaign-test-{}",
-            dir.file_name().unwrap().to_string_lossy()
-        ),
-    ]);
-    if !domains.is_empty() {
-        for e in std::fs::read_dir(&suite).unwrap() {
-            let p = e.unwrap().path();
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            if !domains.iter().any(|d| name.starts_with(&format!("{d}-"))) {
-                std::fs::remove_file(p).unwrap();
-            }
-        }
-    }
-    let n = std::fs::read_dir(&suite).unwrap().count();
-    (suite, n)
+    // tests of this binary run at once: each works in its own directory
+    let base = format!(
+        "/tmp/campaign-test-{}",
+        dir.file_name().unwrap().to_string_lossy()
+    );
+    common::generated_suite(dir, count, &base, domains)
 }
 
 fn db(path: &Path) -> rusqlite::Connection {

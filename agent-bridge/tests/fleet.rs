@@ -29,28 +29,11 @@ fn client_of(cluster: &pg::Cluster, db: &str) -> postgres::Client {
 
 /// Generates `count` tests and keeps those of [`DOMAINS`].
 fn suite(dir: &Path, count: usize) -> (PathBuf, usize) {
-    let suite = dir.join("suite");
-    ok(&[
-        "generate",
-        "--count",
-        &count.to_string(),
-        "--out",
-        suite.to_str().unwrap(),
-        "--base",
-        &format!(
-            "/tmp/fleet-test-{}",
-            dir.file_name().unwrap().to_string_lossy()
-        ),
-    ]);
-    for e in std::fs::read_dir(&suite).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if !DOMAINS.iter().any(|d| name.starts_with(&format!("{d}-"))) {
-            std::fs::remove_file(p).unwrap();
-        }
-    }
-    let n = std::fs::read_dir(&suite).unwrap().count();
-    (suite, n)
+    let base = format!(
+        "/tmp/fleet-test-{}",
+        dir.file_name().unwrap().to_string_lossy()
+    );
+    common::generated_suite(dir, count, &base, DOMAINS)
 }
 
 fn runner(suite: &Path, targets: &[&str], db: &str, more: &[&str]) -> Command {

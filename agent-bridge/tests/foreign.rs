@@ -44,24 +44,7 @@ fn proxied(profile: &str, server: &str) -> String {
 
 /// A generated suite working under `base`, keeping `domains`.
 fn suite(dir: &Path, count: usize, base: &str, domains: &[&str]) -> PathBuf {
-    let suite = dir.join("suite");
-    ok(&[
-        "generate",
-        "--count",
-        &count.to_string(),
-        "--out",
-        suite.to_str().unwrap(),
-        "--base",
-        base,
-    ]);
-    for e in std::fs::read_dir(&suite).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if !domains.is_empty() && !domains.iter().any(|d| name.starts_with(&format!("{d}-"))) {
-            std::fs::remove_file(p).unwrap();
-        }
-    }
-    suite
+    common::generated_suite(dir, count, base, domains).0
 }
 
 fn run(suite: &Path, target: &str, adapter: &str, db: &Path, name: &str) -> Value {

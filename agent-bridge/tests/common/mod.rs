@@ -544,3 +544,27 @@ pub async fn call_with_meta(
         .unwrap_or_else(|_| panic!("{tool}: no answer in 120 s"))
         .unwrap_or_else(|e| panic!("{tool}: {e}"))
 }
+
+/// `campaign generate` into `dir/suite`, its tests working under `base`,
+/// keeping those of `domains` (all when empty): the suite and its size.
+pub fn generated_suite(dir: &Path, count: usize, base: &str, domains: &[&str]) -> (PathBuf, usize) {
+    let suite = dir.join("suite");
+    ok(&[
+        "generate",
+        "--count",
+        &count.to_string(),
+        "--out",
+        suite.to_str().unwrap(),
+        "--base",
+        base,
+    ]);
+    for e in std::fs::read_dir(&suite).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if !domains.is_empty() && !domains.iter().any(|d| name.starts_with(&format!("{d}-"))) {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let n = std::fs::read_dir(&suite).unwrap().count();
+    (suite, n)
+}
