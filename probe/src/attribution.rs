@@ -132,6 +132,10 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     } else {
         success_verdict(span)
     };
+    let mut verdict = verdict;
+    if let Some(note) = uring_seccomp_note(span) {
+        verdict.explanation = format!("{}; {note}", verdict.explanation);
+    }
     let layer = failed.then(|| verdict.primitive.layer());
     let hidden_failure = if failed {
         None
@@ -178,6 +182,53 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
                 .map(|(a, b)| b.saturating_sub(a) as f64 / 1e3),
         },
     }
+}
+
+/// When a task under a seccomp filter used io_uring: the filter never sees
+/// io_uring operations, so a syscall the profile denies can still be done
+/// that way. Platform teams need to hear it whether or not it made the
+/// workload fail; strongest when the same syscall was denied and then done.
+fn uring_seccomp_note(span: &SpanEvidence) -> Option<String> {
+    let unfiltered: Vec<&KernelEvent> = span
+        .events
+        .iter()
+        .filter(|e| {
+            e.kind == Kind::UringUnderSeccomp
+                || (e.kind == Kind::UringFailed && e.seccomp_filter == Some(true))
+        })
+        .collect();
+    if unfiltered.is_empty() {
+        return None;
+    }
+    let denied_then_done = unfiltered.iter().find(|u| {
+        u.kind == Kind::UringUnderSeccomp
+            && span.events.iter().any(|d| {
+                d.kind == Kind::SeccompDenied && d.pid == u.pid && d.syscall_nr == u.syscall_nr
+            })
+    });
+    if let Some(u) = denied_then_done {
+        return Some(format!(
+            "io_uring bypassed the seccomp filter: {} was denied as a syscall, but {} ran \
+             (seccomp does not see io_uring operations; deny io_uring_setup in the profile \
+             or set kernel.io_uring_disabled)",
+            u.syscall.as_deref().unwrap_or("the syscall"),
+            u.call()
+        ));
+    }
+    let mut calls: Vec<String> = unfiltered.iter().map(|e| e.call()).collect();
+    calls.dedup();
+    let more = calls.len().saturating_sub(3);
+    calls.truncate(3);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "io_uring ran {}{more} under the task's seccomp filter, which does not see io_uring \
+         operations: a syscall the profile denies can still be done that way",
+        calls.join(", ")
+    ))
 }
 
 fn success_verdict(span: &SpanEvidence) -> Verdict {
@@ -437,7 +488,7 @@ fn resource_failure_behind_crash(
         .iter()
         .enumerate()
         .filter(|(_, e)| {
-            matches!(e.kind, Kind::SyscallFailed | Kind::SeccompDenied)
+            (e.kind.is_failure() || e.kind == Kind::SeccompDenied)
                 && e.pid == pid
                 && e.ts_ns <= crashed_at
                 && crashed_at - e.ts_ns <= SYMPTOM_WINDOW_NS
@@ -687,7 +738,7 @@ fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> 
         .events
         .iter()
         .filter(|e| {
-            e.kind == Kind::SyscallFailed
+            e.kind.is_failure()
                 && e.errno.as_deref() == Some("ENOENT")
                 && matches!(
                     e.syscall_nr,
@@ -737,7 +788,7 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome, with_root: bool) ->
     let execs = last_exec(events);
     let mut best: Option<(usize, Primitive, f64)> = None;
     for (i, ev) in events.iter().enumerate().rev() {
-        if !matches!(ev.kind, Kind::SyscallFailed | Kind::SeccompDenied) {
+        if !(ev.kind.is_failure() || ev.kind == Kind::SeccompDenied) {
             continue;
         }
         let Some((primitive, weight)) = score(span, events, i, &execs) else {
@@ -865,6 +916,12 @@ fn strongest_failure(span: &SpanEvidence, outcome: &Outcome, with_root: bool) ->
             },
             primitive.meaning()
         ),
+        _ if ev.kind == Kind::UringFailed => format!(
+            "{} failed with {errno} ({desc}) in {proc_desc}: {} (an io_uring request: no syscall \
+             failed, the error came back in its completion)",
+            ev.call(),
+            primitive.meaning()
+        ),
         _ => format!(
             "{} failed with {errno} ({desc}) in {proc_desc}: {}",
             ev.call(),
@@ -892,9 +949,9 @@ fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<K
     let mut out: Vec<KernelEvent> = Vec::new();
     for (i, e) in events.iter().enumerate() {
         let keep = match e.kind {
-            Kind::SeccompDenied | Kind::Signal | Kind::OomVictim => true,
+            Kind::SeccompDenied | Kind::Signal | Kind::OomVictim | Kind::UringUnderSeccomp => true,
             Kind::Exit => Some(e.pid) == span.root_pid || e.exit_code.is_none(),
-            Kind::SyscallFailed => {
+            Kind::SyscallFailed | Kind::UringFailed => {
                 failing(e.pid) && score(span, events, i, &execs).is_some_and(|(_, w)| w >= 0.5)
             }
             _ => false,
@@ -1006,6 +1063,64 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    /// An io_uring twin of `failed`: the same syscall, done by a request.
+    fn uring(kind: Kind, pid: u32, ts: u64, errno: i32, path: &str) -> KernelEvent {
+        let mut e = failed(pid, ts, "openat", errno, path);
+        e.kind = kind;
+        if errno == 0 {
+            (e.ret, e.errno) = (Some(3), None);
+        }
+        e.io_uring_op = Some("IORING_OP_OPENAT".into());
+        e.seccomp_filter = Some(true);
+        e
+    }
+
+    #[test]
+    fn a_failed_io_uring_open_is_judged_like_the_syscall_and_says_io_uring() {
+        let events = vec![
+            uring(Kind::UringFailed, 10, 5, libc::EROFS, "/ro/out"),
+            exit(10, 9, 1),
+        ];
+        let mut a = attribute(&span(events.clone()), &outcome(1));
+        assert_eq!(a.primitive, Primitive::FsReadonly, "{}", a.explanation);
+        assert!(
+            a.explanation
+                .starts_with("io_uring openat(\"/ro/out\") failed with EROFS")
+        );
+        // under a filter, the note says seccomp never saw it
+        assert!(
+            a.explanation.contains("under the task's seccomp filter"),
+            "{}",
+            a.explanation
+        );
+        // its syscall twin classifies the same, without the notes
+        let mut plain = events;
+        plain[0].kind = Kind::SyscallFailed;
+        plain[0].seccomp_filter = None;
+        a = attribute(&span(plain), &outcome(1));
+        assert_eq!(a.primitive, Primitive::FsReadonly);
+        assert!(!a.explanation.contains("io_uring"), "{}", a.explanation);
+    }
+
+    #[test]
+    fn a_syscall_denied_then_done_through_io_uring_is_a_bypass() {
+        let mut denied = failed(10, 1, "openat", libc::EPERM, "/etc/secret");
+        denied.kind = Kind::SeccompDenied;
+        denied.seccomp_filter = Some(true);
+        let done = uring(Kind::UringUnderSeccomp, 10, 2, 0, "/etc/secret");
+        let a = attribute(&span(vec![denied, done, exit(10, 3, 0)]), &outcome(0));
+        assert_eq!(a.primitive, Primitive::None);
+        assert!(
+            a.explanation.contains(
+                "io_uring bypassed the seccomp filter: openat was denied as a syscall, \
+                 but io_uring openat(\"/etc/secret\") ran"
+            ),
+            "{}",
+            a.explanation
+        );
+        assert!(a.events.iter().any(|e| e.kind == Kind::UringUnderSeccomp));
     }
 
     /// What python3 start-up looks like: module and library searches.

@@ -26,6 +26,12 @@ pub enum Kind {
     /// The thread's last failure repeated identically `repeats` more times
     /// (internal: added to that failure, not kept).
     Repeated,
+    /// An io_uring request failed (`io_uring_op`; `syscall` is the syscall
+    /// it does the work of, and it is judged like that syscall's failure).
+    UringFailed,
+    /// An io_uring request naming a path or an address succeeded under a
+    /// seccomp filter, which does not see io_uring operations.
+    UringUnderSeccomp,
 }
 
 impl Kind {
@@ -43,7 +49,15 @@ impl Kind {
             Kind::Mount => "mount",
             Kind::FdDup => "fd_dup",
             Kind::Repeated => "repeated",
+            Kind::UringFailed => "uring_failed",
+            Kind::UringUnderSeccomp => "uring_under_seccomp",
         }
+    }
+
+    /// A failed operation: a syscall's, or an io_uring request's doing a
+    /// syscall's work.
+    pub fn is_failure(self) -> bool {
+        matches!(self, Kind::SyscallFailed | Kind::UringFailed)
     }
 
     pub fn from_id(id: &str) -> Option<Kind> {
@@ -61,6 +75,8 @@ impl Kind {
             Mount,
             FdDup,
             Repeated,
+            UringFailed,
+            UringUnderSeccomp,
         ]
         .into_iter()
         .find(|k| k.id() == id)
@@ -142,6 +158,9 @@ pub struct KernelEvent {
     /// the machine short of memory (direct reclaim, absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memcg: Option<bool>,
+    /// `uring_*`: the io_uring operation (`IORING_OP_OPENAT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_uring_op: Option<Cow<'static, str>>,
 }
 
 /// `si_code` of a SIGSYS raised by seccomp.
@@ -180,13 +199,14 @@ impl KernelEvent {
             repeats: None,
             memcg: None,
             via: None,
+            io_uring_op: None,
         }
     }
 
     /// The errno number of a failed syscall or seccomp denial, if any.
     pub fn errno_nr(&self) -> Option<i32> {
         match self.kind {
-            Kind::SyscallFailed | Kind::SeccompDenied | Kind::Repeated => self
+            Kind::SyscallFailed | Kind::SeccompDenied | Kind::Repeated | Kind::UringFailed => self
                 .ret
                 .filter(|r| *r < 0 && *r >= -4095)
                 .map(|r| -r as i32),
@@ -194,13 +214,19 @@ impl KernelEvent {
         }
     }
 
-    /// `syscall("path")`, `syscall(addr)` or `syscall`, for sentences.
+    /// `syscall("path")`, `syscall(addr)` or `syscall`, for sentences;
+    /// `io_uring openat("path")` for an io_uring request.
     pub fn call(&self) -> String {
         let name = self.syscall.as_deref().unwrap_or("syscall");
+        let via = if matches!(self.kind, Kind::UringFailed | Kind::UringUnderSeccomp) {
+            "io_uring "
+        } else {
+            ""
+        };
         match (&self.path, &self.addr) {
-            (Some(p), _) => format!("{name}(\"{p}\")"),
-            (None, Some(a)) => format!("{name}({a})"),
-            _ => name.to_string(),
+            (Some(p), _) => format!("{via}{name}(\"{p}\")"),
+            (None, Some(a)) => format!("{via}{name}({a})"),
+            _ => format!("{via}{name}"),
         }
     }
 }
@@ -276,14 +302,7 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
                     ev.flags = Some(raw.aux[0]);
                 }
             }
-            if raw.flags & flags::DATA_PATH != 0 {
-                ev.path = Some(cstr(data));
-            } else if raw.flags & flags::DATA_SOCKADDR != 0 {
-                ev.addr = sockaddr(data);
-            }
-            if raw.flags & flags::SECCOMP_ON != 0 {
-                ev.seccomp_filter = Some(true);
-            }
+            path_addr_seccomp(&mut ev, raw.flags, data);
             if raw.flags & flags::SOCKET_ERROR != 0 {
                 ev.via = Some(Cow::Borrowed("getsockopt(SO_ERROR)"));
             }
@@ -351,9 +370,118 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
             ev.repeats = Some(raw.aux[0]);
             ev
         }
+        EventKind::UringFailed | EventKind::UringUnderSeccomp => {
+            let k = if kind == EventKind::UringFailed {
+                Kind::UringFailed
+            } else {
+                Kind::UringUnderSeccomp
+            };
+            let mut ev = KernelEvent::bare(k, ts, raw.pid, raw.tid, comm);
+            let opcode = raw.aux[0] as u32;
+            let nr = probe_abi::uring_op_syscall(opcode);
+            ev.syscall = Some(if nr >= 0 {
+                crate::syscalls::name(nr)
+            } else {
+                Cow::Owned(uring_op_name(opcode).to_ascii_lowercase())
+            });
+            ev.syscall_nr = (nr >= 0).then_some(nr);
+            ev.io_uring_op = Some(Cow::Owned(format!("IORING_OP_{}", uring_op_name(opcode))));
+            if matches!(opcode, probe_abi::uring::OPENAT | probe_abi::uring::OPENAT2) {
+                ev.flags = Some(raw.aux[1]);
+            }
+            ev.ret = Some(raw.ret);
+            if let Some(e) = ev.errno_nr() {
+                ev.errno = Some(errno_name(e));
+            }
+            path_addr_seccomp(&mut ev, raw.flags, data);
+            ev
+        }
         EventKind::TaskUntracked => return Err(DecodeError::Kind(raw.kind)),
     };
     Ok(ev)
+}
+
+/// The path or address an event carries, and whether its task was under a
+/// seccomp filter, from its flags.
+fn path_addr_seccomp(ev: &mut KernelEvent, raw_flags: u32, data: &[u8]) {
+    if raw_flags & flags::DATA_PATH != 0 {
+        ev.path = Some(cstr(data));
+    } else if raw_flags & flags::DATA_SOCKADDR != 0 {
+        ev.addr = sockaddr(data);
+    }
+    if raw_flags & flags::SECCOMP_ON != 0 {
+        ev.seccomp_filter = Some(true);
+    }
+}
+
+/// `OPENAT` for `IORING_OP_OPENAT` (`enum io_uring_op`, a stable uAPI).
+pub fn uring_op_name(opcode: u32) -> &'static str {
+    const NAMES: [&str; 63] = [
+        "NOP",
+        "READV",
+        "WRITEV",
+        "FSYNC",
+        "READ_FIXED",
+        "WRITE_FIXED",
+        "POLL_ADD",
+        "POLL_REMOVE",
+        "SYNC_FILE_RANGE",
+        "SENDMSG",
+        "RECVMSG",
+        "TIMEOUT",
+        "TIMEOUT_REMOVE",
+        "ACCEPT",
+        "ASYNC_CANCEL",
+        "LINK_TIMEOUT",
+        "CONNECT",
+        "FALLOCATE",
+        "OPENAT",
+        "CLOSE",
+        "FILES_UPDATE",
+        "STATX",
+        "READ",
+        "WRITE",
+        "FADVISE",
+        "MADVISE",
+        "SEND",
+        "RECV",
+        "OPENAT2",
+        "EPOLL_CTL",
+        "SPLICE",
+        "PROVIDE_BUFFERS",
+        "REMOVE_BUFFERS",
+        "TEE",
+        "SHUTDOWN",
+        "RENAMEAT",
+        "UNLINKAT",
+        "MKDIRAT",
+        "SYMLINKAT",
+        "LINKAT",
+        "MSG_RING",
+        "FSETXATTR",
+        "SETXATTR",
+        "FGETXATTR",
+        "GETXATTR",
+        "SOCKET",
+        "URING_CMD",
+        "SEND_ZC",
+        "SENDMSG_ZC",
+        "READ_MULTISHOT",
+        "WAITID",
+        "FUTEX_WAIT",
+        "FUTEX_WAKE",
+        "FUTEX_WAITV",
+        "FIXED_FD_INSTALL",
+        "FTRUNCATE",
+        "BIND",
+        "LISTEN",
+        "RECV_ZC",
+        "EPOLL_WAIT",
+        "READV_FIXED",
+        "WRITEV_FIXED",
+        "PIPE",
+    ];
+    NAMES.get(opcode as usize).copied().unwrap_or("UNKNOWN")
 }
 
 /// A NUL-terminated byte string, lossily as UTF-8.
@@ -519,6 +647,34 @@ mod tests {
         let mut r = raw(EventKind::Exit);
         r.kind = 999;
         assert_eq!(decode(&r, 0).err(), Some(DecodeError::Kind(999)));
+    }
+
+    #[test]
+    fn failed_uring_openat_is_named_as_openat_through_io_uring() {
+        let mut r = raw(EventKind::UringFailed);
+        r.aux[0] = probe_abi::uring::OPENAT as u64;
+        r.ret = -30;
+        r.flags = flags::DATA_PATH | flags::SECCOMP_ON;
+        let p = b"/ro/out\0";
+        r.data[..p.len()].copy_from_slice(p);
+        r.data_len = p.len() as u32;
+        let ev = decode(&r, 0).unwrap();
+        assert_eq!(ev.kind, Kind::UringFailed);
+        assert!(ev.kind.is_failure());
+        assert_eq!(ev.syscall.as_deref(), Some("openat"));
+        assert_eq!(ev.syscall_nr, Some(257));
+        assert_eq!(ev.errno.as_deref(), Some("EROFS"));
+        assert_eq!(ev.io_uring_op.as_deref(), Some("IORING_OP_OPENAT"));
+        assert_eq!(ev.seccomp_filter, Some(true));
+        assert_eq!(ev.call(), "io_uring openat(\"/ro/out\")");
+        // an opcode with no syscall of its own keeps its io_uring name
+        r.aux[0] = 11; // TIMEOUT
+        r.flags = 0;
+        let ev = decode(&r, 0).unwrap();
+        assert_eq!(
+            (ev.syscall.as_deref(), ev.syscall_nr),
+            (Some("timeout"), None)
+        );
     }
 
     #[test]

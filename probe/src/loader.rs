@@ -21,7 +21,9 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// two optional pairs: direct reclaim (the machine short of memory) and
 /// memory-cgroup reclaim (a cgroup at its limit, which never enters direct
 /// reclaim).
-const PROGRAMS: [(&str, &str, &str, bool); 11] = [
+/// io_uring requests of traced tasks are followed from submission to
+/// completion (optional: kernels without io_uring lack the tracepoints).
+const PROGRAMS: [(&str, &str, &str, bool); 14] = [
     ("sys_enter", "raw_syscalls", "sys_enter", true),
     ("sys_exit", "raw_syscalls", "sys_exit", true),
     ("sched_process_fork", "sched", "sched_process_fork", true),
@@ -53,6 +55,9 @@ const PROGRAMS: [(&str, &str, &str, bool); 11] = [
         "mm_vmscan_memcg_reclaim_end",
         false,
     ),
+    ("uring_submit_req", "io_uring", "io_uring_submit_req", false),
+    ("uring_complete", "io_uring", "io_uring_complete", false),
+    ("uring_req_failed", "io_uring", "io_uring_req_failed", false),
 ];
 
 /// Why the probe could not start. Each message says what is missing and

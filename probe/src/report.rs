@@ -15,7 +15,12 @@ pub fn event_line(e: &KernelEvent) -> String {
         e.kind.id()
     );
     match e.kind {
-        Kind::SyscallFailed | Kind::SeccompDenied | Kind::FileWrite | Kind::Mount => {
+        Kind::SyscallFailed
+        | Kind::SeccompDenied
+        | Kind::FileWrite
+        | Kind::Mount
+        | Kind::UringFailed
+        | Kind::UringUnderSeccomp => {
             let _ = write!(s, " {}", e.call());
             if let Some(errno) = &e.errno {
                 let _ = write!(s, " {errno}");

@@ -109,7 +109,7 @@ impl Sessions {
                     }
                 }
             }
-            Kind::SyscallFailed if matches!(ev.errno.as_deref(), Some("ENOENT" | "ENOTDIR")) => {
+            k if k.is_failure() && matches!(ev.errno.as_deref(), Some("ENOENT" | "ENOTDIR")) => {
                 let Some(s) = self.sessions.get(session) else {
                     return;
                 };

@@ -233,10 +233,10 @@ impl SpanEvidence {
                     ev.seccomp_filter = Some(true);
                 }
             }
-            Kind::SyscallFailed => {
+            Kind::SyscallFailed | Kind::UringFailed => {
                 self.enrich_failure(&mut ev);
             }
-            Kind::Mount => {}
+            Kind::Mount | Kind::UringUnderSeccomp => {}
             Kind::Repeated => return, // credited by credit_repeats above, never kept
         }
         if self.events.len() >= self.cap {

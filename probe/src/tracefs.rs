@@ -98,6 +98,14 @@ pub fn offsets(root: &Path) -> Result<Offsets, TracefsError> {
     let sig = format(root, "signal/signal_generate")?;
     let oom = format(root, "oom/mark_victim")?;
     let f = |fields: &[(String, u32)], tp: &str, name: &str| field(fields, tp, name);
+    // io_uring is optional (CONFIG_IO_URING=n, or a kernel without these
+    // tracepoints): u32::MAX everywhere, and its programs are not attached
+    let uring = |tp: &str, name: &str| {
+        format(root, &format!("io_uring/{tp}"))
+            .ok()
+            .and_then(|fields| f(&fields, tp, name).ok())
+            .unwrap_or(u32::MAX)
+    };
     Ok(Offsets {
         // not read by the programs today; u32::MAX marks a missing field
         fork_parent_pid: f(&fork, "sched_process_fork", "parent_pid").unwrap_or(u32::MAX),
@@ -117,6 +125,17 @@ pub fn offsets(root: &Path) -> Result<Offsets, TracefsError> {
         oom_comm: f(&oom, "mark_victim", "comm").unwrap_or(u32::MAX),
         oom_total_vm: f(&oom, "mark_victim", "total_vm").unwrap_or(u32::MAX),
         oom_anon_rss: f(&oom, "mark_victim", "anon_rss").unwrap_or(u32::MAX),
+        uring_submit_req: uring("io_uring_submit_req", "req"),
+        uring_submit_opcode: uring("io_uring_submit_req", "opcode"),
+        uring_complete_req: uring("io_uring_complete", "req"),
+        uring_complete_res: uring("io_uring_complete", "res"),
+        uring_complete_cflags: uring("io_uring_complete", "cflags"),
+        uring_failed_opcode: uring("io_uring_req_failed", "opcode"),
+        uring_failed_addr: uring("io_uring_req_failed", "addr"),
+        // `off` is the sqe's addr2 (symlinkat's new link, connect's length)
+        uring_failed_addr2: uring("io_uring_req_failed", "off"),
+        uring_failed_op_flags: uring("io_uring_req_failed", "op_flags"),
+        uring_failed_error: uring("io_uring_req_failed", "error"),
     })
 }
 

@@ -168,7 +168,7 @@ fn lifecycle_sigterm_detaches_and_restart_reuses_the_db() {
     assert_eq!(ours.len(), 1, "the daemon loaded one sys_enter program");
     let status = d.client().status().unwrap();
     assert_eq!(status["protocol"], 1);
-    assert_eq!(status["programs"].as_array().unwrap().len(), 11);
+    assert_eq!(status["programs"].as_array().unwrap().len(), 14);
     let a = run_span(&mut d.client(), "s", &["sh", "-c", "exit 3"]);
     assert_eq!(a.span, 1);
     assert_eq!(a.exit.code, Some(3));
@@ -636,7 +636,7 @@ fn inspection_commands_read_the_db_and_socket() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("programs       11 attached")
+        text.contains("programs       14 attached")
             && text.contains("spans          0 open, 2 ended"),
         "{text}"
     );

@@ -708,11 +708,19 @@ fn segfault_is_signal() {
 /// Compiles the C program `source` with gcc into `dir/name`: a workload
 /// that does exactly what the test says, with no interpreter in between.
 fn compile_c(dir: &Path, name: &str, source: &str) -> PathBuf {
+    compile_c_with(dir, name, source, &[])
+}
+
+/// [`compile_c`] with more gcc flags (`-static`: a program that starts
+/// under a seccomp filter denying openat, which the dynamic loader needs).
+fn compile_c_with(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).expect("write the C source");
     let bin = dir.join(name);
     let out = Command::new("gcc")
-        .args(["-O1", "-pthread", "-o"])
+        .args(["-O1", "-pthread"])
+        .args(flags)
+        .arg("-o")
         .arg(&bin)
         .arg(&src)
         .output()
@@ -1074,4 +1082,193 @@ fn exec_from_a_non_leader_thread_stays_traced() {
     let t = trace(&["python3", "-c", &script]);
     t.expect("fs.missing", Some("openat"));
     assert_eq!(t.decisive("path"), missing.to_str());
+}
+
+// ------------------------------------------------------------------ io_uring
+
+/// The io_uring workload (tests/workloads/uring.c), built static.
+fn uring_workload(dir: &Path) -> PathBuf {
+    compile_c_with(
+        dir,
+        "uring",
+        include_str!("workloads/uring.c"),
+        &["-static"],
+    )
+}
+
+impl Traced {
+    fn events_of(&self, kind: &str) -> Vec<Value> {
+        self.json["events"]
+            .as_array()
+            .map(|a| a.iter().filter(|e| e["kind"] == kind).cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[test]
+fn io_uring_openat_of_a_missing_path_is_fs_missing_through_io_uring() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = uring_workload(dir.path());
+    let missing = dir.path().join("no-such-input.csv");
+    let t = trace(&[bin.to_str().unwrap(), "open", missing.to_str().unwrap()]);
+    assert_eq!(t.code, Some(1), "{}", t.context());
+    t.expect("fs.missing", Some("openat"));
+    assert_eq!(t.decisive("kind"), Some("uring_failed"), "{}", t.context());
+    assert_eq!(t.decisive("errno"), Some("ENOENT"));
+    assert_eq!(t.decisive("path"), missing.to_str());
+    assert_eq!(t.decisive("io_uring_op"), Some("IORING_OP_OPENAT"));
+    let why = t.json["explanation"].as_str().unwrap();
+    assert!(why.contains("io_uring openat("), "{why}");
+    assert!(why.contains("no syscall failed"), "{why}");
+    // no failing openat syscall exists to be seen: only the request's completion
+    assert!(t.events_of("syscall_failed").is_empty(), "{}", t.json);
+}
+
+#[test]
+fn io_uring_request_completed_on_an_io_wq_worker_belongs_to_its_submitter() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = uring_workload(dir.path());
+    let missing = dir.path().join("async-missing");
+    // IOSQE_ASYNC: the open runs on an iou-wrk thread, which no fork event
+    // announced and which is not the submitting thread
+    let t = trace(&[
+        bin.to_str().unwrap(),
+        "open-async",
+        missing.to_str().unwrap(),
+    ]);
+    t.expect("fs.missing", Some("openat"));
+    assert_eq!(t.decisive("kind"), Some("uring_failed"));
+    assert_eq!(t.decisive("path"), missing.to_str());
+    let d = &t.json["decisive"];
+    // the submitter: a single-threaded process, so its tid is its pid
+    assert_eq!(d["pid"], d["tid"], "{}", t.context());
+    let exit_pid = t.events_of("exit").first().map(|e| e["pid"].clone());
+    assert_eq!(exit_pid.as_ref(), Some(&d["pid"]), "{}", t.json);
+}
+
+#[test]
+fn io_uring_create_on_a_readonly_mount_is_fs_readonly() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = uring_workload(dir.path());
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let target = ro.join("result.json");
+    let t = trace(&[
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        &format!(
+            "mount -t tmpfs -o ro tmpfs {} && {} create {}",
+            ro.display(),
+            bin.display(),
+            target.display()
+        ),
+    ]);
+    t.expect("fs.readonly", Some("openat"));
+    assert_eq!(t.decisive("kind"), Some("uring_failed"), "{}", t.context());
+    assert_eq!(t.decisive("errno"), Some("EROFS"));
+    assert_eq!(t.decisive("path"), target.to_str());
+}
+
+#[test]
+fn io_uring_connect_to_a_closed_port_in_a_fresh_netns_is_net_egress() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = uring_workload(dir.path());
+    let t = trace(&[
+        "unshare",
+        "-n",
+        "sh",
+        "-c",
+        &format!("ip link set lo up && {} connect 127.0.0.1 9", bin.display()),
+    ]);
+    t.expect("net.egress", Some("connect"));
+    assert_eq!(t.decisive("kind"), Some("uring_failed"), "{}", t.context());
+    assert_eq!(t.decisive("errno"), Some("ECONNREFUSED"));
+    assert_eq!(t.decisive("addr"), Some("127.0.0.1:9"));
+    assert_eq!(t.decisive("io_uring_op"), Some("IORING_OP_CONNECT"));
+}
+
+#[test]
+fn a_clean_io_uring_read_blames_nothing() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = uring_workload(dir.path());
+    let file = dir.path().join("data.txt");
+    std::fs::write(&file, "hello from io_uring\n").unwrap();
+    let t = trace_with(
+        &["--events"],
+        &[bin.to_str().unwrap(), "read", file.to_str().unwrap()],
+    );
+    assert_eq!(t.code, Some(0), "{}", t.context());
+    t.expect("none", None);
+    assert_eq!(t.json["failed"], false);
+    assert!(t.events_of("uring_failed").is_empty(), "{}", t.json);
+    assert!(t.events_of("uring_under_seccomp").is_empty(), "{}", t.json);
+    assert!(
+        !t.json["explanation"].as_str().unwrap().contains("io_uring"),
+        "{}",
+        t.context()
+    );
+}
+
+#[test]
+fn io_uring_past_a_seccomp_filter_that_denies_openat_is_called_a_bypass() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = uring_workload(dir.path());
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "not for this sandbox\n").unwrap();
+    // open(2) is refused by the filter; the same open through io_uring is not
+    let t = trace(&[
+        FAULT,
+        "--seccomp",
+        "errno:openat",
+        "--",
+        bin.to_str().unwrap(),
+        "sneak",
+        secret.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        t.code,
+        Some(0),
+        "the io_uring open should succeed: {}",
+        t.context()
+    );
+    let why = t.json["explanation"].as_str().unwrap();
+    assert!(
+        why.contains("io_uring bypassed the seccomp filter"),
+        "{why}"
+    );
+    assert!(
+        why.contains(&format!("io_uring openat(\"{}\")", secret.display())),
+        "{why}"
+    );
+    let sneaked = t.events_of("uring_under_seccomp");
+    assert_eq!(sneaked.len(), 1, "{}", t.json);
+    assert_eq!(sneaked[0]["path"], secret.to_str().unwrap());
+    assert_eq!(sneaked[0]["syscall"], "openat");
+    assert!(
+        t.events_of("seccomp_denied")
+            .iter()
+            .any(|e| e["syscall"] == "openat" && e["path"] == secret.to_str().unwrap()),
+        "{}",
+        t.json
+    );
 }

@@ -311,6 +311,9 @@ fn storm_label(what: &str) -> &'static str {
         "getppid" => "successful getppid",
         "open" => "failing open (ENOENT), the same path",
         "open-distinct" => "failing open (ENOENT), a new path each time",
+        "uring-open-distinct" => {
+            "failing io_uring OPENAT (ENOENT), a new path each time, one request per io_uring_enter"
+        }
         _ => "close(-1) → EBADF",
     }
 }
@@ -318,7 +321,7 @@ fn storm_label(what: &str) -> &'static str {
 fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
     let slow_n = (n / 40).max(10_000); // strace is orders of magnitude slower
     let mut rows = Vec::new();
-    for what in ["getppid", "open", "open-distinct"] {
+    for what in ["getppid", "open", "open-distinct", "uring-open-distinct"] {
         eprintln!("bench: {what} storm, {n} syscalls × {runs} interleaved rounds");
         let (mut base, mut floor, mut probe, mut untracked, mut bpftrace) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -353,15 +356,16 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
     eprintln!("bench: accounting checks");
     let mut accounting = Vec::new();
     let mut rss_kib = 0;
-    for what in ["open", "open-distinct", "badfd"] {
+    for what in ["open", "open-distinct", "uring-open-distinct", "badfd"] {
         let args = [what.to_string(), n.to_string(), b.out.display().to_string()];
         let (ns, json, rss) = b.measure(Mode::Probe, &args)?;
         rss_kib = rss_kib.max(rss);
         let json = json.context("probe JSON")?;
         // a failure arrives as an event, or folded into the count of the
         // identical failure before it (`repeated`)
-        let events = json["counts"]["syscall_failed"].as_u64().unwrap_or(0);
-        let delivered = events + json["counts"]["repeated"].as_u64().unwrap_or(0);
+        let count = |kind: &str| json["counts"][kind].as_u64().unwrap_or(0);
+        let events = count("syscall_failed") + count("uring_failed");
+        let delivered = events + count("repeated");
         let kernel_drops = json["drops"]["kernel"].as_u64().unwrap_or(0);
         let rate = n as f64 / (ns as f64 / 1e9);
         // the storm's own failures, plus a handful from the loader and libc

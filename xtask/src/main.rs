@@ -270,13 +270,17 @@ fn quiet_ok(cmd: &mut Command) -> bool {
 }
 
 /// (Debian package, shell check that it is installed).
-const DEBIAN_PACKAGES: [(&str, &str); 12] = [
+const DEBIAN_PACKAGES: [(&str, &str); 14] = [
     ("bpftool", "command -v bpftool"),
     ("iproute2", "command -v ip"),
     ("util-linux", "command -v unshare"),
     ("strace", "command -v strace"),
     ("bpftrace", "command -v bpftrace"),
     ("gcc", "command -v gcc"),
+    // the io_uring tests' workload is linked static (it starts under a
+    // seccomp filter that denies openat) and includes <linux/io_uring.h>
+    ("libc6-dev", "test -f /usr/lib/x86_64-linux-gnu/libc.a"),
+    ("linux-libc-dev", "test -f /usr/include/linux/io_uring.h"),
     ("procps", "command -v ps"),
     // `cargo xtask dist` (musl-gcc for SQLite) and its test (readelf)
     ("musl-tools", "command -v musl-gcc"),

@@ -51,10 +51,20 @@ pub enum EventKind {
     /// sent when the run ends (a different failure, the thread's exit).
     /// `syscall`/`ret` name the failure that repeated.
     Repeated = 12,
+    /// An io_uring request of a traced task failed (`ret`: the completion's
+    /// negative errno; `aux[0]`: the `IORING_OP_*` opcode, named in
+    /// userspace as the syscall it stands for, [`uring_op_syscall`]). No
+    /// syscall failed: the operation ran inside `io_uring_enter` or on an
+    /// io-wq worker. `pid`/`tid` are the submitter's.
+    UringFailed = 13,
+    /// An io_uring request that names a path or an address succeeded while
+    /// its submitter ran under a seccomp filter, which never sees io_uring
+    /// operations. Once per thread and opcode.
+    UringUnderSeccomp = 14,
 }
 
 /// Number of event kinds, i.e. length of the `DROPS` array.
-pub const EVENT_KINDS: u32 = 13;
+pub const EVENT_KINDS: u32 = 15;
 
 /// The value of the single per-CPU `DROPS` slot: one counter per kind, so
 /// userspace reads all of them with one lookup.
@@ -79,6 +89,8 @@ impl EventKind {
         EventKind::Mount,
         EventKind::FdDup,
         EventKind::Repeated,
+        EventKind::UringFailed,
+        EventKind::UringUnderSeccomp,
     ];
 
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -109,6 +121,9 @@ pub mod flags {
     /// reported an error (`ret` is minus that error): how a non-blocking
     /// connect learns it was refused, unreachable or timed out.
     pub const SOCKET_ERROR: u32 = 1 << 8;
+    /// An in-flight io_uring request ([`UringReq`]) whose success is
+    /// reported too (`UringUnderSeccomp`); never in an [`Event`].
+    pub const REPORT_SUCCESS: u32 = 1 << 9;
 }
 
 /// Layout of a `TRACKED` slot (one u64 per thread id): the span in the
@@ -211,6 +226,32 @@ pub struct TaskState {
     /// PID-namespace mode, fresh children (`task::REPORT_FORK`): the
     /// parent's namespace ids, for the Fork event the child sends.
     pub fork_parent: u64,
+    /// io_uring opcodes (bit per opcode below 64) this thread already
+    /// reported as `UringUnderSeccomp`.
+    pub uring_reported: u64,
+}
+
+/// An io_uring request of a traced task between submission and completion
+/// (`URING_REQS`, keyed by the kernel's request pointer): what the
+/// completion, which may run on an io-wq worker thread, reports.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UringReq {
+    /// The submitter's span.
+    pub span: u64,
+    /// The submitter's ids as reported (`tgid << 32 | tid`).
+    pub ids: u64,
+    /// `IORING_OP_*`.
+    pub opcode: u32,
+    /// [`flags`] bits: DATA_*, SECCOMP_ON, REPORT_SUCCESS.
+    pub flags: u32,
+    pub data_len: u32,
+    pub _pad: u32,
+    /// OPENAT/OPENAT2: the open flags (a write open of a read-only file
+    /// is `fs.readonly`, a read open is not).
+    pub open_flags: u64,
+    /// Path or socket address, read at submission.
+    pub data: [u8; DATA_LEN],
 }
 
 /// What identifies a failing syscall: the syscall, its result, its first
@@ -250,6 +291,7 @@ impl TaskState {
             repeats: 0,
             ns_ids: 0,
             fork_parent: 0,
+            uring_reported: 0,
         }
     }
 }
@@ -273,6 +315,17 @@ pub struct Offsets {
     pub oom_comm: u32,
     pub oom_total_vm: u32,
     pub oom_anon_rss: u32,
+    /// io_uring tracepoints (u32::MAX: this kernel has none).
+    pub uring_submit_req: u32,
+    pub uring_submit_opcode: u32,
+    pub uring_complete_req: u32,
+    pub uring_complete_res: u32,
+    pub uring_complete_cflags: u32,
+    pub uring_failed_opcode: u32,
+    pub uring_failed_addr: u32,
+    pub uring_failed_addr2: u32,
+    pub uring_failed_op_flags: u32,
+    pub uring_failed_error: u32,
 }
 
 /// What the eBPF side keeps from a syscall's arguments.
@@ -421,6 +474,75 @@ pub const ROLES: [ArgRole; ROLES_LEN] = {
     table
 };
 
+/// io_uring opcodes (`enum io_uring_op`, a stable uAPI) the eBPF side
+/// reads a path or an address for.
+pub mod uring {
+    pub const CONNECT: u32 = 16;
+    pub const OPENAT: u32 = 18;
+    pub const STATX: u32 = 21;
+    pub const OPENAT2: u32 = 28;
+    pub const RENAMEAT: u32 = 35;
+    pub const UNLINKAT: u32 = 36;
+    pub const MKDIRAT: u32 = 37;
+    pub const SYMLINKAT: u32 = 38;
+    pub const LINKAT: u32 = 39;
+    /// `io_uring_cqe.flags`: more completions follow for this request
+    /// (multishot): it stays in flight.
+    pub const CQE_F_MORE: u32 = 1 << 1;
+}
+
+/// The x86_64 syscall an io_uring opcode does the work of (`IORING_OP_READ`
+/// → read), so a failed request is judged like that syscall's failure;
+/// -1 for opcodes with no syscall of their own (NOP, timeouts, buffers…).
+pub const fn uring_op_syscall(opcode: u32) -> i64 {
+    match opcode {
+        1 => 19,        // READV → readv
+        2 => 20,        // WRITEV → writev
+        3 => 74,        // FSYNC → fsync
+        4 | 22 => 0,    // READ_FIXED, READ → read
+        5 | 23 => 1,    // WRITE_FIXED, WRITE → write
+        6 => 7,         // POLL_ADD → poll
+        8 => 277,       // SYNC_FILE_RANGE
+        9 | 48 => 46,   // SENDMSG(_ZC) → sendmsg
+        10 => 47,       // RECVMSG → recvmsg
+        13 => 288,      // ACCEPT → accept4
+        16 => 42,       // CONNECT → connect
+        17 => 285,      // FALLOCATE → fallocate
+        18 => 257,      // OPENAT → openat
+        19 => 3,        // CLOSE → close
+        21 => 332,      // STATX → statx
+        24 => 221,      // FADVISE → fadvise64
+        25 => 28,       // MADVISE → madvise
+        26 | 47 => 44,  // SEND(_ZC) → sendto
+        27 => 45,       // RECV → recvfrom
+        28 => 437,      // OPENAT2 → openat2
+        29 => 233,      // EPOLL_CTL → epoll_ctl
+        30 => 275,      // SPLICE → splice
+        33 => 276,      // TEE → tee
+        34 => 48,       // SHUTDOWN → shutdown
+        35 => 316,      // RENAMEAT → renameat2
+        36 => 263,      // UNLINKAT → unlinkat
+        37 => 258,      // MKDIRAT → mkdirat
+        38 => 266,      // SYMLINKAT → symlinkat
+        39 => 265,      // LINKAT → linkat
+        41 => 190,      // FSETXATTR → fsetxattr
+        42 => 188,      // SETXATTR → setxattr
+        43 => 193,      // FGETXATTR → fgetxattr
+        44 => 191,      // GETXATTR → getxattr
+        45 => 41,       // SOCKET → socket
+        49 => 0,        // READ_MULTISHOT → read
+        50 => 247,      // WAITID → waitid
+        51..=53 => 202, // FUTEX_* → futex
+        55 => 77,       // FTRUNCATE → ftruncate
+        56 => 49,       // BIND → bind
+        57 => 50,       // LISTEN → listen
+        59 => 232,      // EPOLL_WAIT → epoll_wait
+        60 => 19,       // READV_FIXED → readv
+        61 => 20,       // WRITEV_FIXED → writev
+        _ => -1,
+    }
+}
+
 /// True for open flags that make an open a write (O_WRONLY, O_RDWR, O_CREAT, O_TRUNC).
 #[inline(always)]
 pub const fn open_flags_write(flags: u64) -> bool {
@@ -439,6 +561,7 @@ mod user {
     unsafe impl aya::Pod for super::Offsets {}
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::DropCounters {}
+    unsafe impl aya::Pod for super::UringReq {}
 }
 
 // The eBPF side copies and compares `data` arrays a word at a time with
@@ -447,3 +570,4 @@ const _: () = assert!(core::mem::offset_of!(Event, data) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(Failure, data) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(TaskState, last) % 8 == 0);
 const _: () = assert!(core::mem::align_of::<Failure>() == 8);
+const _: () = assert!(core::mem::offset_of!(UringReq, data) % 8 == 0);
