@@ -32,7 +32,7 @@ use aya_ebpf::{
         bpf_probe_read_user_str_bytes, generated as helper,
     },
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use probe_abi::{
@@ -1175,10 +1175,12 @@ fn reclaim_end(kind_flags: u32) {
 // thread group leader.
 
 /// Traced requests in flight (kernel `struct io_kiocb *` → [`UringReq`]).
-/// LRU: a request that never posts a completion (IOSQE_CQE_SKIP_SUCCESS, a
-/// ring torn down by a kernel worker) is evicted instead of filling the map.
+/// A request that never posts a completion (IOSQE_CQE_SKIP_SUCCESS, a ring
+/// torn down by a kernel worker) is removed by userspace once its span has
+/// ended; a full map is a counted drop. (A plain hash: an LRU one cost the
+/// submission half again.)
 #[map]
-static URING_REQS: LruHashMap<u64, UringReq> = LruHashMap::with_max_entries(16384, 0);
+static URING_REQS: HashMap<u64, UringReq> = HashMap::with_max_entries(16384, 0);
 
 /// The request being prepared, per CPU (too big for the stack).
 #[map]
@@ -1331,11 +1333,9 @@ pub fn uring_complete(ctx: TracePointContext) -> u32 {
                 .unwrap_or(0),
         )
     };
+    // not kept: refused at preparation (`uring_req_failed` sent it), or
+    // the map was full at submission (counted as a drop there)
     let Some(r) = URING_REQS.get_ptr(&req) else {
-        if res < 0 {
-            // a traced failure whose submission was not kept (evicted)
-            count_drop(EventKind::UringFailed);
-        }
         return 0;
     };
     // SAFETY: a map value, valid until removed below.

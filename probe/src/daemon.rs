@@ -284,6 +284,13 @@ impl Core {
                 tracing::debug!("swept stale threads of ended span {span}; {lost} late repeats");
             }
         }
+        let spans = &self.spans;
+        let forgotten = self
+            .probe
+            .forget_uring_requests(|span| spans.contains_key(&span));
+        if forgotten > 0 {
+            tracing::debug!("forgot {forgotten} io_uring requests of ended spans");
+        }
     }
 
     /// Drains the ring buffer until it is empty.

@@ -6,7 +6,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, TracePoint},
 };
-use probe_abi::{EVENT_KINDS, TaskState, slot, task};
+use probe_abi::{EVENT_KINDS, TaskState, UringReq, slot, task};
 
 use crate::tracefs;
 
@@ -97,6 +97,7 @@ pub struct Probe {
     pending_any: Array<MapData, u64>,
     events: RingBuf<MapData>,
     drops: PerCpuArray<MapData, probe_abi::DropCounters>,
+    uring_reqs: HashMap<MapData, u64, UringReq>,
     /// Tracepoints attached, as `category:name`.
     pub attached: Vec<String>,
     /// Optional tracepoints this kernel lacks.
@@ -266,6 +267,11 @@ impl Probe {
             .map_err(|e| LoadError::Load(e.to_string()))?;
         let drops = PerCpuArray::try_from(ebpf.take_map("DROPS").ok_or(LoadError::Map("DROPS"))?)
             .map_err(|e| LoadError::Load(e.to_string()))?;
+        let uring_reqs = HashMap::try_from(
+            ebpf.take_map("URING_REQS")
+                .ok_or(LoadError::Map("URING_REQS"))?,
+        )
+        .map_err(|e| LoadError::Load(e.to_string()))?;
         Ok(Probe {
             _ebpf: ebpf,
             tracked,
@@ -275,6 +281,7 @@ impl Probe {
             pending_any,
             events,
             drops,
+            uring_reqs,
             attached,
             missing,
         })
@@ -476,6 +483,24 @@ impl Probe {
             })
             .collect();
         self.untrack_hosts(own)
+    }
+
+    /// Forgets io_uring requests of spans that are no longer open: ones
+    /// that never post a completion (IOSQE_CQE_SKIP_SUCCESS, a ring torn
+    /// down by a kernel worker) would otherwise hold their map entry for
+    /// good. Returns how many were forgotten.
+    pub fn forget_uring_requests(&mut self, open: impl Fn(u64) -> bool) -> usize {
+        let stale: Vec<u64> = self
+            .uring_reqs
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, r)| !open(r.span))
+            .map(|(req, _)| req)
+            .collect();
+        for req in &stale {
+            let _ = self.uring_reqs.remove(req);
+        }
+        stale.len()
     }
 
     /// Spans that still have traced threads, with how many.
