@@ -226,7 +226,7 @@ fn wait_with_rusage(mut child: Child) -> anyhow::Result<(std::process::ExitStatu
 }
 
 /// The sections of docs/BENCHMARKS.md, in order, with the heading each starts at.
-pub const SECTIONS: [(&str, &str); 7] = [
+pub const SECTIONS: [(&str, &str); 8] = [
     ("probe", "# Benchmarks"),
     ("daemon", "## Daemon"),
     ("otlp", "## OpenTelemetry export"),
@@ -234,7 +234,55 @@ pub const SECTIONS: [(&str, &str); 7] = [
     ("proxy", "## Proxy"),
     ("campaign", "## Campaign"),
     ("fleet", "## Fleet"),
+    ("run", "## This run"),
 ];
+
+/// CPU ticks from the first line of /proc/stat: (steal, total). Steal is
+/// time the hypervisor gave to other guests, the phase of this VM.
+pub fn cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    (
+        ticks.get(7).copied().unwrap_or(0),
+        ticks.iter().take(8).sum(),
+    )
+}
+
+/// Steal between two [`cpu_ticks`] readings, in percent of CPU time.
+pub fn steal_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.1.saturating_sub(before.1).max(1);
+    100.0 * after.0.saturating_sub(before.0) as f64 / total as f64
+}
+
+/// The "This run" section of a whole `cargo xtask bench`: when and how
+/// long each section ran, and the CPU steal it saw, so every table of the
+/// document is known to come from one run.
+pub fn run_section(started: &str, sections: &[(&str, f64, f64)], total: (f64, f64)) -> String {
+    let mut out = String::from("## This run\n\n");
+    out.push_str(&format!(
+        "Every section above comes from one `cargo xtask bench`, started {started}.\n\n\
+         | section | wall time | CPU steal |\n|---|---:|---:|\n"
+    ));
+    for (name, secs, steal) in sections {
+        out.push_str(&format!(
+            "| {name} | {:.1} min | {steal:.1}% |\n",
+            secs / 60.0
+        ));
+    }
+    out.push_str(&format!(
+        "| **whole run** | **{:.1} min** | **{:.1}%** |\n",
+        total.0 / 60.0,
+        total.1
+    ));
+    out
+}
 
 /// Replaces section `name` of `doc` (see [`SECTIONS`]) with `text`, keeping the others.
 pub fn splice(doc: &str, name: &str, text: &str) -> String {

@@ -188,10 +188,21 @@ fn main() -> anyhow::Result<()> {
         } => {
             setup()?;
             let mut doc = std::fs::read_to_string("docs/BENCHMARKS.md").unwrap_or_default();
+            let started = String::from_utf8_lossy(
+                &Command::new("date")
+                    .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+                    .output()?
+                    .stdout,
+            )
+            .trim()
+            .to_string();
+            let (run_clock, run_ticks) = (std::time::Instant::now(), bench::cpu_ticks());
+            let mut timings = Vec::new();
             for (section, _) in bench::SECTIONS {
-                if only.as_deref().is_some_and(|o| o != section) {
+                if only.as_deref().is_some_and(|o| o != section) || section == "run" {
                     continue;
                 }
+                let (clock, ticks) = (std::time::Instant::now(), bench::cpu_ticks());
                 let text = match section {
                     "probe" => bench::probe_section(&build_probe_release()?, n, runs)?,
                     "daemon" => bench::cargo_bench_section("probe", "daemon")?,
@@ -207,6 +218,28 @@ fn main() -> anyhow::Result<()> {
                 };
                 print!("{text}");
                 doc = bench::splice(&doc, section, &text);
+                timings.push((
+                    section,
+                    clock.elapsed().as_secs_f64(),
+                    bench::steal_pct(ticks, bench::cpu_ticks()),
+                ));
+            }
+            if only.is_none() {
+                let total = (
+                    run_clock.elapsed().as_secs_f64(),
+                    bench::steal_pct(run_ticks, bench::cpu_ticks()),
+                );
+                let text = bench::run_section(&started, &timings, total);
+                print!("{text}");
+                doc = bench::splice(&doc, "run", &text);
+            } else if let Some((section, _, steal)) = timings.first() {
+                // the document no longer comes from one run: say so
+                let text = format!(
+                    "## This run\n\nThe `{section}` section was rerun alone (`cargo xtask bench \
+                     --only {section}`, started {started}, CPU steal {steal:.1}%); the other \
+                     sections come from an earlier run.\n"
+                );
+                doc = bench::splice(&doc, "run", &text);
             }
             if !no_write {
                 std::fs::write("docs/BENCHMARKS.md", &doc)?;
