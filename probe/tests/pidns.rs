@@ -102,6 +102,25 @@ fn recorded_pids(log: &Path) -> BTreeSet<u64> {
         .collect()
 }
 
+/// The io_uring workload of the kernel tests (tests/workloads/uring.c).
+fn uring_workload(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("uring.c");
+    std::fs::write(&src, include_str!("workloads/uring.c")).unwrap();
+    let bin = dir.join("uring");
+    let out = Command::new("gcc")
+        .args(["-O1", "-static", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("gcc builds the io_uring workload: install gcc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("probe-pidns-")
@@ -117,8 +136,15 @@ fn trace_in_a_pid_namespace_attributes_like_outside() {
     let dir = tempdir();
     let target = dir.path().join("made");
     let target = target.to_str().unwrap();
+    let uring = uring_workload(dir.path());
+    let uring = uring.to_str().unwrap();
     let cases: Vec<(&str, Vec<&str>)> = vec![
         ("fs.missing", vec!["cat", "/nonexistent/input.csv"]),
+        // completed on an io-wq worker, reported under the submitter's ids
+        (
+            "fs.missing",
+            vec![uring, "open-async", "/nonexistent/uring.csv"],
+        ),
         (
             "seccomp",
             vec![FAULT, "--seccomp", "errno:mkdir", "--", "mkdir", target],
@@ -140,6 +166,14 @@ fn trace_in_a_pid_namespace_attributes_like_outside() {
             "{expected}: inside a PID namespace\n{inside:#}\noutside\n{outside:#}"
         );
         assert_eq!(inside["exit"], outside["exit"], "{expected}");
+        if workload[0] == uring {
+            let d = &inside["decisive"];
+            assert_eq!(d["kind"], "uring_failed", "{inside:#}");
+            // the namespace's first process is unshare's child, pid 1: the
+            // workload is one of its first few
+            assert!(d["pid"].as_u64().is_some_and(|p| p < 100), "{inside:#}");
+            assert_eq!(d["pid"], d["tid"], "{inside:#}");
+        }
     }
 
     // the pids printed are the namespace's: each one is a pid the workload
