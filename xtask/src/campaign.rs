@@ -443,11 +443,9 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
     let suite = lab.generate(count)?;
     let db = lab.dir.join("results.db");
     let sampler = ChromiumSampler::start();
-    let steal_before = cpu_steal_ticks();
+    let steal_before = crate::bench::cpu_ticks();
     let s = lab.run(&suite, &db, "bench", &[], 8)?;
-    let (steal, total) = cpu_steal_ticks();
-    let steal_pct = 100.0 * steal.saturating_sub(steal_before.0) as f64
-        / total.saturating_sub(steal_before.1).max(1) as f64;
+    let steal_pct = crate::bench::steal_pct(steal_before, crate::bench::cpu_ticks());
     let chromium = sampler.stop();
     let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
     let conn = rusqlite::Connection::open(&db)?;
@@ -591,23 +589,6 @@ pub fn fleet_bench(count: usize) -> anyhow::Result<String> {
         valid - distinct,
         rows - distinct,
     ))
-}
-
-/// (steal, all) CPU ticks of the machine so far, from /proc/stat.
-fn cpu_steal_ticks() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let ticks: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    (
-        ticks.get(7).copied().unwrap_or(0),
-        ticks.iter().take(8).sum(),
-    )
 }
 
 /// Peaks of Chromium's memory while a campaign runs.
