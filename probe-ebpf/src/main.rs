@@ -36,9 +36,9 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use probe_abi::{
-    ArgRole, DATA_LEN, DropCounters, EVENT_KINDS, Event, EventKind, Failure, Offsets, ROLES,
-    ROLES_LEN, TaskState, UringReq, flags, needs_enter_state, nr, open_flags_write, slot, task,
-    uring,
+    ArgRole, DATA_LEN, DropCounters, EVENT_HEADER_LEN, EVENT_KINDS, Event, EventKind, Failure,
+    Offsets, ROLES, ROLES_LEN, TaskState, UringReq, flags, needs_enter_state, nr, open_flags_write,
+    slot, task, uring,
 };
 
 /// tid → packed span/flags/syscall-in-flight (`probe_abi::slot`; 0: untracked). An array, sized to pid_max by userspace,
@@ -184,6 +184,11 @@ fn role(nr: i64) -> ArgRole {
 #[map]
 static SCRATCH: PerCpuArray<Failure> = PerCpuArray::with_max_entries(1, 0);
 
+/// The SyscallFailed record being built, per CPU: sent by `output_failure`
+/// with only the bytes its path fills.
+#[map]
+static RECORD: PerCpuArray<Event> = PerCpuArray::with_max_entries(1, 0);
+
 #[map]
 static OFFSETS: Array<Offsets> = Array::with_max_entries(1, 0);
 
@@ -253,16 +258,27 @@ fn reserve(
         count_drop(kind);
         return None;
     };
+    // SAFETY: ring-buffer memory sized for one Event.
+    unsafe { write_header(entry.as_mut_ptr(), kind, span, ts, with_comm) };
+    Some(entry)
+}
+
+/// Fills the common header of the Event at `ev` (ring-buffer or per-CPU
+/// scratch memory), `comm` included only `with_comm`.
+///
+/// # Safety
+/// `ev` points at writable memory sized for one Event.
+#[inline(always)]
+unsafe fn write_header(ev: *mut Event, kind: EventKind, span: u64, ts: u64, with_comm: bool) {
     let pid_tgid = if ns_mode() {
         ns_current()
     } else {
         bpf_get_current_pid_tgid()
     };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` points at ring-buffer memory sized for one Event; fields
-    // are written in place so the 400-byte record never lands on the
-    // 512-byte stack. Volatile stores keep LLVM from turning runs of zero
-    // stores into a call to BPF's byte-at-a-time memset.
+    // SAFETY: the caller's promise; fields are written in place so the
+    // 368-byte record never lands on the 512-byte stack. Volatile stores
+    // keep LLVM from turning runs of zero stores into a call to BPF's
+    // byte-at-a-time memset.
     unsafe {
         write_volatile(&raw mut (*ev).ts_ns, ts);
         write_volatile(&raw mut (*ev).span, span);
@@ -287,7 +303,6 @@ fn reserve(
             write_volatile((&raw mut (*ev).comm).cast::<u64>().add(1), 0);
         }
     }
-    Some(entry)
 }
 
 /// The span of thread `tid`, or None when it is not traced.
@@ -320,6 +335,12 @@ fn set_tracked(tid: u32, value: u64) {
 /// pace, so events are delivered rather than dropped.
 #[inline(always)]
 fn submit(entry: aya_ebpf::maps::ring_buf::RingBufEntry<Event>, urgent: bool) {
+    entry.submit(wakeup_flags(urgent));
+}
+
+/// The ring-buffer flags for a record `submit` or `output_failure` sends.
+#[inline(always)]
+fn wakeup_flags(urgent: bool) -> u64 {
     const WAKEUP_BYTES: u64 = 1 << 20;
     const BEHIND_BYTES: u64 = 4 << 20;
     // a few records (with the ring's 8-byte header) past the mark: the
@@ -328,7 +349,7 @@ fn submit(entry: aya_ebpf::maps::ring_buf::RingBufEntry<Event>, urgent: bool) {
     const BPF_RB_NO_WAKEUP: u64 = 1;
     const BPF_RB_FORCE_WAKEUP: u64 = 2;
     const BPF_RB_AVAIL_DATA: u64 = 0;
-    let flags = if urgent {
+    if urgent {
         0
     } else {
         let pending = EVENTS.query(BPF_RB_AVAIL_DATA);
@@ -337,8 +358,26 @@ fn submit(entry: aya_ebpf::maps::ring_buf::RingBufEntry<Event>, urgent: bool) {
         } else {
             BPF_RB_NO_WAKEUP
         }
-    };
-    entry.submit(flags);
+    }
+}
+
+/// Sends the SyscallFailed record built in `ev` with only the words of
+/// `data` it fills: a path of 45 bytes makes a 160-byte record, not 368,
+/// so a storm of distinct failures moves less than half the bytes through
+/// the producer's and the reader's caches. `bpf_ringbuf_reserve` wants a
+/// constant size, hence the scratch record and the copy by
+/// `bpf_ringbuf_output`. False (counted as a drop) when the ring is full.
+#[inline(always)]
+fn output_failure(ev: &Event, urgent: bool) -> bool {
+    let n = words(ev.data_len).min(DATA_LEN / 8);
+    let size = EVENT_HEADER_LEN + n * 8;
+    // SAFETY: `size` is at most size_of::<Event>(): inside `ev`.
+    let bytes = unsafe { core::slice::from_raw_parts((ev as *const Event).cast::<u8>(), size) };
+    if EVENTS.output::<[u8]>(bytes, wakeup_flags(urgent)).is_err() {
+        count_drop(EventKind::SyscallFailed);
+        return false;
+    }
+    true
 }
 
 #[inline(always)]
@@ -598,12 +637,12 @@ fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
         }
     }
     let ts = now();
-    let Some(mut entry) = reserve(EventKind::SyscallFailed, span, ts) else {
+    let Some(ev) = RECORD.get_ptr_mut(0) else {
         return;
     };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: reserved Event, header already written.
+    // SAFETY: this CPU's record scratch, like SCRATCH above.
     unsafe {
+        write_header(ev, EventKind::SyscallFailed, span, ts, false);
         (*ev).syscall = entered;
         (*ev).ret = ret;
         if role.is_timed() {
@@ -619,6 +658,15 @@ fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
             (*ev).flags |= flags::SECCOMP_ON;
         }
     }
+    // an exec refused with EACCES is checked against mountinfo on arrival
+    // (noexec), while its mount namespace still exists; the ENOENTs of a
+    // PATH search are not urgent (a dozen wake-ups per command otherwise)
+    const EACCES: i64 = 13;
+    let urgent = (entered == nr::EXECVE || entered == nr::EXECVEAT) && ret == -EACCES;
+    // SAFETY: built above, this CPU's own.
+    if !output_failure(unsafe { &*ev }, urgent) {
+        return;
+    }
     if let Some(st) = state {
         // SAFETY: as above; remembered only once sent, so a repeat is never
         // counted against a failure that was dropped
@@ -630,14 +678,6 @@ fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
         last.data_flags = cur.data_flags;
         copy_data(&mut last.data, &cur.data, cur.data_len);
     }
-    // an exec refused with EACCES is checked against mountinfo on arrival
-    // (noexec), while its mount namespace still exists; the ENOENTs of a
-    // PATH search are not urgent (a dozen wake-ups per command otherwise)
-    const EACCES: i64 = 13;
-    submit(
-        entry,
-        (entered == nr::EXECVE || entered == nr::EXECVEAT) && ret == -EACCES,
-    );
 }
 
 /// Sends the thread's pending repeat count; false when the ring is full.

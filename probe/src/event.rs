@@ -4,7 +4,9 @@
 use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use probe_abi::{ArgRole, DATA_LEN, Event, EventKind, flags, is_fd_syscall, syscall_arg_role};
+use probe_abi::{
+    ArgRole, DATA_LEN, EVENT_HEADER_LEN, Event, EventKind, flags, is_fd_syscall, syscall_arg_role,
+};
 use serde::{Deserialize, Serialize};
 
 /// Event kinds as they appear in JSON.
@@ -234,8 +236,8 @@ impl KernelEvent {
 /// Why a record could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DecodeError {
-    /// The record is shorter than an [`Event`]: ABI mismatch between the
-    /// embedded eBPF object and this binary.
+    /// The record is shorter than an [`Event`]'s header: ABI mismatch
+    /// between the embedded eBPF object and this binary.
     #[error("ring buffer record of {0} bytes, expected {1}")]
     Size(usize, usize),
     /// A kind this binary does not know.
@@ -243,14 +245,21 @@ pub enum DecodeError {
     Kind(u32),
 }
 
-/// Reads one ring-buffer record. Alignment is not guaranteed, hence the copy.
+/// Reads one ring-buffer record. Alignment is not guaranteed, hence the
+/// copy. A record may end after the words of `data` it fills
+/// ([`EVENT_HEADER_LEN`]): only those bytes are copied, the rest is zero.
 pub fn read_raw(bytes: &[u8]) -> Result<Event, DecodeError> {
-    if bytes.len() < size_of::<Event>() {
-        return Err(DecodeError::Size(bytes.len(), size_of::<Event>()));
+    if bytes.len() < EVENT_HEADER_LEN {
+        return Err(DecodeError::Size(bytes.len(), EVENT_HEADER_LEN));
     }
-    // SAFETY: length checked above; Event is plain old data (probe_abi), so
-    // any bit pattern is valid; read_unaligned copes with alignment.
-    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Event) })
+    let n = bytes.len().min(size_of::<Event>());
+    let mut raw = std::mem::MaybeUninit::<Event>::zeroed();
+    // SAFETY: n bytes fit both buffers; Event is plain old data (probe_abi),
+    // so any bit pattern, zero included, is valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), raw.as_mut_ptr().cast::<u8>(), n);
+        Ok(raw.assume_init())
+    }
 }
 
 /// Decodes a raw event; `span_start_ns` makes `ts_ns` relative.
@@ -639,10 +648,38 @@ mod tests {
     }
 
     #[test]
+    fn record_cut_after_its_path_decodes_whole() {
+        let mut r = raw(EventKind::SyscallFailed);
+        r.syscall = 257; // openat
+        r.ret = -2;
+        r.flags = flags::DATA_PATH;
+        let path = b"/nonexistent/missing-1.csv";
+        r.data[..path.len()].copy_from_slice(path);
+        r.data[path.len()..].fill(0xaa); // what the kernel does not send
+        r.data_len = path.len() as u32;
+        // SAFETY: Event is plain old data.
+        let whole =
+            unsafe { std::slice::from_raw_parts((&raw const r).cast::<u8>(), size_of::<Event>()) };
+        // the header and the words the path fills, as the programs send it
+        let sent = &whole[..EVENT_HEADER_LEN + path.len().div_ceil(8) * 8];
+        let read = read_raw(sent).unwrap();
+        assert!(
+            read.data[sent.len() - EVENT_HEADER_LEN..]
+                .iter()
+                .all(|&b| b == 0)
+        );
+        let ev = decode(&read, 0).unwrap();
+        assert_eq!(ev.path.as_deref(), Some("/nonexistent/missing-1.csv"));
+        assert_eq!(ev.errno.as_deref(), Some("ENOENT"));
+        // a full-size record (the kinds sent by reservation) reads the same
+        assert_eq!(decode(&read_raw(whole).unwrap(), 0).unwrap().path, ev.path);
+    }
+
+    #[test]
     fn short_record_and_unknown_kind_are_errors() {
         assert_eq!(
             read_raw(&[0u8; 8]).err(),
-            Some(DecodeError::Size(8, size_of::<Event>()))
+            Some(DecodeError::Size(8, EVENT_HEADER_LEN))
         );
         let mut r = raw(EventKind::Exit);
         r.kind = 999;

@@ -202,6 +202,11 @@ pub struct Event {
     pub data: [u8; DATA_LEN],
 }
 
+/// Bytes of an [`Event`] before `data`. A SyscallFailed record is this
+/// header plus only the words of `data` its path or address fills (the
+/// rest of the field is not sent); readers zero-fill what is missing.
+pub const EVENT_HEADER_LEN: usize = core::mem::offset_of!(Event, data);
+
 /// Per-thread state in the `TASKS` map, keyed by thread id, for tracked
 /// threads only; what does not fit in their `TRACKED` slot.
 #[repr(C)]
