@@ -140,6 +140,19 @@ impl CallCgroups {
         Ok(())
     }
 
+    /// The `cgroup.procs` file of every cgroup of the call, for a child
+    /// that joins them itself before exec (see `attach`).
+    pub fn procs_files(&self) -> io::Result<Vec<std::ffi::CString>> {
+        use std::os::unix::ffi::OsStrExt as _;
+        self.dirs
+            .iter()
+            .map(|d| {
+                std::ffi::CString::new(d.join("cgroup.procs").as_os_str().as_bytes())
+                    .map_err(|_| io::Error::other("a NUL byte in a cgroup path"))
+            })
+            .collect()
+    }
+
     /// Every process still in the call's tree (empty without tracking).
     pub fn pids(&self) -> Vec<i32> {
         let Some(dir) = &self.tracking else {

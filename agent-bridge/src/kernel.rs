@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use probe::attribution::ExitStatus;
-use probe::client::{AsyncClient, Client};
+use std::os::fd::RawFd;
+
+use probe::client::{AsyncClient, Client, PidRequest};
 use serde_json::{Value, json};
 
 /// How long ending a span may take before the call reports the probe as
@@ -106,27 +108,58 @@ impl Kernel {
         result.map_err(|e| e.to_string())
     }
 
-    /// Blocking. Opens the call's span with `pid` (waiting before exec)
-    /// attached, in one round trip; `call`: the MCP call it runs for.
-    pub fn begin(&self, label: &str, pid: u32, call: Option<&CallTrace>) -> Span {
-        let Some(call) = call else {
-            return match self
-                .with_client(|c| c.begin_span_attached(Some(&self.session), label, pid))
-            {
-                Ok(id) => Span::Open(id),
-                Err(reason) => Span::Unavailable(reason),
-            };
+    /// Blocking. Runs `spawn` holding the daemon connection, for a child
+    /// that opens its own span (see `attach`): `spawn` gets the socket and
+    /// the `begin_span` request for the child to complete with its pid (None
+    /// when the probe is off or unreachable), and returns the answer line
+    /// the child read, if it read one. `call`: the MCP call it runs for.
+    pub fn begin_in_child<T>(
+        &self,
+        label: &str,
+        call: Option<&CallTrace>,
+        spawn: impl FnOnce(Option<(RawFd, PidRequest)>) -> (T, Option<Vec<u8>>),
+    ) -> (T, Span) {
+        let Some(socket) = &self.socket else {
+            let (spawned, _) = spawn(None);
+            return (
+                spawned,
+                Span::Unavailable("the probe is switched off (--no-probe)".into()),
+            );
         };
-        let mut request =
-            json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid});
-        call.add_to(&mut request);
-        match self.with_client(|c| c.call(request)) {
-            Ok(r) => match r["span_id"].as_u64() {
+        let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            match Client::connect(socket) {
+                Ok(c) => *guard = Some(c),
+                Err(e) => return (spawn(None).0, Span::Unavailable(e.to_string())),
+            }
+        }
+        let client = guard.as_mut().expect("just connected");
+        let mut request = json!({"op": "begin_span", "session": self.session, "label": label});
+        if let Some(call) = call {
+            call.add_to(&mut request);
+        }
+        let request = client.pid_request(request);
+        let id = request.id;
+        let (spawned, answer) = spawn(Some((client.socket_fd(), request)));
+        let span = match answer.map(|line| client.pid_answer(id, &line)) {
+            Some(Ok(r)) => match r["span_id"].as_u64() {
                 Some(id) => Span::Open(id),
                 None => Span::Unavailable(format!("the probe daemon answered nonsense: {r}")),
             },
-            Err(reason) => Span::Unavailable(reason),
-        }
+            Some(Err(e)) => {
+                if e.code().is_none() {
+                    *guard = None; // the connection broke: reconnect next time
+                }
+                Span::Unavailable(e.to_string())
+            }
+            None => {
+                // the child never read a whole answer: whatever it left
+                // on the connection must not answer the next request
+                *guard = None;
+                Span::Unavailable("the workload ended before the probe daemon answered".into())
+            }
+        };
+        (spawned, span)
     }
 
     /// Blocking. Ends the span and returns the attribution object (or why

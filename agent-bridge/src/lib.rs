@@ -8,6 +8,7 @@
 //! [`bytes`]; [`fault`] corrupts them on purpose when asked. [`big_alloc`]
 //! keeps freed big buffers mapped for a moment, for the next transfer.
 
+pub mod attach;
 pub mod big_alloc;
 pub mod bytes;
 pub mod campaign;

@@ -130,6 +130,13 @@ impl Plan {
         })
     }
 
+    /// Whether the workload sees the bridge's view of the files under the
+    /// bridge's credentials: no mounts of its own, no other uid. Then the
+    /// bridge can look a program up on PATH for it (see `workload`).
+    pub fn sees_what_the_bridge_sees(&self) -> bool {
+        self.mounts.is_empty() && self.ids.is_none()
+    }
+
     /// Runs in the child, after fork, before exec. Async-signal-safe; on
     /// failure writes what failed to `report`. `cwd` is entered again after
     /// the mounts, so it resolves through them (the earlier chdir kept the

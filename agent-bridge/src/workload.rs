@@ -96,8 +96,16 @@ impl Context {
         let limits = self.limits;
         let name = format!("{}-{call}", self.call_prefix);
         let cwd = spec.cwd.clone().unwrap_or_else(|| self.workdir.clone());
-        let mut cmd = std::process::Command::new(&spec.argv[0]);
-        cmd.args(&spec.argv[1..])
+        // looked up here, with stat(2), rather than by execvp(3) in the
+        // child trying every PATH entry: each miss there is a failed
+        // execve the probe must record and the daemon sort through
+        let found = plan
+            .sees_what_the_bridge_sees()
+            .then(|| find_on_path(&spec.argv[0], path_of(&spec.env, &self.profile_env)))
+            .flatten();
+        let mut cmd = std::process::Command::new(found.as_deref().unwrap_or(spec.argv[0].as_ref()));
+        cmd.arg0(&spec.argv[0])
+            .args(&spec.argv[1..])
             .current_dir(&cwd)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .envs(self.profile_env.iter().map(|(k, v)| (k, v)))
@@ -130,36 +138,18 @@ impl Context {
         let blocking = tokio::task::spawn_blocking(move || {
             let tree = CallCgroups::create(&name, limits)
                 .map_err(|e| StartError(format!("cannot set up the call's cgroup: {e}")))?;
-            let mut span = Span::Unavailable("the workload never started".into());
-            let spawned = probe::spawn::spawn_attached_with(
-                &mut cmd,
-                |pid| {
-                    tree.add(pid)?;
-                    span = kernel.begin(&label, pid, call.as_ref());
-                    Ok::<(), io::Error>(())
-                },
-                move |report| {
-                    plan.apply(report, &cwd)?;
-                    // std execs argv[0]: at once, or where an exec by fd
-                    // failed (an outer seccomp policy, say)
-                    if let Some(e) = &by_fd {
-                        let _ = e.exec();
-                    }
-                    Ok(())
-                },
-            );
-            let (child, _pid) = match spawned {
-                Ok((Ok(child), pid)) => (child, pid),
-                Ok((Err(e), _)) | Err(probe::spawn::SpawnError::Spawn(e)) => {
+            let procs = tree
+                .procs_files()
+                .map_err(|e| StartError(format!("cannot set up the call's cgroup: {e}")))?;
+            let (spawned, span) = kernel.begin_in_child(&label, call.as_ref(), |begin| {
+                spawn_attaching_itself(&mut cmd, procs, begin, plan, cwd, by_fd)
+            });
+            let child = match spawned {
+                Ok(child) => child,
+                Err(e) => {
                     // the probe saw the failed exec: its attribution explains it
                     let kernel_view = kernel.end_blocking(&span, None, None);
                     return Err(StartError(start_failure(&cmd, &e, &kernel_view)));
-                }
-                Err(probe::spawn::SpawnError::Attach(e)) => {
-                    let _ = kernel.end_blocking(&span, None, None);
-                    return Err(StartError(format!(
-                        "cannot place the workload in its cgroup: {e}"
-                    )));
                 }
             };
             Ok((child, tree, span))
@@ -191,7 +181,7 @@ impl Context {
         let stderr =
             tokio::process::ChildStderr::from_std(child.stderr.take().ok_or_else(|| take(None))?)
                 .map_err(|e| take(Some(e)))?;
-        let waiter = tokio::task::spawn_blocking(move || child.wait());
+        let waiter = tokio::spawn(wait_for_exit(child));
         Ok(Running {
             pid,
             stdin,
@@ -205,6 +195,138 @@ impl Context {
             fails_on_exit,
         })
     }
+}
+
+/// Spawns `cmd`, whose child joins its cgroups (`procs`) and opens its
+/// span (`begin`) itself, then applies the profile and execs (see
+/// `attach`). Returns the spawn result, with what the child reported
+/// before failing, and the daemon's answer the child forwarded.
+fn spawn_attaching_itself(
+    cmd: &mut std::process::Command,
+    procs: Vec<std::ffi::CString>,
+    begin: Option<(std::os::fd::RawFd, probe::client::PidRequest)>,
+    plan: Arc<Plan>,
+    cwd: std::ffi::CString,
+    by_fd: Option<ExecByFd>,
+) -> (io::Result<std::process::Child>, Option<Vec<u8>>) {
+    use std::os::fd::AsRawFd as _;
+    let pipes = (|| Ok::<_, io::Error>((nonblocking_pipe()?, nonblocking_pipe()?)))();
+    let ((answer_r, answer_w), (report_r, report_w)) = match pipes {
+        Ok(p) => p,
+        Err(e) => return (Err(e), None),
+    };
+    let attach = crate::attach::SelfAttach {
+        procs,
+        begin,
+        answer: answer_w.as_raw_fd(),
+    };
+    let report = report_w.as_raw_fd();
+    // SAFETY: the hook runs between fork and exec and makes only
+    // async-signal-safe calls on memory prepared before fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            attach.run(report)?;
+            plan.apply(report, &cwd)?;
+            // std execs argv[0]: at once, or where an exec by fd failed
+            // (an outer seccomp policy, say)
+            if let Some(e) = &by_fd {
+                let _ = e.exec();
+            }
+            Ok(())
+        });
+    }
+    let mut spawned = cmd.spawn();
+    drop((answer_w, report_w));
+    // whatever the child wrote, it wrote before its exec (or exit), which
+    // spawn() waited for: the pipes hold it all, nothing more is coming
+    let answer = Some(drain(answer_r)).filter(|a| !a.is_empty());
+    if let Err(e) = &spawned {
+        let why = drain(report_r);
+        if !why.is_empty() {
+            let why = String::from_utf8_lossy(&why);
+            spawned = Err(io::Error::new(e.kind(), format!("{why}: {e}")));
+        }
+    }
+    (spawned, answer)
+}
+
+/// Waits for `child` to exit on the runtime, through a pidfd: no blocking
+/// thread to hand the wait to and the exit back from. Without pidfds (Linux
+/// before 5.3), on a blocking thread.
+async fn wait_for_exit(mut child: std::process::Child) -> io::Result<std::process::ExitStatus> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    // SAFETY: pidfd_open(2) of our own unreaped child; the fd it returns
+    // is new, close-on-exec and ours alone, and is registered once.
+    let pidfd = unsafe {
+        let fd = libc::syscall(libc::SYS_pidfd_open, child.id(), 0);
+        (fd >= 0)
+            .then(|| tokio::io::unix::AsyncFd::register(OwnedFd::from_raw_fd(fd as i32)).ok())
+            .flatten()
+    };
+    let Some(pidfd) = pidfd else {
+        return tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .map_err(io::Error::other)?;
+    };
+    loop {
+        let mut ready = pidfd.readable().await?;
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        ready.clear_ready();
+    }
+}
+
+/// A close-on-exec pipe whose read end does not block.
+fn nonblocking_pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    fcntl(&r, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    Ok((r, w))
+}
+
+/// Everything a non-blocking pipe holds now.
+fn drain(r: std::os::fd::OwnedFd) -> Vec<u8> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    let _ = std::fs::File::from(r).read_to_end(&mut out); // stops at EAGAIN
+    out
+}
+
+/// The PATH the workload's execvp would search: the profile's, else the
+/// call's, else the bridge's own (as `Command` resolves it).
+fn path_of(
+    call_env: &[(OsString, OsString)],
+    profile_env: &[(OsString, OsString)],
+) -> Option<OsString> {
+    let set = |env: &[(OsString, OsString)]| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+    };
+    set(profile_env)
+        .or_else(|| set(call_env))
+        .or_else(|| std::env::var_os("PATH"))
+}
+
+/// The first executable regular file named `program` on `path`, as
+/// execvp(3) would find it; None for a name with a slash (used as it is)
+/// or one found nowhere (the child's execvp then fails where the kernel
+/// sees it: `exec.missing`).
+fn find_on_path(program: &std::ffi::OsStr, path: Option<OsString>) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let bytes = program.as_bytes();
+    if bytes.is_empty() || bytes.contains(&b'/') {
+        return None;
+    }
+    std::env::split_paths(&path?)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .map(|dir| dir.join(program))
+        .find(|candidate| {
+            candidate.metadata().is_ok_and(|m| m.is_file())
+                && nix::unistd::access(candidate.as_path(), nix::unistd::AccessFlags::X_OK).is_ok()
+        })
 }
 
 /// The message for a workload that never started, with the kernel's view
@@ -400,5 +522,47 @@ mod tests {
             assert_eq!(c.data, &data[..cap.min(36)], "cap {cap}, hint {hint}");
             assert_eq!(c.total, 36, "cap {cap}, hint {hint}");
         }
+    }
+
+    #[test]
+    fn find_on_path_takes_the_first_executable_file_like_execvp() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
+        for d in [&a, &b, &c] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let file = |p: PathBuf, mode: u32| {
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        file(a.join("tool"), 0o644); // not executable: skipped
+        std::fs::create_dir(b.join("tool")).unwrap(); // a directory: skipped
+        let wanted = file(c.join("tool"), 0o755);
+        let path = std::env::join_paths([&a, &b, &c]).unwrap();
+        assert_eq!(
+            find_on_path("tool".as_ref(), Some(path.clone())),
+            Some(wanted)
+        );
+        assert_eq!(find_on_path("absent".as_ref(), Some(path.clone())), None);
+        assert_eq!(find_on_path("./tool".as_ref(), Some(path.clone())), None);
+        assert_eq!(find_on_path("".as_ref(), Some(path)), None);
+        assert_eq!(find_on_path("tool".as_ref(), None), None);
+    }
+
+    #[test]
+    fn path_of_prefers_the_profile_then_the_call_then_the_bridge() {
+        let env = |v: &str| vec![(OsString::from("PATH"), OsString::from(v))];
+        assert_eq!(
+            path_of(&env("/call"), &env("/profile")),
+            Some("/profile".into())
+        );
+        assert_eq!(path_of(&env("/call"), &[]), Some("/call".into()));
+        assert_eq!(path_of(&[], &[]), std::env::var_os("PATH"));
     }
 }

@@ -48,6 +48,18 @@ pub struct Client {
     next_id: u64,
 }
 
+/// A request line up to its `pid` value: the child writes `head`, its
+/// pid in decimal, then [`PidRequest::TAIL`].
+#[derive(Debug, Clone)]
+pub struct PidRequest {
+    pub id: u64,
+    pub head: Vec<u8>,
+}
+
+impl PidRequest {
+    pub const TAIL: &'static [u8] = b"}\n";
+}
+
 impl Client {
     pub fn connect(socket: &Path) -> Result<Client, ClientError> {
         let stream =
@@ -68,6 +80,31 @@ impl Client {
             .write_all(request_line(request, id).as_bytes())?;
         let response = self.read_line()?;
         check_response(response, id)
+    }
+
+    /// `request` (an object) with a fresh id and without its `pid`, for a
+    /// child process that sends it itself, naming its own pid, between fork
+    /// and exec (where it may not allocate): see [`PidRequest`].
+    pub fn pid_request(&mut self, request: Value) -> PidRequest {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut head = request_line(request, id).into_bytes();
+        // `{…}\n` becomes `{…,"pid":` and the child adds `<pid>}\n`
+        head.truncate(head.len() - 2);
+        head.extend_from_slice(br#","pid":"#);
+        PidRequest { id, head }
+    }
+
+    /// The connection's socket, for the child that sends a
+    /// [`Client::pid_request`] and reads its answer line.
+    pub fn socket_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.writer)
+    }
+
+    /// The answer line a child read for the [`PidRequest`] `id`.
+    pub fn pid_answer(&self, id: u64, line: &[u8]) -> Result<Value, ClientError> {
+        let text = String::from_utf8_lossy(line);
+        check_response(parse_line(line.len(), &text)?, id)
     }
 
     /// Reads one response or streamed line.
@@ -275,4 +312,39 @@ fn end_request(span_id: u64, exit: Option<&ExitStatus>, timed_out_ms: Option<u64
 fn attribution(mut response: Value) -> Result<Attribution, ClientError> {
     serde_json::from_value(response["attribution"].take())
         .map_err(|e| ClientError::Protocol(format!("attribution: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pid_request_completed_by_the_child_is_the_request_with_its_pid() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let mut client = Client {
+            reader: BufReader::new(a.try_clone().unwrap()),
+            writer: a,
+            next_id: 7,
+        };
+        let req = client.pid_request(json!({"op": "begin_span", "label": "exec: a}b"}));
+        assert_eq!(req.id, 7);
+        let mut line = req.head.clone();
+        line.extend_from_slice(b"4242");
+        line.extend_from_slice(PidRequest::TAIL);
+        assert_eq!(line.last(), Some(&b'\n'));
+        let sent: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(
+            sent,
+            json!({"op": "begin_span", "label": "exec: a}b", "id": 7, "pid": 4242})
+        );
+        // the next request gets the next id; answers are checked against theirs
+        assert_eq!(client.pid_request(json!({"op": "x"})).id, 8);
+        let answer = br#"{"id":7,"ok":true,"span_id":3}"#;
+        assert_eq!(client.pid_answer(7, answer).unwrap()["span_id"], 3);
+        assert!(matches!(
+            client.pid_answer(8, answer),
+            Err(ClientError::Protocol(_))
+        ));
+        assert!(matches!(client.pid_answer(7, b""), Err(ClientError::Io(_))));
+    }
 }
