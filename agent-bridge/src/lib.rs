@@ -15,6 +15,7 @@ pub mod campaign;
 pub mod cgroup;
 pub mod fault;
 pub mod kernel;
+pub mod launch;
 pub mod process;
 pub mod profile;
 pub mod proxy;

@@ -32,7 +32,7 @@ pub struct Ended {
 
 pub struct Background {
     pub pid: u32,
-    stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
+    stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
     streams: Mutex<[Stream; 2]>,
     ended: Mutex<Option<Arc<Ended>>>,
     /// Bumped on every change, so pollers can wait for one.

@@ -53,44 +53,39 @@ fn merged<'a>(
     base
 }
 
-/// argv and envp for `execveat`, built before fork: between fork and exec
-/// the child may not allocate.
-pub struct ExecByFd {
-    fd: RawFd,
-    argv: Vec<*const c_char>,
-    envp: Vec<*const c_char>,
+/// argv and envp as execve(2) takes them, built before fork: between fork
+/// and exec the child may not allocate.
+pub struct CArgs {
+    pub argv: Vec<*const c_char>,
+    pub envp: Vec<*const c_char>,
     /// Owns what `argv` and `envp` point to.
     _strings: Vec<CString>,
 }
 
 // SAFETY: the pointers point into `_strings`, which the struct owns and
 // never changes; nothing else reaches them.
-unsafe impl Send for ExecByFd {}
-unsafe impl Sync for ExecByFd {}
+unsafe impl Send for CArgs {}
+unsafe impl Sync for CArgs {}
 
-impl ExecByFd {
+impl CArgs {
     /// `argv` with this process's environment, then `env` over it (later
-    /// pairs win), as `Command::envs` would have set it; `None` where the
-    /// kernel cannot name the process after the binary.
+    /// pairs win), as `Command::envs` would have set it.
     pub fn new<'a>(
         argv: &[OsString],
         env: impl Iterator<Item = (&'a OsString, &'a OsString)>,
-    ) -> io::Result<Option<ExecByFd>> {
-        let Some(fd) = own_binary() else {
-            return Ok(None);
-        };
+    ) -> io::Result<CArgs> {
         let vars = merged(std::env::vars_os().collect(), env);
-        let c = |s: &OsStr| {
-            CString::new(s.as_bytes()).map_err(|_| io::Error::other("a NUL byte in argv or env"))
-        };
-        let args = argv.iter().map(|a| c(a)).collect::<io::Result<Vec<_>>>()?;
+        let args = argv
+            .iter()
+            .map(|a| cstring(a))
+            .collect::<io::Result<Vec<_>>>()?;
         let envs = vars
             .iter()
             .map(|(k, v)| {
                 let mut pair = k.clone();
                 pair.push("=");
                 pair.push(v);
-                c(&pair)
+                cstring(&pair)
             })
             .collect::<io::Result<Vec<_>>>()?;
         let pointers = |strings: &[CString]| {
@@ -101,11 +96,37 @@ impl ExecByFd {
         let (argv, envp) = (pointers(&args), pointers(&envs));
         let mut strings = args;
         strings.extend(envs);
-        Ok(Some(ExecByFd {
-            fd,
+        Ok(CArgs {
             argv,
             envp,
             _strings: strings,
+        })
+    }
+}
+
+pub fn cstring(s: &OsStr) -> io::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| io::Error::other("a NUL byte in argv or env"))
+}
+
+/// The bridge's own binary by fd, with the worker's argv and envp.
+pub struct ExecByFd {
+    fd: RawFd,
+    args: CArgs,
+}
+
+impl ExecByFd {
+    /// See [`CArgs::new`]; `None` where the kernel cannot name the process
+    /// after the binary.
+    pub fn new<'a>(
+        argv: &[OsString],
+        env: impl Iterator<Item = (&'a OsString, &'a OsString)>,
+    ) -> io::Result<Option<ExecByFd>> {
+        let Some(fd) = own_binary() else {
+            return Ok(None);
+        };
+        Ok(Some(ExecByFd {
+            fd,
+            args: CArgs::new(argv, env)?,
         }))
     }
 
@@ -118,8 +139,8 @@ impl ExecByFd {
                 libc::SYS_execveat,
                 self.fd,
                 c"".as_ptr(),
-                self.argv.as_ptr(),
-                self.envp.as_ptr(),
+                self.args.argv.as_ptr(),
+                self.args.envp.as_ptr(),
                 libc::AT_EMPTY_PATH,
             )
         };

@@ -5,9 +5,8 @@
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::AsFd as _;
-use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,8 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cgroup::{CallCgroups, Limits};
 use crate::kernel::{CallTrace, Kernel, Span};
+use crate::launch::{Launch, Launched};
 use crate::sandbox::Plan;
-use crate::self_exec::ExecByFd;
+use crate::self_exec::{CArgs, ExecByFd};
+use tokio::net::unix::pipe;
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -50,9 +51,9 @@ pub struct Context {
 /// A started workload.
 pub struct Running {
     pub pid: u32,
-    pub stdin: Option<tokio::process::ChildStdin>,
-    pub stdout: tokio::process::ChildStdout,
-    pub stderr: tokio::process::ChildStderr,
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
     pub waiter: tokio::task::JoinHandle<io::Result<std::process::ExitStatus>>,
     pub tree: Arc<CallCgroups>,
     pub span: Span,
@@ -103,23 +104,25 @@ impl Context {
             .sees_what_the_bridge_sees()
             .then(|| find_on_path(&spec.argv[0], path_of(&spec.env, &self.profile_env)))
             .flatten();
-        let mut cmd = std::process::Command::new(found.as_deref().unwrap_or(spec.argv[0].as_ref()));
-        cmd.arg0(&spec.argv[0])
-            .args(&spec.argv[1..])
-            .current_dir(&cwd)
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .envs(self.profile_env.iter().map(|(k, v)| (k, v)))
-            .stdin(if spec.stdin_pipe {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        // entered again after the profile's mounts (see Plan::apply)
-        let cwd = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(cwd.as_os_str()))
-            .map_err(|_| StartError("the working directory contains a NUL byte".into()))?;
+        let program = spec.argv[0].clone();
+        let c =
+            |e: io::Error| StartError(format!("cannot run `{}`: {e}", program.to_string_lossy()));
+        let path = path_of(&spec.env, &self.profile_env);
+        let launch = Launch {
+            candidates: crate::launch::candidates(&spec.argv[0], found, path).map_err(c)?,
+            args: CArgs::new(
+                &spec.argv,
+                spec.env
+                    .iter()
+                    .chain(&self.profile_env)
+                    .map(|(k, v)| (k, v)),
+            )
+            .map_err(c)?,
+            // entered again after the profile's mounts (see Plan::apply)
+            cwd: crate::self_exec::cstring(cwd.as_os_str())
+                .map_err(|_| StartError("the working directory contains a NUL byte".into()))?,
+            stdin_pipe: spec.stdin_pipe,
+        };
         let by_fd = if spec.own_binary && !plan.denies_execveat {
             let env = spec
                 .env
@@ -132,7 +135,6 @@ impl Context {
             None
         };
         let label = spec.label.clone();
-        let stdin_pipe = spec.stdin_pipe;
         let fails_on_exit = spec.own_binary;
         let call = CallTrace::current();
         let blocking = tokio::task::spawn_blocking(move || {
@@ -142,48 +144,37 @@ impl Context {
                 .procs_files()
                 .map_err(|e| StartError(format!("cannot set up the call's cgroup: {e}")))?;
             let (spawned, span) = kernel.begin_in_child(&label, call.as_ref(), |begin| {
-                spawn_attaching_itself(&mut cmd, procs, begin, plan, cwd, by_fd)
+                spawn_attaching_itself(&launch, procs, begin, &plan, by_fd.as_ref())
             });
             let child = match spawned {
                 Ok(child) => child,
                 Err(e) => {
                     // the probe saw the failed exec: its attribution explains it
                     let kernel_view = kernel.end_blocking(&span, None, None);
-                    return Err(StartError(start_failure(&cmd, &e, &kernel_view)));
+                    return Err(StartError(start_failure(&program, &e, &kernel_view)));
                 }
             };
             Ok((child, tree, span))
         });
-        let (mut child, tree, span) = blocking
+        let (child, tree, span) = blocking
             .await
             .map_err(|e| StartError(format!("internal: {e}")))??;
-        let pid = child.id();
-        for pipe in [
-            child.stdin.as_ref().map(|p| p.as_fd()),
-            child.stdout.as_ref().map(|p| p.as_fd()),
-        ]
-        .into_iter()
-        .flatten()
+        for pipe in [child.stdin.as_ref(), Some(&child.stdout)]
+            .into_iter()
+            .flatten()
         {
-            widen_pipe(pipe);
+            widen_pipe(pipe.as_fd());
         }
-        let take =
-            |e: Option<io::Error>| StartError(format!("cannot take the workload's pipes: {e:?}"));
-        let stdin = match child.stdin.take() {
-            Some(s) if stdin_pipe => {
-                Some(tokio::process::ChildStdin::from_std(s).map_err(|e| take(Some(e)))?)
-            }
-            _ => None,
+        let take = |e: io::Error| StartError(format!("cannot take the workload's pipes: {e}"));
+        let stdin = match child.stdin {
+            Some(s) => Some(pipe::Sender::from_owned_fd(s).map_err(take)?),
+            None => None,
         };
-        let stdout =
-            tokio::process::ChildStdout::from_std(child.stdout.take().ok_or_else(|| take(None))?)
-                .map_err(|e| take(Some(e)))?;
-        let stderr =
-            tokio::process::ChildStderr::from_std(child.stderr.take().ok_or_else(|| take(None))?)
-                .map_err(|e| take(Some(e)))?;
-        let waiter = tokio::spawn(wait_for_exit(child));
+        let stdout = pipe::Receiver::from_owned_fd(child.stdout).map_err(take)?;
+        let stderr = pipe::Receiver::from_owned_fd(child.stderr).map_err(take)?;
+        let waiter = tokio::spawn(wait_for_exit(child.pid));
         Ok(Running {
-            pid,
+            pid: child.pid,
             stdin,
             stdout,
             stderr,
@@ -197,18 +188,17 @@ impl Context {
     }
 }
 
-/// Spawns `cmd`, whose child joins its cgroups (`procs`) and opens its
-/// span (`begin`) itself, then applies the profile and execs (see
-/// `attach`). Returns the spawn result, with what the child reported
+/// Launches the workload, whose child joins its cgroups (`procs`) and
+/// opens its span (`begin`) itself, then applies the profile and execs
+/// (see `attach`). Returns the launch result, with what the child reported
 /// before failing, and the daemon's answer the child forwarded.
 fn spawn_attaching_itself(
-    cmd: &mut std::process::Command,
+    launch: &Launch,
     procs: Vec<std::ffi::CString>,
     begin: Option<(std::os::fd::RawFd, probe::client::PidRequest)>,
-    plan: Arc<Plan>,
-    cwd: std::ffi::CString,
-    by_fd: Option<ExecByFd>,
-) -> (io::Result<std::process::Child>, Option<Vec<u8>>) {
+    plan: &Plan,
+    by_fd: Option<&ExecByFd>,
+) -> (io::Result<Launched>, Option<Vec<u8>>) {
     use std::os::fd::AsRawFd as _;
     let pipes = (|| Ok::<_, io::Error>((nonblocking_pipe()?, nonblocking_pipe()?)))();
     let ((answer_r, answer_w), (report_r, report_w)) = match pipes {
@@ -221,24 +211,20 @@ fn spawn_attaching_itself(
         answer: answer_w.as_raw_fd(),
     };
     let report = report_w.as_raw_fd();
-    // SAFETY: the hook runs between fork and exec and makes only
-    // async-signal-safe calls on memory prepared before fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            attach.run(report)?;
-            plan.apply(report, &cwd)?;
-            // std execs argv[0]: at once, or where an exec by fd failed
-            // (an outer seccomp policy, say)
-            if let Some(e) = &by_fd {
-                let _ = e.exec();
-            }
-            Ok(())
-        });
-    }
-    let mut spawned = cmd.spawn();
+    let mut setup = || {
+        attach.run(report)?;
+        plan.apply(report, &launch.cwd)?;
+        // the candidates are tried next: at once, or where an exec by fd
+        // failed (an outer seccomp policy, say)
+        if let Some(e) = by_fd {
+            let _ = e.exec();
+        }
+        Ok(())
+    };
+    let mut spawned = crate::launch::launch(launch, &mut setup);
     drop((answer_w, report_w));
     // whatever the child wrote, it wrote before its exec (or exit), which
-    // spawn() waited for: the pipes hold it all, nothing more is coming
+    // the launch waited for: the pipes hold it all, nothing more is coming
     let answer = Some(drain(answer_r)).filter(|a| !a.is_empty());
     if let Err(e) = &spawned {
         let why = drain(report_r);
@@ -250,27 +236,37 @@ fn spawn_attaching_itself(
     (spawned, answer)
 }
 
-/// Waits for `child` to exit on the runtime, through a pidfd: no blocking
-/// thread to hand the wait to and the exit back from. Without pidfds (Linux
-/// before 5.3), on a blocking thread.
-async fn wait_for_exit(mut child: std::process::Child) -> io::Result<std::process::ExitStatus> {
+/// Waits for the child `pid` to exit on the runtime, through a pidfd: no
+/// blocking thread to hand the wait to and the exit back from. Without
+/// pidfds (Linux before 5.3), on a blocking thread.
+async fn wait_for_exit(pid: u32) -> io::Result<std::process::ExitStatus> {
     use std::os::fd::{FromRawFd as _, OwnedFd};
+    let reap = move |flags| {
+        let mut status = 0;
+        // SAFETY: waitpid(2) of our own child.
+        match unsafe { libc::waitpid(pid as i32, &mut status, flags) } {
+            0 => Ok(None),
+            n if n > 0 => Ok(Some(std::process::ExitStatus::from_raw(status))),
+            _ => Err(io::Error::last_os_error()),
+        }
+    };
     // SAFETY: pidfd_open(2) of our own unreaped child; the fd it returns
     // is new, close-on-exec and ours alone, and is registered once.
     let pidfd = unsafe {
-        let fd = libc::syscall(libc::SYS_pidfd_open, child.id(), 0);
+        let fd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
         (fd >= 0)
             .then(|| tokio::io::unix::AsyncFd::register(OwnedFd::from_raw_fd(fd as i32)).ok())
             .flatten()
     };
     let Some(pidfd) = pidfd else {
-        return tokio::task::spawn_blocking(move || child.wait())
+        return tokio::task::spawn_blocking(move || reap(0))
             .await
-            .map_err(io::Error::other)?;
+            .map_err(io::Error::other)?
+            .map(|s| s.expect("waitpid without WNOHANG returned"));
     };
     loop {
         let mut ready = pidfd.readable().await?;
-        if let Some(status) = child.try_wait()? {
+        if let Some(status) = reap(libc::WNOHANG)? {
             return Ok(status);
         }
         ready.clear_ready();
@@ -331,8 +327,8 @@ fn find_on_path(program: &std::ffi::OsStr, path: Option<OsString>) -> Option<Pat
 
 /// The message for a workload that never started, with the kernel's view
 /// when there is one (e.g. `exec.missing`).
-fn start_failure(cmd: &std::process::Command, e: &io::Error, kernel: &Value) -> String {
-    let program = cmd.get_program().to_string_lossy();
+fn start_failure(program: &std::ffi::OsStr, e: &io::Error, kernel: &Value) -> String {
+    let program = program.to_string_lossy();
     let mut msg = format!("cannot run `{program}`: {e}");
     if let Some(line) = crate::kernel::summary_line(kernel) {
         msg.push_str(&format!(" ({line})"));
