@@ -227,3 +227,71 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
         Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: Vec<CString>) -> Vec<String> {
+        v.into_iter().map(|c| c.into_string().unwrap()).collect()
+    }
+
+    #[test]
+    fn candidates_are_the_path_itself_the_lookup_or_every_path_entry() {
+        let path = Some(OsString::from("/a::/b"));
+        let c = |p: &str, found: Option<&str>| {
+            strings(candidates(p.as_ref(), found.map(Into::into), path.clone()).unwrap())
+        };
+        assert_eq!(c("./run.sh", None), ["./run.sh"]);
+        assert_eq!(c("/bin/true", Some("/x/true")), ["/bin/true"]);
+        assert_eq!(c("true", Some("/b/true")), ["/b/true"]);
+        // execvp: an empty entry is the working directory
+        assert_eq!(c("true", None), ["/a/true", "./true", "/b/true"]);
+        assert_eq!(
+            strings(candidates("true".as_ref(), None, None).unwrap()),
+            ["/bin/true", "/usr/bin/true"]
+        );
+        assert!(candidates("a\0b".as_ref(), None, path).is_err());
+    }
+
+    #[test]
+    fn a_launched_child_gets_its_pipes_and_a_failed_exec_comes_back_as_errno() {
+        use std::io::{Read as _, Write as _};
+        let args = |argv: &[&str]| {
+            let argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
+            CArgs::new(&argv, std::iter::empty()).unwrap()
+        };
+        let cat = Launch {
+            candidates: vec![c"/nonexistent/cat".into(), c"/bin/cat".into()],
+            args: args(&["cat"]),
+            cwd: c"/".into(),
+            stdin_pipe: true,
+        };
+        let started = launch(&cat, &mut || Ok(())).unwrap();
+        std::fs::File::from(started.stdin.unwrap())
+            .write_all(b"through")
+            .unwrap();
+        let mut out = String::new();
+        std::fs::File::from(started.stdout)
+            .read_to_string(&mut out)
+            .unwrap();
+        assert_eq!(out, "through");
+        let mut status = 0;
+        // SAFETY: reaping the child just launched.
+        assert_eq!(
+            unsafe { libc::waitpid(started.pid as i32, &mut status, 0) },
+            started.pid as i32
+        );
+        assert_eq!(status, 0);
+        let missing = Launch {
+            candidates: vec![c"/nonexistent/a".into(), c"/nonexistent/b".into()],
+            ..cat
+        };
+        let err = launch(&missing, &mut || Ok(())).err().unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+        let refused = launch(&missing, &mut || {
+            Err(io::Error::from_raw_os_error(libc::EPERM))
+        });
+        assert_eq!(refused.err().unwrap().raw_os_error(), Some(libc::EPERM));
+    }
+}
