@@ -18,7 +18,8 @@ const END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 pub struct Kernel {
     socket: Option<PathBuf>,
     session: String,
-    /// For the spawn handshake, which runs on a blocking thread.
+    /// For the workload's own `begin_span` (see `attach`), sent on a
+    /// blocking thread.
     client: Mutex<Option<Client>>,
     /// For ending spans from the runtime without a hand-off to a blocking
     /// thread and back (two wake-ups on the reply path of every call).

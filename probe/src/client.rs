@@ -1,5 +1,6 @@
 //! Clients of the daemon's control socket: a blocking one (what
-//! `probe span`/`probe status` and agent-bridge's spawn handshake use) and
+//! `probe span`/`probe status` use, and agent-bridge's workloads send
+//! their own `begin_span` on) and
 //! an async one, for callers on a tokio runtime that should not hand a
 //! round trip to another thread.
 
