@@ -6,8 +6,10 @@
 //!
 //! The child shares the bridge's memory until it execs, while the thread
 //! that cloned it is suspended: it runs on its own stack, makes only
-//! async-signal-safe calls on memory prepared before the clone, and
-//! allocates nothing.
+//! async-signal-safe calls on memory prepared before the clone, allocates
+//! nothing, and calls no libc wrapper that acts on every thread of the
+//! process (setuid and its kin: libc would take the bridge's threads for
+//! the child's; the raw syscalls act on the child alone).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
@@ -181,7 +183,13 @@ impl ChildContext<'_> {
                 }
             }
             for (fd, target) in self.stdio.into_iter().zip(0..) {
-                if libc::dup2(fd, target) < 0 {
+                // dup2 onto itself would keep close-on-exec
+                let kept = if fd == target {
+                    libc::fcntl(fd, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, target)
+                };
+                if kept < 0 {
                     return last();
                 }
             }

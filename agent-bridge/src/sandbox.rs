@@ -228,13 +228,17 @@ impl Plan {
                 );
             }
             if let Some((uid, gid)) = self.ids {
-                if libc::setgroups(0, std::ptr::null()) != 0 {
+                // the raw syscalls, for this task alone: the libc wrappers
+                // change the ids of every thread of the process, and a
+                // child cloned with CLONE_VM (see `launch`) still sees the
+                // bridge's threads as its own
+                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0 {
                     return Err(fail("setgroups"));
                 }
-                if libc::setgid(gid) != 0 {
+                if libc::syscall(libc::SYS_setgid, gid) != 0 {
                     return Err(fail("setgid"));
                 }
-                if libc::setuid(uid) != 0 {
+                if libc::syscall(libc::SYS_setuid, uid) != 0 {
                     return Err(fail("setuid"));
                 }
             }

@@ -237,6 +237,41 @@ async fn unprivileged() {
     .await;
 }
 
+/// The ids a workload takes are its own: every thread of the bridge that
+/// started it (cloned with CLONE_VM, see `launch`) is still root after it,
+/// and the next call still gets its cgroup and span.
+#[tokio::test(flavor = "multi_thread")]
+async fn unprivileged_workloads_leave_the_bridge_root() {
+    if !root() {
+        return;
+    }
+    let b = probed("unprivileged").await;
+    for _ in 0..2 {
+        let r = b.call("exec", json!({"command": "id -u; id -g"})).await;
+        let s = structured(&r);
+        assert_eq!(s["stdout"]["text"], "65534\n65534\n", "{s}");
+        assert_eq!(s["kernel"]["available"], true, "{s}");
+    }
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", b.pid())).unwrap();
+    let mut seen = 0;
+    for task in tasks.flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        for key in ["Uid:", "Gid:"] {
+            let line = status.lines().find(|l| l.starts_with(key));
+            let Some(line) = line else { continue };
+            let ids: Vec<&str> = line.split_whitespace().skip(1).collect();
+            assert_eq!(
+                ids,
+                ["0"; 4],
+                "bridge thread {:?}: {line}",
+                task.file_name()
+            );
+        }
+        seen += 1;
+    }
+    assert!(seen > 1, "the bridge runs more than one thread");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn no_caps() {
     check("no-caps", &["unshare -m true"], "caps").await;
