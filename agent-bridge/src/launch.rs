@@ -90,9 +90,7 @@ pub fn launch(launch: &Launch, setup: &mut dyn FnMut() -> io::Result<()>) -> io:
     };
     let (stdout_r, stdout_w) = pipe()?;
     let (stderr_r, stderr_w) = pipe()?;
-    let (errno_r, errno_w) = pipe()?;
-    // SAFETY: fcntl(2) on our own fd.
-    unsafe { libc::fcntl(errno_r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    let (errno_r, errno_w) = nonblocking_pipe()?;
     let mut context = ChildContext {
         launch,
         stdio: [
@@ -131,10 +129,7 @@ pub fn launch(launch: &Launch, setup: &mut dyn FnMut() -> io::Result<()>) -> io:
     // the child has exec'd or exited by now: what it wrote is all there
     // (another thread's fork may still hold the write end, so no waiting
     // for end of file)
-    let mut code = [0u8; 4];
-    // SAFETY: a non-blocking read into a 4-byte buffer.
-    let n = unsafe { libc::read(errno_r.as_raw_fd(), code.as_mut_ptr().cast(), 4) };
-    if n == 4 {
+    if let Ok(code) = <[u8; 4]>::try_from(drain(errno_r)) {
         let mut status = 0;
         // SAFETY: reaping our own child, which has exited.
         unsafe { libc::waitpid(pid, &mut status, 0) };
@@ -223,6 +218,25 @@ impl ChildContext<'_> {
             }
         }
     }
+}
+
+/// A close-on-exec pipe whose read end does not block: for what a child
+/// writes before its exec, read once the launch has returned.
+pub fn nonblocking_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = pipe()?;
+    // SAFETY: fcntl(2) on our own fd.
+    if unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((r, w))
+}
+
+/// Everything a non-blocking pipe holds now.
+pub fn drain(r: OwnedFd) -> Vec<u8> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    let _ = std::fs::File::from(r).read_to_end(&mut out); // stops at EAGAIN
+    out
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cgroup::{CallCgroups, Limits};
 use crate::kernel::{CallTrace, Kernel, Span};
-use crate::launch::{Launch, Launched};
+use crate::launch::{Launch, Launched, drain, nonblocking_pipe};
 use crate::sandbox::Plan;
 use crate::self_exec::{CArgs, ExecByFd};
 use tokio::net::unix::pipe;
@@ -100,14 +100,14 @@ impl Context {
         // looked up here, with stat(2), rather than by execvp(3) in the
         // child trying every PATH entry: each miss there is a failed
         // execve the probe must record and the daemon sort through
+        let path = path_of(&spec.env, &self.profile_env);
         let found = plan
             .sees_what_the_bridge_sees()
-            .then(|| find_on_path(&spec.argv[0], path_of(&spec.env, &self.profile_env)))
+            .then(|| find_on_path(&spec.argv[0], path.clone()))
             .flatten();
         let program = spec.argv[0].clone();
         let c =
             |e: io::Error| StartError(format!("cannot run `{}`: {e}", program.to_string_lossy()));
-        let path = path_of(&spec.env, &self.profile_env);
         let launch = Launch {
             candidates: crate::launch::candidates(&spec.argv[0], found, path).map_err(c)?,
             args: CArgs::new(
@@ -271,22 +271,6 @@ async fn wait_for_exit(pid: u32) -> io::Result<std::process::ExitStatus> {
         }
         ready.clear_ready();
     }
-}
-
-/// A close-on-exec pipe whose read end does not block.
-fn nonblocking_pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-    fcntl(&r, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
-    Ok((r, w))
-}
-
-/// Everything a non-blocking pipe holds now.
-fn drain(r: std::os::fd::OwnedFd) -> Vec<u8> {
-    use std::io::Read as _;
-    let mut out = Vec::new();
-    let _ = std::fs::File::from(r).read_to_end(&mut out); // stops at EAGAIN
-    out
 }
 
 /// The PATH the workload's execvp would search: the profile's, else the
