@@ -16,7 +16,10 @@ use probe::client::PidRequest;
 
 /// What the child does before the profile is applied.
 pub struct SelfAttach {
-    /// `cgroup.procs` of each of the call's cgroups.
+    /// `cgroup.procs` of the call's cgroup v2, joined unless the child
+    /// started there (see `launch`).
+    pub join: Option<CString>,
+    /// `cgroup.procs` of each of the call's other (v1) cgroups.
     pub procs: Vec<CString>,
     /// The daemon's socket and the `begin_span` request; None without a
     /// probe (then the workload runs untraced, and says why).
@@ -32,8 +35,10 @@ impl SelfAttach {
     /// In the child, before exec. A cgroup that cannot be joined stops the
     /// workload (a limit would not hold); a daemon that cannot be reached
     /// does not (the bridge reports the probe unavailable for the call).
-    pub fn run(&self, report: RawFd) -> io::Result<()> {
-        for procs in &self.procs {
+    /// `placed`: the child started in the v2 cgroup.
+    pub fn run(&self, report: RawFd, placed: bool) -> io::Result<()> {
+        let join = self.join.as_ref().filter(|_| !placed);
+        for procs in join.into_iter().chain(&self.procs) {
             // "0": the writer itself
             if !write_file(procs, b"0") {
                 let err = io::Error::last_os_error();
@@ -46,15 +51,34 @@ impl SelfAttach {
             // SAFETY: getpid(2) has no preconditions.
             let pid = decimal(unsafe { libc::getpid() } as u32, &mut digits);
             let mut answer = [0u8; ANSWER_MAX];
-            let sent = write_all(*socket, &request.head)
-                && write_all(*socket, pid)
-                && write_all(*socket, PidRequest::TAIL);
+            // one write where the line fits the buffer: the daemon then
+            // wakes once for it, not once per piece
+            let mut line = [0u8; LINE_MAX];
+            let parts = [request.head.as_slice(), pid, PidRequest::TAIL];
+            let sent = match join_into(&mut line, &parts) {
+                Some(n) => write_all(*socket, &line[..n]),
+                None => parts.iter().all(|p| write_all(*socket, p)),
+            };
             if sent && let Some(n) = read_line(*socket, &mut answer) {
                 write_all(self.answer, &answer[..n]);
             }
         }
         Ok(())
     }
+}
+
+/// The longest request line the child sends in one write.
+const LINE_MAX: usize = 8192;
+
+/// `parts` one after another in `buf`; their length, or None when they do
+/// not fit.
+fn join_into(buf: &mut [u8], parts: &[&[u8]]) -> Option<usize> {
+    let mut n = 0;
+    for p in parts {
+        buf.get_mut(n..n + p.len())?.copy_from_slice(p);
+        n += p.len();
+    }
+    Some(n)
 }
 
 /// `v` in decimal, in `out`.
@@ -126,6 +150,14 @@ fn read_line(fd: RawFd, buf: &mut [u8]) -> Option<usize> {
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd as _;
+
+    #[test]
+    fn join_into_fills_the_buffer_or_refuses() {
+        let mut buf = [0u8; 9];
+        assert_eq!(join_into(&mut buf, &[b"{\"a\":", b"12", b"}\n"]), Some(9));
+        assert_eq!(&buf, b"{\"a\":12}\n");
+        assert_eq!(join_into(&mut buf, &[b"{\"a\":", b"123", b"}\n"]), None);
+    }
 
     #[test]
     fn decimal_writes_every_digit() {

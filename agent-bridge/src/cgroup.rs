@@ -18,7 +18,9 @@ enum Hierarchy {
     V2(PathBuf),
 }
 
-fn v2_root() -> Option<PathBuf> {
+/// Where the cgroup v2 hierarchy is mounted (unified, or the hybrid
+/// layout's /sys/fs/cgroup/unified), if it is.
+pub fn v2_root() -> Option<PathBuf> {
     ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
         .iter()
         .map(PathBuf::from)
@@ -71,6 +73,7 @@ pub fn sweep_stale() -> usize {
             let mut stale = CallCgroups {
                 dirs: vec![e.path()],
                 tracking: Some(e.path()),
+                v2: None,
             };
             stale.remove();
             removed += usize::from(!e.path().exists());
@@ -86,6 +89,9 @@ pub struct CallCgroups {
     dirs: Vec<PathBuf>,
     /// The directory whose `cgroup.procs` lists the whole tree.
     tracking: Option<PathBuf>,
+    /// The call's directory in the cgroup v2 hierarchy, if it has one
+    /// (tracking and every v2 controller share it).
+    v2: Option<PathBuf>,
 }
 
 /// What a call's cgroups should enforce.
@@ -104,6 +110,7 @@ impl CallCgroups {
             && let Ok(dir) = make_dir(&h, name, None)
         {
             cg.tracking = Some(dir.clone());
+            cg.v2 = Some(dir.clone());
             cg.dirs.push(dir);
         }
         if let Some(bytes) = limits.memory_bytes {
@@ -115,7 +122,7 @@ impl CallCgroups {
                 Hierarchy::V2(_) => "memory.max",
             };
             let dir = make_dir(&h, name, Some("memory"))?;
-            cg.dirs.push(dir.clone());
+            cg.push(&h, &dir);
             write(&dir.join(file), &bytes.to_string())?;
             if let Hierarchy::V2(_) = h {
                 let _ = std::fs::write(dir.join("memory.swap.max"), "0");
@@ -125,11 +132,22 @@ impl CallCgroups {
             let h = hierarchy(Some("pids"))
                 .ok_or_else(|| io::Error::other("no cgroup hierarchy with the pids controller"))?;
             let dir = make_dir(&h, name, Some("pids"))?;
-            cg.dirs.push(dir.clone());
+            cg.push(&h, &dir);
             write(&dir.join("pids.max"), &n.to_string())?;
             cg.tracking.get_or_insert(dir);
         }
         Ok(cg)
+    }
+
+    /// Records a controller's directory (v2 ones are the call's one v2
+    /// directory; a directory is listed once).
+    fn push(&mut self, h: &Hierarchy, dir: &Path) {
+        if let Hierarchy::V2(_) = h {
+            self.v2.get_or_insert_with(|| dir.to_path_buf());
+        }
+        if !self.dirs.iter().any(|d| d == dir) {
+            self.dirs.push(dir.to_path_buf());
+        }
     }
 
     /// Moves `pid` (before it execs) into every cgroup of the call.
@@ -140,16 +158,19 @@ impl CallCgroups {
         Ok(())
     }
 
-    /// The `cgroup.procs` file of every cgroup of the call, for a child
-    /// that joins them itself before exec (see `attach`).
-    pub fn procs_files(&self) -> io::Result<Vec<std::ffi::CString>> {
-        use std::os::unix::ffi::OsStrExt as _;
+    /// The call's cgroup v2 directory, which a child can be started in
+    /// (see `launch`), if the call has one.
+    pub fn v2_dir(&self) -> Option<&Path> {
+        self.v2.as_deref()
+    }
+
+    /// The `cgroup.procs` file of every cgroup of the call but the v2 one,
+    /// for a child that joins them itself before exec (see `attach`).
+    pub fn v1_procs_files(&self) -> io::Result<Vec<std::ffi::CString>> {
         self.dirs
             .iter()
-            .map(|d| {
-                std::ffi::CString::new(d.join("cgroup.procs").as_os_str().as_bytes())
-                    .map_err(|_| io::Error::other("a NUL byte in a cgroup path"))
-            })
+            .filter(|d| Some(d.as_path()) != self.v2_dir())
+            .map(|d| procs_file(d))
             .collect()
     }
 
@@ -249,6 +270,7 @@ impl Drop for CallCgroups {
         let mut left = std::mem::ManuallyDrop::new(CallCgroups {
             dirs: std::mem::take(&mut self.dirs),
             tracking: self.tracking.take(),
+            v2: self.v2.take(),
         });
         // the kill and the removal can wait on the kernel for seconds: on an
         // async runtime's thread that would stall every session it serves
@@ -284,6 +306,13 @@ fn make_dir(h: &Hierarchy, name: &str, controller: Option<&str>) -> io::Result<P
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
         _ => Ok(dir),
     }
+}
+
+/// `dir`'s `cgroup.procs`, as the C string a child writes itself into.
+pub fn procs_file(dir: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt as _;
+    std::ffi::CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
+        .map_err(|_| io::Error::other("a NUL byte in a cgroup path"))
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {

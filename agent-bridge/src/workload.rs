@@ -15,7 +15,8 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
-use crate::cgroup::{CallCgroups, Limits};
+use crate::attach::SelfAttach;
+use crate::cgroup::{CallCgroups, Limits, procs_file};
 use crate::kernel::{CallTrace, Kernel, Span};
 use crate::launch::{Launch, Launched, drain, nonblocking_pipe};
 use crate::sandbox::Plan;
@@ -108,7 +109,7 @@ impl Context {
         let program = spec.argv[0].clone();
         let c =
             |e: io::Error| StartError(format!("cannot run `{}`: {e}", program.to_string_lossy()));
-        let launch = Launch {
+        let mut launch = Launch {
             candidates: crate::launch::candidates(&spec.argv[0], found, path).map_err(c)?,
             args: CArgs::new(
                 &spec.argv,
@@ -122,6 +123,7 @@ impl Context {
             cwd: crate::self_exec::cstring(cwd.as_os_str())
                 .map_err(|_| StartError("the working directory contains a NUL byte".into()))?,
             stdin_pipe: spec.stdin_pipe,
+            cgroup: None,
         };
         let by_fd = if spec.own_binary && !plan.denies_execveat {
             let env = spec
@@ -137,14 +139,27 @@ impl Context {
         let label = spec.label.clone();
         let fails_on_exit = spec.own_binary;
         let call = CallTrace::current();
-        let blocking = tokio::task::spawn_blocking(move || {
+        let started = tokio::task::spawn_blocking(move || {
             let tree = CallCgroups::create(&name, limits)
                 .map_err(|e| StartError(format!("cannot set up the call's cgroup: {e}")))?;
-            let procs = tree
-                .procs_files()
-                .map_err(|e| StartError(format!("cannot set up the call's cgroup: {e}")))?;
+            let cgroup_error = |e| StartError(format!("cannot set up the call's cgroup: {e}"));
+            let attach = SelfAttach {
+                join: tree
+                    .v2_dir()
+                    .map(procs_file)
+                    .transpose()
+                    .map_err(cgroup_error)?,
+                procs: tree.v1_procs_files().map_err(cgroup_error)?,
+                begin: None,
+                answer: -1,
+            };
+            // unopenable: the child joins it by its cgroup.procs instead
+            launch.cgroup = tree
+                .v2_dir()
+                .and_then(|d| std::fs::File::open(d).ok())
+                .map(Into::into);
             let (spawned, span) = kernel.begin_in_child(&label, call.as_ref(), |begin| {
-                spawn_attaching_itself(&launch, procs, begin, &plan, by_fd.as_ref())
+                spawn_attaching_itself(&launch, attach, begin, &plan, by_fd.as_ref())
             });
             let child = match spawned {
                 Ok(child) => child,
@@ -156,7 +171,7 @@ impl Context {
             };
             Ok((child, tree, span))
         });
-        let (child, tree, span) = blocking
+        let (child, tree, span) = started
             .await
             .map_err(|e| StartError(format!("internal: {e}")))??;
         for pipe in [child.stdin.as_ref(), Some(&child.stdout)]
@@ -188,13 +203,13 @@ impl Context {
     }
 }
 
-/// Launches the workload, whose child joins its cgroups (`procs`) and
+/// Launches the workload, whose child joins its cgroups (`attach`) and
 /// opens its span (`begin`) itself, then applies the profile and execs
 /// (see `attach`). Returns the launch result, with what the child reported
 /// before failing, and the daemon's answer the child forwarded.
 fn spawn_attaching_itself(
     launch: &Launch,
-    procs: Vec<std::ffi::CString>,
+    attach: SelfAttach,
     begin: Option<(std::os::fd::RawFd, probe::client::PidRequest)>,
     plan: &Plan,
     by_fd: Option<&ExecByFd>,
@@ -205,14 +220,14 @@ fn spawn_attaching_itself(
         Ok(p) => p,
         Err(e) => return (Err(e), None),
     };
-    let attach = crate::attach::SelfAttach {
-        procs,
+    let attach = SelfAttach {
         begin,
         answer: answer_w.as_raw_fd(),
+        ..attach
     };
     let report = report_w.as_raw_fd();
-    let mut setup = || {
-        attach.run(report)?;
+    let mut setup = |placed| {
+        attach.run(report, placed)?;
         plan.apply(report, &launch.cwd)?;
         // the candidates are tried next: at once, or where an exec by fd
         // failed (an outer seccomp policy, say)

@@ -1036,11 +1036,7 @@ async fn call_cgroups_left_by_a_killed_bridge_are_swept_at_start() {
     if !root() {
         return;
     }
-    let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.join("cgroup.controllers").exists())
-        .expect("a cgroup2 mount");
+    let root = agent_bridge::cgroup::v2_root().expect("a cgroup2 mount");
     // a bridge that was SIGKILLed mid-call leaves its call cgroup behind
     let stale = root.join("agent-bridge/mcp-4000000-1-0-7");
     std::fs::create_dir_all(&stale).unwrap();

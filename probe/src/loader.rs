@@ -525,11 +525,31 @@ pub struct PendingRepeats {
 
 /// `Seccomp:` of /proc/PID/status: 0 none, 1 strict, 2 filter.
 pub fn seccomp_mode(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let status = read_proc(format!("/proc/{pid}/status"))?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("Seccomp:"))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// A small /proc file (at most 16 KiB), read in one or two read(2)s:
+/// `fs::read_to_string` sizes the buffer by stat (0 for /proc) and then
+/// grows it from 32 bytes, a read per doubling. Asked at every span begin.
+pub fn read_proc(path: impl AsRef<std::path::Path>) -> Option<String> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(got) => n += got,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    buf.truncate(n);
+    String::from_utf8(buf).ok()
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

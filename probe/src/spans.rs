@@ -285,8 +285,17 @@ impl SpanEvidence {
 }
 
 /// `some total=` of /proc/pressure/memory (µs), when PSI is available.
+/// Read at every span's begin and end: the file is opened once and read
+/// again from offset 0 (one pread instead of open, stat, reads and close).
 pub fn psi_memory_some_us() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/pressure/memory").ok()?;
+    use std::os::unix::fs::FileExt as _;
+    static PSI: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    let file = PSI
+        .get_or_init(|| std::fs::File::open("/proc/pressure/memory").ok())
+        .as_ref()?;
+    let mut buf = [0u8; 512];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
     text.lines()
         .find(|l| l.starts_with("some "))?
         .split_whitespace()
