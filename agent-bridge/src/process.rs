@@ -60,6 +60,7 @@ impl Background {
             kernel,
             started,
             fails_on_exit: _,
+            spare: _,
         } = running;
         let bg = Arc::new(Background {
             pid,

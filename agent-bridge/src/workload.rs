@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::attach::SelfAttach;
-use crate::cgroup::{CallCgroups, Limits, procs_file};
+use crate::cgroup::{CallCgroups, Limits, Spare, procs_file};
 use crate::kernel::{CallTrace, Kernel, Span};
 use crate::launch::{Launch, Launched, drain, nonblocking_pipe};
 use crate::sandbox::Plan;
@@ -47,6 +47,8 @@ pub struct Context {
     /// Directory workloads start in when the call names none.
     pub workdir: PathBuf,
     pub call_prefix: String,
+    /// Empty call cgroups kept for the next calls.
+    pub spare: Arc<Spare>,
 }
 
 /// A started workload.
@@ -57,6 +59,8 @@ pub struct Running {
     pub stderr: pipe::Receiver,
     pub waiter: tokio::task::JoinHandle<io::Result<std::process::ExitStatus>>,
     pub tree: Arc<CallCgroups>,
+    /// Where `tree` goes back once the call is over and it is empty.
+    pub spare: Arc<Spare>,
     pub span: Span,
     pub kernel: Arc<Kernel>,
     pub started: Instant,
@@ -139,8 +143,10 @@ impl Context {
         let label = spec.label.clone();
         let fails_on_exit = spec.own_binary;
         let call = CallTrace::current();
+        let spare = self.spare.clone();
         let started = tokio::task::spawn_blocking(move || {
-            let tree = CallCgroups::create(&name, limits)
+            let tree = spare
+                .take(&name, limits)
                 .map_err(|e| StartError(format!("cannot set up the call's cgroup: {e}")))?;
             let cgroup_error = |e| StartError(format!("cannot set up the call's cgroup: {e}"));
             let attach = SelfAttach {
@@ -195,6 +201,7 @@ impl Context {
             stderr,
             waiter,
             tree: Arc::new(tree),
+            spare: self.spare.clone(),
             span,
             kernel: self.kernel.clone(),
             started: Instant::now(),
@@ -459,9 +466,10 @@ impl Running {
             .await;
         // whatever the workload left running dies with the call (usually
         // nothing is left: then no blocking kill-and-wait on the reply path)
+        let left_running = self.tree.tracks() && self.tree.populated();
         if !self.tree.tracks() {
             kill_group(self.pid, nix::sys::signal::Signal::SIGKILL);
-        } else if self.tree.populated() {
+        } else if left_running {
             let tree = self.tree.clone();
             let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
         }
@@ -476,9 +484,16 @@ impl Running {
             .ok()
             .and_then(Result::ok)
             .unwrap_or_default();
-        // the call's cgroups are removed when the last reference goes, off
-        // the runtime's threads (see `CallCgroups`'s Drop)
-        drop(self.tree);
+        // an empty tree's cgroups serve the next call; the others are
+        // removed when the last reference goes, off the runtime's threads
+        // (see `CallCgroups`'s Drop). Never one that cgroup.kill was
+        // written to (a timeout, a cancel): the kernel compares a kill
+        // count at fork, and kills children cloned into it afterwards.
+        let killed = left_running || timed_out || cancelled;
+        match Arc::try_unwrap(self.tree) {
+            Ok(tree) if !killed => self.spare.give_back(tree),
+            other => drop(other),
+        }
         Finished {
             exit,
             duration,

@@ -635,6 +635,64 @@ async fn a_call_leaves_nothing_running_even_in_a_new_session() {
     assert!(gone(&pid), "the setsid child {pid} outlived its call");
 }
 
+/// An empty call cgroup serves the session's next call (no mkdir, no
+/// rmdir); one that held a leftover is removed with it, never reused.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_call_cgroup_serves_the_next_call_and_a_dirty_one_goes() {
+    if !root() {
+        return;
+    }
+    let b = Bridge::stdio(Opts::default()).await;
+    let v2 = |r: &rmcp::model::CallToolResult| -> String {
+        let out = structured(r)["stdout"]["text"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("0::"))
+            .expect("a cgroup v2 line");
+        line["0::".len()..].to_string()
+    };
+    let first = v2(&b
+        .call("exec", json!({"argv": ["cat", "/proc/self/cgroup"]}))
+        .await);
+    assert!(first.contains("/agent-bridge/mcp-"), "{first}");
+    let again = v2(&b
+        .call("exec", json!({"argv": ["cat", "/proc/self/cgroup"]}))
+        .await);
+    assert_eq!(again, first, "the empty cgroup was not reused");
+    let r = b
+        .call(
+            "exec",
+            json!({"command": "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; cat /proc/self/cgroup"}),
+        )
+        .await;
+    assert_eq!(v2(&r), first);
+    let out = structured(&r)["stdout"]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pid = out.lines().next().unwrap().to_string();
+    assert!(gone(&pid), "the leftover {pid} outlived its call");
+    let dir = agent_bridge::cgroup::v2_root()
+        .unwrap()
+        .join(first.trim_start_matches('/'));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dir.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} was not removed",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fresh = v2(&b
+        .call("exec", json!({"argv": ["cat", "/proc/self/cgroup"]}))
+        .await);
+    assert_ne!(fresh, first, "a cgroup that held a leftover was reused");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_workload_reports_its_signal() {
     let b = Bridge::stdio(Opts::default()).await;

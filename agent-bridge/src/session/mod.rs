@@ -161,6 +161,7 @@ impl Session {
             kernel: Arc::new(Kernel::new(config.probe_socket.clone(), id.clone())),
             workdir: config.workdir.clone(),
             call_prefix: id,
+            spare: Default::default(),
         };
         Ok(Session {
             config,
