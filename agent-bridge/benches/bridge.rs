@@ -199,6 +199,63 @@ async fn exec_true(b: &Bridge, probe: bool, n: usize) -> Vec<f64> {
     ms
 }
 
+/// Calls an agent makes: each after 50 ms of idle, when the kernel has
+/// long finished its last RCU grace period. A process moved into a cgroup
+/// then waits for a new one (how every call began before the bridge cloned
+/// its workloads straight into their cgroup); the table shows both.
+async fn spaced_calls(socket: &Path) -> String {
+    const SPACED: usize = 40;
+    const IDLE: Duration = Duration::from_millis(50);
+    let b = stdio(Some(socket)).await;
+    exec_true(&b, true, 5).await; // warm-up
+    let root = agent_bridge::cgroup::v2_root().expect("a cgroup2 mount");
+    let dirs = [0, 1].map(|i| root.join(format!("bench-move-{}-{i}", std::process::id())));
+    for d in &dirs {
+        std::fs::create_dir(d).unwrap();
+    }
+    let mut mover = Command::new("sleep").arg("300").spawn().unwrap();
+    let (mut bridge, mut direct, mut moves) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..SPACED {
+        tokio::time::sleep(IDLE).await;
+        bridge.extend(exec_true(&b, true, 1).await);
+        tokio::time::sleep(IDLE).await;
+        direct.extend(direct_true(1));
+        tokio::time::sleep(IDLE).await;
+        let t = Instant::now();
+        std::fs::write(dirs[i % 2].join("cgroup.procs"), mover.id().to_string()).unwrap();
+        moves.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let _ = mover.kill();
+    let _ = mover.wait();
+    for d in &dirs {
+        let _ = std::fs::remove_dir(d);
+    }
+    let (bridge, direct, moves) = (
+        latency(bridge, IDLE),
+        latency(direct, IDLE),
+        latency(moves, IDLE),
+    );
+    eprintln!(
+        "bench: exec true after 50 ms idle: p50 {:.2} ms (direct {:.2} ms; a cgroup move {:.2} ms)",
+        bridge.p50_ms, direct.p50_ms, moves.p50_ms
+    );
+    format!(
+        "\n{SPACED} calls each after 50 ms idle (an agent's pace), stdio, probe attached, against a direct spawn after the same idle; \
+         and what moving a process into a cgroup costs then (each call did that before this bridge cloned its workload straight into its cgroup):\n\n\
+         | after 50 ms idle | p50 ms | p99 ms | p50 vs direct spawn |\n|---|---|---|---|\n\
+         | direct spawn | {:.2} | {:.2} | 1.00× |\n\
+         | exec `true`, stdio, probe attached | {:.2} | {:.2} | {:.1}× |\n\
+         | moving a process into a cgroup (write to cgroup.procs) | {:.2} | {:.2} | |\n\n",
+        direct.p50_ms,
+        direct.p99_ms,
+        bridge.p50_ms,
+        bridge.p99_ms,
+        bridge.p50_ms / direct.p50_ms,
+        moves.p50_ms,
+        moves.p99_ms
+    )
+}
+
 /// `n` direct spawns of `true` (fork, exec, wait, pipes); latencies in ms.
 fn direct_true(n: usize) -> Vec<f64> {
     (0..n)
@@ -636,6 +693,7 @@ async fn main() {
             eprintln!("bench: 8 concurrent HTTP sessions: {:.0} calls/s", l.per_s);
             concurrent = Some(l.per_s);
         }
+        out.push_str(&spaced_calls(&socket).await);
     }
     if part != "transfer" {
         out.push_str(&exec_verdicts(&exec_ratios, concurrent));

@@ -58,7 +58,7 @@ impl Bridge {
             own: SessionSlot::default(),
             sessionless,
             config,
-            tools: Arc::new(crate::tools::all()),
+            tools: crate::tools::all(),
         }
     }
 

@@ -206,8 +206,15 @@ fn tool<T: JsonSchema + 'static>(name: &'static str, description: &'static str) 
     Tool::new(name, description, schema)
 }
 
-/// Every tool, in the order `tools/list` gives them.
-pub fn all() -> Vec<Tool> {
+/// Every tool, in the order `tools/list` gives them: built once, since a
+/// sessionless HTTP request builds a server (twice: rmcp checks the call's
+/// `Mcp-Param-*` headers against the tool's schema on another).
+pub fn all() -> Arc<Vec<Tool>> {
+    static ALL: std::sync::OnceLock<Arc<Vec<Tool>>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| Arc::new(build_all())).clone()
+}
+
+fn build_all() -> Vec<Tool> {
     vec![
         tool::<ExecArgs>(
             "exec",
@@ -414,7 +421,7 @@ mod tests {
 
     #[test]
     fn every_tool_has_an_object_schema() {
-        for t in all() {
+        for t in all().iter() {
             assert_eq!(
                 t.input_schema.get("type"),
                 Some(&json!("object")),
