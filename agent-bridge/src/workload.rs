@@ -487,8 +487,9 @@ impl Running {
         // an empty tree's cgroups serve the next call; the others are
         // removed when the last reference goes, off the runtime's threads
         // (see `CallCgroups`'s Drop). Never one that cgroup.kill was
-        // written to (a timeout, a cancel): the kernel compares a kill
-        // count at fork, and kills children cloned into it afterwards.
+        // written to (a timeout, a cancel): on this 6.18 kernel a child
+        // cloned into such a cgroup is killed at once (seen in
+        // a_cancelled_call_kills_its_workload, whose next call died).
         let killed = left_running || timed_out || cancelled;
         match Arc::try_unwrap(self.tree) {
             Ok(tree) if !killed => self.spare.give_back(tree),
