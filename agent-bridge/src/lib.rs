@@ -14,6 +14,7 @@ pub mod bytes;
 pub mod campaign;
 pub mod cgroup;
 pub mod fault;
+pub mod http_answer;
 pub mod kernel;
 pub mod launch;
 pub mod process;

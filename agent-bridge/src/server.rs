@@ -339,7 +339,13 @@ pub async fn serve_http(
         Arc::new(LocalSessionManager::default()),
         http,
     );
-    let app = g.wrap(axum::Router::new().nest_service("/mcp", service));
+    // a call whose answer is all its stream holds is answered as JSON
+    let app = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn(
+            crate::http_answer::single_answer_as_json,
+        ));
+    let app = g.wrap(app);
     listen(opts.addr, app, "serving MCP", shutdown).await
 }
 

@@ -593,6 +593,69 @@ async fn sessionless_clients_keep_their_sandbox_between_calls() {
     }
 }
 
+/// A session's call whose answer is all its stream would hold comes back
+/// as one JSON document, which a client reads to its end and so keeps the
+/// connection for the next call (rmcp's client opened one per call on the
+/// event stream); a call that sends progress first stays a stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_calls_are_answered_as_json_unless_progress_comes_first() {
+    let (_child, url) = Bridge::start_http(&Opts::default());
+    let http = reqwest::Client::new();
+    let post = |body: Value, session: Option<String>| {
+        let mut req = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string());
+        if let Some(s) = session {
+            req = req
+                .header("mcp-session-id", s)
+                .header("mcp-protocol-version", "2025-11-25");
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let ct = resp
+                .headers()
+                .get("content-type")
+                .map_or(String::new(), |v| v.to_str().unwrap().to_string());
+            let sid = resp
+                .headers()
+                .get("mcp-session-id")
+                .map(|v| v.to_str().unwrap().to_string());
+            (
+                ct,
+                sid,
+                String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap(),
+            )
+        }
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"}}});
+    let (ct, sid, _) = post(init, None).await;
+    assert_eq!(ct, "application/json");
+    let sid = sid.expect("a session id");
+    post(
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        Some(sid.clone()),
+    )
+    .await;
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "exec", "arguments": {"argv": ["true"]}}});
+    let (ct, _, body) = post(call, Some(sid.clone())).await;
+    assert_eq!(ct, "application/json", "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["result"]["structuredContent"]["exit_code"], 0, "{v}");
+    let slow = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "exec", "arguments": {"argv": ["sleep", "1.5"]},
+        "_meta": {"progressToken": "p1"}}});
+    let (ct, _, body) = post(slow, Some(sid)).await;
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    let progress = body.find("notifications/progress").expect("progress");
+    let answer = body.find("\"result\"").expect("the answer");
+    assert!(progress < answer, "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn timeouts_kill_the_tree_and_say_timeout() {
     let b = Bridge::stdio(Opts::default()).await;
