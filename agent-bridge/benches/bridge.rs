@@ -792,7 +792,7 @@ async fn main() {
          for a second, so a call's later steps write into pages its earlier steps mapped (the request line's pages take \
          the decoded bytes), and the next call into the last one's. Over HTTP the answer is rmcp's to \
          send: serde_json's byte-at-a-time escape scan of the 87 MB string, then, for a session, a copy into an SSE \
-         event. A sessionless client (protocol 2026-07-28) gets plain JSON without that copy, but rmcp's check of its \
+         event (whose data the bridge passes on as plain JSON, sliced, not copied, when it is the stream's only message). A sessionless client (protocol 2026-07-28) gets plain JSON without that copy, but rmcp's check of its \
          standard headers (SEP-2243) turns every request into a serde_json Value first, a deep copy of the 87 MB \
          argument: that costs its writes time and 86 MiB of peak. End to end, rmcp's client serializes an 87 MB request \
          and parses an 87 MB answer with serde_json on the same 2 vCPUs, which takes longer than the bridge's own work.\n",
