@@ -75,6 +75,7 @@ pub fn sweep_stale() -> usize {
                 tracking: Some(e.path()),
                 v2: None,
                 reusable: false,
+                killed: Default::default(),
             };
             stale.remove();
             removed += usize::from(!e.path().exists());
@@ -96,6 +97,10 @@ pub struct CallCgroups {
     /// Tracking alone, in cgroup v2: no limit, no controller, so an empty
     /// one serves the next call as well as a new one (see [`Spare`]).
     reusable: bool,
+    /// `cgroup.kill` was written: never reused, since on this 6.18 kernel
+    /// a child cloned into such a cgroup is killed at once (seen in
+    /// a_cancelled_call_kills_its_workload, whose next call died).
+    killed: std::sync::atomic::AtomicBool,
 }
 
 /// What a call's cgroups should enforce.
@@ -135,11 +140,13 @@ impl Spare {
         CallCgroups::create(name, limits)
     }
 
-    /// Takes back a call's cgroups, which the caller saw empty after the
-    /// call: kept when reusable (and room is left), else removed.
+    /// Takes back a call's cgroups once the call is over: kept when
+    /// reusable, never killed (a leftover was killed, or the call timed out
+    /// or was cancelled) and room is left; else removed.
     pub fn give_back(&self, cg: CallCgroups) {
+        let killed = cg.killed.load(std::sync::atomic::Ordering::Relaxed);
         let mut spare = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if cg.reusable && spare.len() < SPARE_MAX {
+        if cg.reusable && !killed && spare.len() < SPARE_MAX {
             spare.push(cg);
         }
     }
@@ -248,13 +255,19 @@ impl CallCgroups {
         }
     }
 
+    /// cgroup.kill (v2, Linux 5.14+) kills atomically, forks included.
+    fn write_kill(&self, dir: &Path) {
+        self.killed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    }
+
     /// SIGKILLs the whole tree once, without waiting for it to go.
     pub fn signal_all(&self) {
         let Some(dir) = &self.tracking else {
             return;
         };
-        // cgroup.kill (v2, Linux 5.14+) kills atomically, forks included
-        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        self.write_kill(dir);
         for pid in self.pids() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
@@ -269,8 +282,7 @@ impl CallCgroups {
             return;
         };
         let deadline = Instant::now() + Duration::from_secs(2);
-        // cgroup.kill (v2, Linux 5.14+) kills atomically, forks included
-        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        self.write_kill(dir);
         loop {
             let pids = self.pids();
             if pids.is_empty() || Instant::now() > deadline {
@@ -317,6 +329,7 @@ impl Drop for CallCgroups {
             tracking: self.tracking.take(),
             v2: self.v2.take(),
             reusable: false,
+            killed: Default::default(),
         });
         // the kill and the removal can wait on the kernel for seconds: on an
         // async runtime's thread that would stall every session it serves

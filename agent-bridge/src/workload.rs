@@ -466,10 +466,9 @@ impl Running {
             .await;
         // whatever the workload left running dies with the call (usually
         // nothing is left: then no blocking kill-and-wait on the reply path)
-        let left_running = self.tree.tracks() && self.tree.populated();
         if !self.tree.tracks() {
             kill_group(self.pid, nix::sys::signal::Signal::SIGKILL);
-        } else if left_running {
+        } else if self.tree.populated() {
             let tree = self.tree.clone();
             let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
         }
@@ -484,16 +483,12 @@ impl Running {
             .ok()
             .and_then(Result::ok)
             .unwrap_or_default();
-        // an empty tree's cgroups serve the next call; the others are
-        // removed when the last reference goes, off the runtime's threads
-        // (see `CallCgroups`'s Drop). Never one that cgroup.kill was
-        // written to (a timeout, a cancel): on this 6.18 kernel a child
-        // cloned into such a cgroup is killed at once (seen in
-        // a_cancelled_call_kills_its_workload, whose next call died).
-        let killed = left_running || timed_out || cancelled;
-        match Arc::try_unwrap(self.tree) {
-            Ok(tree) if !killed => self.spare.give_back(tree),
-            other => drop(other),
+        // the tree's cgroups serve the next call unless something in them
+        // was killed (see `Spare::give_back`); the others are removed when
+        // the last reference goes, off the runtime's threads (see
+        // `CallCgroups`'s Drop)
+        if let Ok(tree) = Arc::try_unwrap(self.tree) {
+            self.spare.give_back(tree);
         }
         Finished {
             exit,
