@@ -199,6 +199,150 @@ async fn exec_true(b: &Bridge, probe: bool, n: usize) -> Vec<f64> {
     ms
 }
 
+/// `agent-bridge serve --stdio` with the probe attached, on plain pipes.
+fn piped_stdio_bridge(socket: &Path) -> Child {
+    Command::new(BRIDGE)
+        .env_remove(CARGO_ONLY_ENV)
+        .args(["serve", "--stdio"])
+        .args(probe_args(Some(socket)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A bare MCP client for the exec rows' second measure: it sends each
+/// `tools/call` pre-encoded and only frames the answer (stdio: to its
+/// newline; HTTP: the whole response body on one keep-alive connection)
+/// while the clock runs, then checks every answer in full: the exit code
+/// and the kernel's attribution must be in it. What the bridge itself adds
+/// per call, without an MCP client library's own JSON, channels and tasks.
+enum BareClient {
+    Stdio {
+        _child: BridgeChild,
+        stdin: std::process::ChildStdin,
+        stdout: std::io::BufReader<std::process::ChildStdout>,
+    },
+    Http {
+        _child: BridgeChild,
+        http: reqwest::Client,
+        url: String,
+        session: String,
+    },
+}
+
+const BARE_INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"bench-bare","version":"1"}}}"#;
+const BARE_INITIALIZED: &str = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+
+impl BareClient {
+    async fn start(transport: &str, socket: &Path) -> BareClient {
+        use std::io::{BufRead as _, Write as _};
+        if transport == "stdio" {
+            let mut child = piped_stdio_bridge(socket);
+            let mut stdin = child.stdin.take().unwrap();
+            let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+            writeln!(stdin, "{BARE_INIT}").unwrap();
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            assert!(line.contains("\"result\""), "initialize: {line}");
+            writeln!(stdin, "{BARE_INITIALIZED}").unwrap();
+            return BareClient::Stdio {
+                _child: BridgeChild::Std(child),
+                stdin,
+                stdout,
+            };
+        }
+        let (child, url) = start_http(Some(socket));
+        let http = reqwest::Client::new();
+        let post = |body: &'static str, session: Option<&str>| {
+            let mut req = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2025-06-18");
+            if let Some(s) = session {
+                req = req.header("mcp-session-id", s);
+            }
+            req.body(body).send()
+        };
+        let init = post(BARE_INIT, None).await.unwrap();
+        let session = init.headers()["mcp-session-id"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        init.bytes().await.unwrap();
+        post(BARE_INITIALIZED, Some(&session))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        BareClient::Http {
+            _child: BridgeChild::Std(child),
+            http,
+            url,
+            session,
+        }
+    }
+
+    /// `n` sequential exec `true` calls; latencies in ms. Answers are
+    /// checked after the clock stops.
+    async fn exec_true(&mut self, n: usize) -> Vec<f64> {
+        use std::io::{BufRead as _, Write as _};
+        let requests: Vec<Vec<u8>> = (0..n)
+            .map(|i| {
+                let mut r = serde_json::to_vec(
+                    &json!({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
+                    "params": {"name": "exec", "arguments": {"argv": ["true"]}}}),
+                )
+                .unwrap();
+                r.push(b'\n');
+                r
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(n);
+        let mut ms = Vec::with_capacity(n);
+        for req in requests {
+            let t = Instant::now();
+            let answer: Vec<u8> = match self {
+                BareClient::Stdio { stdin, stdout, .. } => {
+                    stdin.write_all(&req).unwrap();
+                    let mut line = Vec::new();
+                    stdout.read_until(b'\n', &mut line).unwrap();
+                    line
+                }
+                BareClient::Http {
+                    http, url, session, ..
+                } => http
+                    .post(url.as_str())
+                    .header("content-type", "application/json")
+                    .header("accept", "application/json, text/event-stream")
+                    .header("mcp-protocol-version", "2025-06-18")
+                    .header("mcp-session-id", session.as_str())
+                    .body(req)
+                    .send()
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await
+                    .unwrap()
+                    .to_vec(),
+            };
+            ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            answers.push(answer);
+        }
+        for a in answers {
+            let v: Value = serde_json::from_slice(&a)
+                .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&a)));
+            let s = &v["result"]["structuredContent"];
+            assert_eq!(s["exit_code"], 0, "{v}");
+            assert_eq!(s["kernel"]["available"], true, "{v}");
+            assert!(s["kernel"]["explanation"].is_string(), "{v}");
+        }
+        ms
+    }
+}
+
 /// Calls an agent makes: each after 50 ms of idle, when the kernel has
 /// long finished its last RCU grace period. A process moved into a cgroup
 /// then waits for a new one (how every call began before the bridge cloned
@@ -322,14 +466,7 @@ async fn transfer(b: &Bridge, dir: &Path, data: &[u8]) -> (f64, f64) {
 /// checked, in full, after the clock.
 fn bridge_alone_stdio(socket: &Path, dir: &Path, data: &[u8]) -> Alone {
     use std::io::{BufRead as _, Write as _};
-    let mut child = Command::new(BRIDGE)
-        .env_remove(CARGO_ONLY_ENV)
-        .args(["serve", "--stdio"])
-        .args(probe_args(Some(socket)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = piped_stdio_bridge(socket);
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = std::io::BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
     let line = |v: Value| {
@@ -622,8 +759,16 @@ async fn main() {
             exec_true(&b, probe, 20).await; // warm-up
             bridges.push(b);
         }
+        let mut bare = Vec::new();
+        for transport in ["stdio", "http"] {
+            let mut c = BareClient::start(transport, &socket).await;
+            c.exec_true(20).await; // warm-up
+            bare.push((transport, c));
+        }
         let mut samples = vec![Vec::new(); configs.len() + 1];
         let mut wall = vec![Duration::ZERO; configs.len() + 1];
+        let mut bare_samples = vec![Vec::new(); bare.len()];
+        let mut bare_wall = vec![Duration::ZERO; bare.len()];
         for _ in 0..ROUNDS {
             let t = Instant::now();
             samples[0].extend(direct_true(CALLS / ROUNDS));
@@ -633,8 +778,14 @@ async fn main() {
                 samples[i + 1].extend(exec_true(b, probe, CALLS / ROUNDS).await);
                 wall[i + 1] += t.elapsed();
             }
+            for (i, (_, c)) in bare.iter_mut().enumerate() {
+                let t = Instant::now();
+                bare_samples[i].extend(c.exec_true(CALLS / ROUNDS).await);
+                bare_wall[i] += t.elapsed();
+            }
         }
         drop(bridges);
+        drop(bare);
         let base = latency(samples[0].clone(), wall[0]);
         out.push_str(&format!(
             "| direct spawn (baseline) | {:.2} | {:.2} | {:.0} | 1.00× |\n",
@@ -658,6 +809,20 @@ async fn main() {
                 exec_p50.push((name, l.p50_ms));
                 exec_ratios.push((name, l.p50_ms / base.p50_ms, l.p99_ms / base.p99_ms));
             }
+        }
+        for (i, transport) in ["stdio", "http"].into_iter().enumerate() {
+            let l = latency(bare_samples[i].clone(), bare_wall[i]);
+            out.push_str(&format!(
+                "| {transport}, probe attached, bare client | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
+                l.p50_ms,
+                l.p99_ms,
+                l.per_s,
+                l.p50_ms / base.p50_ms
+            ));
+            eprintln!(
+                "bench: exec true over {transport}, bare client: p50 {:.2} ms",
+                l.p50_ms
+            );
         }
         // concurrency: 8 HTTP sessions of one bridge at once, probe attached
         {

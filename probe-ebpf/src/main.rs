@@ -89,6 +89,52 @@ static PENDING: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 #[map]
 static PENDING_ANY: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Byte offsets of `task_struct.pid` and `.tgid` in this kernel, set by the
+/// loader from its BTF; 0 when it could not find them. Read-only data, so
+/// the verifier knows them as constants and accepts the loads below.
+#[unsafe(no_mangle)]
+static TASK_PID_OFFSET: u64 = 0;
+#[unsafe(no_mangle)]
+static TASK_TGID_OFFSET: u64 = 0;
+
+/// The current thread's ids packed like `bpf_get_current_pid_tgid`
+/// (tgid << 32 | tid), as two loads from the current task: the x86-64 JIT
+/// inlines `bpf_get_current_task_btf`, where the other helper is a call
+/// (and a return through the SRSO thunk) on every syscall.
+#[inline(always)]
+fn current_pid_tgid() -> u64 {
+    // SAFETY: plain loads of statics the loader may have rewritten, then
+    // loads at constant offsets of the BTF-typed current task, which the
+    // verifier checks against task_struct.
+    unsafe {
+        let (pid_at, tgid_at) = (
+            read_volatile(&TASK_PID_OFFSET),
+            read_volatile(&TASK_TGID_OFFSET),
+        );
+        if pid_at == 0 || tgid_at == 0 {
+            return bpf_get_current_pid_tgid();
+        }
+        let task = helper::bpf_get_current_task_btf() as *const u8;
+        let tid = read_volatile(task.add(pid_at as usize) as *const u32);
+        let tgid = read_volatile(task.add(tgid_at as usize) as *const u32);
+        ((tgid as u64) << 32) | tid as u64
+    }
+}
+
+/// The current thread's id (see `current_pid_tgid`).
+#[inline(always)]
+fn current_tid() -> u32 {
+    // SAFETY: as in current_pid_tgid.
+    unsafe {
+        let pid_at = read_volatile(&TASK_PID_OFFSET);
+        if pid_at == 0 {
+            return bpf_get_current_pid_tgid() as u32;
+        }
+        let task = helper::bpf_get_current_task_btf() as *const u8;
+        read_volatile(task.add(pid_at as usize) as *const u32)
+    }
+}
+
 #[inline(always)]
 fn ns_mode() -> bool {
     pidns().1 != 0
@@ -273,7 +319,7 @@ unsafe fn write_header(ev: *mut Event, kind: EventKind, span: u64, ts: u64, with
     let pid_tgid = if ns_mode() {
         ns_current()
     } else {
-        bpf_get_current_pid_tgid()
+        current_pid_tgid()
     };
     // SAFETY: the caller's promise; fields are written in place so the
     // 368-byte record never lands on the 512-byte stack. Volatile stores
@@ -428,7 +474,7 @@ fn tracked_slot(tid: u32) -> Option<*mut u64> {
 /// The common case is one array load and one store.
 #[btf_tracepoint(function = "sys_enter")]
 pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
+    let tid = current_tid();
     let Some(ptr) = tracked_slot(tid).or_else(|| adopt(tid)) else {
         return 0;
     };
@@ -448,7 +494,7 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
     if id == nr::EXIT_GROUP {
         // the process's status; a thread's own exit(2) (glibc ends every
         // pthread that way) says nothing about the process
-        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let tgid = (current_pid_tgid() >> 32) as u32;
         let _ = EXIT_CODES.insert(tgid, reg_arg(regs, 0) as i32, 0);
         return 0;
     }
@@ -487,7 +533,7 @@ pub fn floor_exit(_ctx: BtfTracePointContext) -> u32 {
 /// BTF tracepoint on `raw_syscalls:sys_exit(struct pt_regs *regs, long ret)`.
 #[btf_tracepoint(function = "sys_exit")]
 pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
+    let tid = current_tid();
     let Some(ptr) = tracked_slot(tid) else {
         // adopted in the middle of a syscall it entered untraced: traced
         // from its next one
@@ -886,7 +932,7 @@ fn fill_data(
 
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
+    let tid = current_tid();
     let Some(ptr) = tracked_slot(tid) else {
         return 0;
     };
@@ -948,7 +994,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
+    let tid = current_tid();
     let Some(off) = offsets() else { return 0 };
     // SAFETY: offset parsed from this kernel's format file.
     let old = unsafe { ctx.read_at::<i32>(off.exec_old_pid as usize) }
@@ -1002,7 +1048,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid_tgid = current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
     let span = span_of(tid);
     if let Some(span) = span {
@@ -1161,7 +1207,7 @@ pub fn memcg_reclaim_end(_ctx: TracePointContext) -> u32 {
 /// A traced thread entered reclaim: note when.
 #[inline(always)]
 fn reclaim_begin() {
-    let tid = bpf_get_current_pid_tgid() as u32;
+    let tid = current_tid();
     if span_of(tid).is_none() {
         return;
     }
@@ -1175,7 +1221,7 @@ fn reclaim_begin() {
 /// which reclaim it was.
 #[inline(always)]
 fn reclaim_end(kind_flags: u32) {
-    let tid = bpf_get_current_pid_tgid() as u32;
+    let tid = current_tid();
     if span_of(tid).is_none() {
         return;
     }
@@ -1246,7 +1292,7 @@ fn uring_filename_offset(opcode: u32) -> Option<usize> {
 /// worker, an SQPOLL thread), with the slot's task flags.
 #[inline(always)]
 fn uring_task() -> Option<(u64, u32)> {
-    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid_tgid = current_pid_tgid();
     let v = TRACKED
         .get(pid_tgid as u32)
         .copied()
@@ -1287,7 +1333,7 @@ pub fn uring_submit_req(ctx: TracePointContext) -> u32 {
     r.ids = if ns_mode() {
         ns_current()
     } else {
-        bpf_get_current_pid_tgid()
+        current_pid_tgid()
     };
     r.opcode = opcode;
     r.flags = 0;
@@ -1341,7 +1387,7 @@ pub fn uring_submit_req(ctx: TracePointContext) -> u32 {
     if tflags & task::SECCOMP_ON != 0
         && opcode < 64
         && r.flags & (flags::DATA_PATH | flags::DATA_SOCKADDR) != 0
-        && let Some(st) = TASKS.get_ptr_mut(bpf_get_current_pid_tgid() as u32)
+        && let Some(st) = TASKS.get_ptr_mut(current_tid())
     {
         // SAFETY: this thread's own entry.
         let st = unsafe { &mut *st };

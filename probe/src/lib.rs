@@ -15,6 +15,7 @@
 //! [`syscalls`] (names and classes), [`mounts`] (mountinfo lookups).
 
 pub mod attribution;
+pub mod btf;
 pub mod client;
 pub mod clock;
 pub mod config;

@@ -209,10 +209,15 @@ impl Probe {
         let pidns = PidNamespace::current()
             .map_err(|e| LoadError::Load(format!("reading /proc/self/ns/pid: {e}")))?;
         let (ns_dev, ns_ino) = pidns.map_or((0, 0), |ns| (ns.dev, ns.ino));
+        // 0 (not found) makes the programs call bpf_get_current_pid_tgid
+        let (pid_at, tgid_at) = crate::btf::task_id_offsets()
+            .map_or((0u64, 0u64), |(p, t)| (u64::from(p), u64::from(t)));
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("TRACKED", pid_max)
             .override_global("PIDNS_DEV", &ns_dev, true)
             .override_global("PIDNS_INO", &ns_ino, true)
+            .override_global("TASK_PID_OFFSET", &pid_at, true)
+            .override_global("TASK_TGID_OFFSET", &tgid_at, true)
             .load(EBPF_OBJECT)
             .map_err(|e| match e {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })

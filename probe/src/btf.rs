@@ -1,0 +1,209 @@
+//! Member offsets of kernel structs, read from the kernel's own BTF
+//! (`/sys/kernel/btf/vmlinux`).
+//!
+//! The syscall programs read the current thread's ids as plain loads from
+//! the task (`bpf_get_current_task_btf`, which the x86-64 JIT inlines)
+//! instead of a `bpf_get_current_pid_tgid` call on every syscall of every
+//! traced thread. The verifier wants those offsets constant: the loader
+//! writes them into the object's read-only data before it loads it. aya's
+//! BTF parser keeps its type table private, and this needs one walk over
+//! the type section (format: the kernel's Documentation/bpf/btf.rst).
+
+const MAGIC: u16 = 0xeb9f;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+
+/// Byte offset of `member` in the struct named `name`, searching anonymous
+/// unions and structs inside it. None when the BTF is unreadable, the
+/// struct or member is missing, or the member is a bitfield.
+pub fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u32> {
+    let types = Types::parse(btf)?;
+    let (_, members) = types
+        .iter()
+        .find(|(t, _)| t.kind() == KIND_STRUCT && types.name(t.name_off) == Some(name))?;
+    types.find_member(members, member, 0)
+}
+
+/// The kernel's offsets of `task_struct.pid` and `task_struct.tgid`.
+pub fn task_id_offsets() -> Option<(u32, u32)> {
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
+    Some((
+        member_offset(&btf, "task_struct", "pid")?,
+        member_offset(&btf, "task_struct", "tgid")?,
+    ))
+}
+
+#[derive(Clone, Copy)]
+struct TypeHeader {
+    name_off: u32,
+    info: u32,
+}
+
+impl TypeHeader {
+    fn kind(self) -> u32 {
+        (self.info >> 24) & 0x1f
+    }
+    fn vlen(self) -> usize {
+        (self.info & 0xffff) as usize
+    }
+}
+
+/// One struct or union member: (name_off, type id, offset field).
+type Member = (u32, u32, u32);
+
+struct Types<'a> {
+    /// Every type's header and its members (empty unless struct or union);
+    /// index i is type id i + 1.
+    all: Vec<(TypeHeader, Vec<Member>)>,
+    strings: &'a [u8],
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+impl<'a> Types<'a> {
+    fn parse(btf: &'a [u8]) -> Option<Types<'a>> {
+        if u16::from_le_bytes(btf.get(0..2)?.try_into().ok()?) != MAGIC {
+            return None; // not BTF, or not little-endian
+        }
+        let hdr_len = u32_at(btf, 4)? as usize;
+        let (type_off, type_len) = (u32_at(btf, 8)? as usize, u32_at(btf, 12)? as usize);
+        let (str_off, str_len) = (u32_at(btf, 16)? as usize, u32_at(btf, 20)? as usize);
+        let section = |off: usize, len: usize| btf.get(hdr_len + off..hdr_len + off + len);
+        let (types, strings) = (section(type_off, type_len)?, section(str_off, str_len)?);
+        let mut all = Vec::new();
+        let mut at = 0;
+        while at < types.len() {
+            let t = TypeHeader {
+                name_off: u32_at(types, at)?,
+                info: u32_at(types, at + 4)?,
+            };
+            at += 12;
+            let mut members = Vec::new();
+            // the bytes that follow each kind's 12-byte header
+            let extra = match t.kind() {
+                1 | 14 | 17 => 4, // int, var, decl_tag
+                3 => 12,          // array
+                KIND_STRUCT | KIND_UNION => {
+                    for i in 0..t.vlen() {
+                        let m = at + i * 12;
+                        members.push((
+                            u32_at(types, m)?,
+                            u32_at(types, m + 4)?,
+                            u32_at(types, m + 8)?,
+                        ));
+                    }
+                    t.vlen() * 12
+                }
+                6 | 13 => t.vlen() * 8,    // enum, func_proto
+                15 | 19 => t.vlen() * 12,  // datasec, enum64
+                2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, qualifiers, func, float, type_tag
+                _ => return None,          // a kind newer than this parser
+            };
+            at += extra;
+            all.push((t, members));
+        }
+        Some(Types { all, strings })
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(TypeHeader, Vec<Member>)> {
+        self.all.iter()
+    }
+
+    fn name(&self, off: u32) -> Option<&str> {
+        let rest = self.strings.get(off as usize..)?;
+        let end = rest.iter().position(|&b| b == 0)?;
+        std::str::from_utf8(&rest[..end]).ok()
+    }
+
+    /// `member`'s byte offset among `members`, `base` bytes into the outer
+    /// struct; descends into anonymous struct and union members.
+    fn find_member(&self, members: &[Member], member: &str, base: u32) -> Option<u32> {
+        for &(name_off, type_id, offset) in members {
+            // the low 24 bits are the bit offset whether or not the struct's
+            // kind_flag packs a bitfield size into the high 8
+            let parent_bits = offset & 0x00ff_ffff;
+            if self.name(name_off) == Some(member) {
+                return (parent_bits % 8 == 0).then_some(base + parent_bits / 8);
+            }
+            if name_off == 0 {
+                let (t, inner) = self.all.get((type_id as usize).checked_sub(1)?)?;
+                if matches!(t.kind(), KIND_STRUCT | KIND_UNION)
+                    && let Some(off) = self.find_member(inner, member, base + parent_bits / 8)
+                {
+                    return Some(off);
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hand-built BTF blob: struct outer { int a; union { int pid; }; int tgid; }.
+    fn blob() -> Vec<u8> {
+        let strings = b"\0int\0outer\0a\0pid\0tgid\0";
+        let s = |name: &str| {
+            let needle = format!("\0{name}\0");
+            (strings
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .unwrap()
+                + 1) as u32
+        };
+        let mut types = Vec::new();
+        let mut push = |words: &[u32]| words.iter().for_each(|w| types.extend(w.to_le_bytes()));
+        push(&[s("int"), 1 << 24, 4, 32]); // 1: int (4 bytes)
+        push(&[0, (KIND_UNION << 24) | 1, 4, s("pid"), 1, 0]); // 2: anonymous union
+        push(&[s("outer"), (KIND_STRUCT << 24) | 3, 12]); // 3: outer
+        push(&[s("a"), 1, 0, 0, 2, 32, s("tgid"), 1, 64]);
+        let mut b = Vec::new();
+        b.extend(MAGIC.to_le_bytes());
+        b.extend([1u8, 0]); // version, flags
+        for w in [
+            24u32,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
+            b.extend(w.to_le_bytes());
+        }
+        b.extend(&types);
+        b.extend(strings);
+        b
+    }
+
+    #[test]
+    fn members_are_found_directly_and_inside_anonymous_unions() {
+        let b = blob();
+        assert_eq!(member_offset(&b, "outer", "a"), Some(0));
+        assert_eq!(member_offset(&b, "outer", "pid"), Some(4));
+        assert_eq!(member_offset(&b, "outer", "tgid"), Some(8));
+        assert_eq!(member_offset(&b, "outer", "nope"), None);
+        assert_eq!(member_offset(&b, "missing", "a"), None);
+    }
+
+    #[test]
+    fn garbage_is_not_btf() {
+        assert_eq!(
+            member_offset(b"not btf at all, not at all", "outer", "a"),
+            None
+        );
+        let mut b = blob();
+        b.truncate(40);
+        assert_eq!(member_offset(&b, "outer", "a"), None);
+    }
+
+    #[test]
+    fn this_kernels_task_ids_sit_side_by_side() {
+        // pid_t pid; pid_t tgid; in every kernel since 2.6
+        let (pid, tgid) = task_id_offsets().expect("kernel BTF with task_struct.pid and .tgid");
+        assert_eq!(tgid, pid + 4);
+        assert!(pid > 0 && pid % 4 == 0);
+    }
+}
