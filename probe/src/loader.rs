@@ -305,8 +305,19 @@ impl Probe {
     /// to the kernel through `PENDING` and traced from its next syscall
     /// enter or exit (a blocked thread, from the moment its syscall returns).
     pub fn track(&mut self, pid: u32, span: u64) -> Result<(), aya::maps::MapError> {
+        self.track_with_seccomp(pid, span, seccomp_mode(pid).unwrap_or(0))
+    }
+
+    /// [`Probe::track`] for a caller that has read `pid`'s seccomp mode
+    /// (`Seccomp:` of its status) already.
+    pub fn track_with_seccomp(
+        &mut self,
+        pid: u32,
+        span: u64,
+        seccomp: u32,
+    ) -> Result<(), aya::maps::MapError> {
         let mut flags = task::SKIP_ORPHAN_EXIT;
-        if seccomp_mode(pid).unwrap_or(0) != 0 {
+        if seccomp != 0 {
             flags |= task::SECCOMP_ON;
         }
         let span32 = u32::try_from(span)
@@ -530,7 +541,11 @@ pub struct PendingRepeats {
 
 /// `Seccomp:` of /proc/PID/status: 0 none, 1 strict, 2 filter.
 pub fn seccomp_mode(pid: u32) -> Option<u32> {
-    let status = read_proc(format!("/proc/{pid}/status"))?;
+    seccomp_mode_in(&read_proc(format!("/proc/{pid}/status"))?)
+}
+
+/// `Seccomp:` of a /proc/PID/status text already read.
+pub fn seccomp_mode_in(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("Seccomp:"))
