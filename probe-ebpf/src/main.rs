@@ -36,9 +36,9 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use probe_abi::{
-    ArgRole, DATA_LEN, DropCounters, EVENT_HEADER_LEN, EVENT_KINDS, Event, EventKind, Failure,
-    Offsets, ROLES, ROLES_LEN, TaskState, UringReq, flags, needs_enter_state, nr, open_flags_write,
-    slot, task, uring,
+    ArgRole, DATA_LEN, DropCounters, ENTER_STATE, EVENT_HEADER_LEN, EVENT_KINDS, Event, EventKind,
+    Failure, Offsets, ROLES, ROLES_LEN, SUCCESS_MATTERS, SyscallSet, TaskState, UringReq, flags,
+    nr, open_flags_write, slot, task, uring,
 };
 
 /// tid → packed span/flags/syscall-in-flight (`probe_abi::slot`; 0: untracked). An array, sized to pid_max by userspace,
@@ -212,6 +212,22 @@ fn adopt(tid: u32) -> Option<*mut u64> {
 
 /// `probe_abi::ROLES` in the object's read-only data.
 static ROLE_TABLE: [ArgRole; ROLES_LEN] = ROLES;
+
+/// `probe_abi::ENTER_STATE` and `SUCCESS_MATTERS`, likewise: the common
+/// path of both syscall programs asks one of them, by one load and a mask.
+static ENTER_STATE_SET: SyscallSet = ENTER_STATE;
+static SUCCESS_SET: SyscallSet = SUCCESS_MATTERS;
+
+/// Whether syscall `nr` is in `set` (one of the two above).
+#[inline(always)]
+fn in_syscall_set(set: &'static SyscallSet, nr: i64) -> bool {
+    if nr < 0 || nr as usize >= ROLES_LEN {
+        return false;
+    }
+    // SAFETY: in bounds; volatile for the reason given in `role`.
+    let word = unsafe { read_volatile(set.as_ptr().add(nr as usize / 64)) };
+    word & (1 << (nr as usize % 64)) != 0
+}
 
 /// What syscall `nr`'s arguments carry (`probe_abi::syscall_arg_role`), by
 /// one table load.
@@ -487,7 +503,7 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
     // SAFETY: this thread's own slot; only this thread writes it while it
     // runs (fork writes a child's slot before the child runs).
     unsafe { *ptr = (*ptr & !slot::NR_MASK) | marker };
-    if !needs_enter_state(id, role(id)) {
+    if !in_syscall_set(&ENTER_STATE_SET, id) {
         return 0;
     }
     let regs: *const u8 = ctx.arg(0);
@@ -593,7 +609,9 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
     };
 
     if ret >= 0 {
-        on_success(ptr, regs, span, entered, ret);
+        if in_syscall_set(&SUCCESS_SET, entered) {
+            on_success(ptr, regs, span, entered, ret);
+        }
         return 0;
     }
 

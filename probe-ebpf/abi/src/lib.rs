@@ -479,6 +479,63 @@ pub const ROLES: [ArgRole; ROLES_LEN] = {
     table
 };
 
+/// Syscalls a success of which `sys_exit` looks at (seccomp filters
+/// installed, a socket's pending error, fd dups, files opened for writing,
+/// mounts): `on_success` in the eBPF programs handles exactly these.
+#[inline(always)]
+pub const fn success_matters(nr: i64) -> bool {
+    matches!(
+        nr,
+        nr::SECCOMP
+            | nr::PRCTL
+            | nr::GETSOCKOPT
+            | nr::DUP2
+            | nr::DUP3
+            | nr::OPEN
+            | nr::OPENAT
+            | nr::CREAT
+            | nr::MKDIR
+            | nr::MKDIRAT
+            | nr::MOUNT
+    )
+}
+
+/// A set of syscall numbers below [`ROLES_LEN`], one bit each: one load
+/// and a mask on the eBPF side where a `matches!` is a chain of compares.
+pub type SyscallSet = [u64; ROLES_LEN / 64];
+
+/// The set of syscalls with `needs_enter_state` (`enter`) or
+/// `success_matters` (otherwise). Const fns cannot take a closure.
+const fn syscall_set(enter: bool) -> SyscallSet {
+    let mut set = [0u64; ROLES_LEN / 64];
+    let mut nr = 0;
+    while nr < ROLES_LEN {
+        let n = nr as i64;
+        let member = if enter {
+            needs_enter_state(n, syscall_arg_role(n))
+        } else {
+            success_matters(n)
+        };
+        if member {
+            set[nr / 64] |= 1 << (nr % 64);
+        }
+        nr += 1;
+    }
+    set
+}
+
+/// [`needs_enter_state`] for every syscall number.
+pub const ENTER_STATE: SyscallSet = syscall_set(true);
+
+/// [`success_matters`] for every syscall number.
+pub const SUCCESS_MATTERS: SyscallSet = syscall_set(false);
+
+/// Whether `nr` is in `set` (false past its end).
+#[inline(always)]
+pub fn in_set(set: &SyscallSet, nr: i64) -> bool {
+    nr >= 0 && (nr as usize) < ROLES_LEN && set[nr as usize / 64] & (1 << (nr as usize % 64)) != 0
+}
+
 /// io_uring opcodes (`enum io_uring_op`, a stable uAPI) the eBPF side
 /// reads a path or an address for.
 pub mod uring {
@@ -576,3 +633,28 @@ const _: () = assert!(core::mem::offset_of!(Failure, data) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(TaskState, last) % 8 == 0);
 const _: () = assert!(core::mem::align_of::<Failure>() == 8);
 const _: () = assert!(core::mem::offset_of!(UringReq, data) % 8 == 0);
+
+#[cfg(test)]
+mod set_tests {
+    use super::*;
+
+    #[test]
+    fn the_bit_sets_agree_with_the_functions_they_tabulate() {
+        for n in -1..(ROLES_LEN as i64 + 64) {
+            let in_table = (0..ROLES_LEN as i64).contains(&n);
+            assert_eq!(
+                in_set(&ENTER_STATE, n),
+                in_table && needs_enter_state(n, syscall_arg_role(n)),
+                "{n}"
+            );
+            assert_eq!(
+                in_set(&SUCCESS_MATTERS, n),
+                in_table && success_matters(n),
+                "{n}"
+            );
+        }
+        assert!(in_set(&ENTER_STATE, nr::CONNECT) && in_set(&ENTER_STATE, nr::CLONE3));
+        assert!(!in_set(&ENTER_STATE, 110)); // getppid
+        assert!(in_set(&SUCCESS_MATTERS, nr::OPENAT) && !in_set(&SUCCESS_MATTERS, 110));
+    }
+}
