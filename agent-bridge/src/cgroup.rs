@@ -6,7 +6,10 @@
 //! without controllers, which is still enough to track and kill a tree.
 
 use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const PARENT: &str = "agent-bridge";
@@ -74,6 +77,8 @@ pub fn sweep_stale() -> usize {
                 dirs: vec![e.path()],
                 tracking: Some(e.path()),
                 v2: None,
+                v2_fd: None,
+                events: None,
                 reusable: false,
                 killed: Default::default(),
             };
@@ -94,6 +99,12 @@ pub struct CallCgroups {
     /// The call's directory in the cgroup v2 hierarchy, if it has one
     /// (tracking and every v2 controller share it).
     v2: Option<PathBuf>,
+    /// `v2` opened, for clone3 to start children in; kept with the cgroup
+    /// so a reused one is not opened again per call.
+    v2_fd: Option<Arc<OwnedFd>>,
+    /// `cgroup.events` of a v2 tracking cgroup, read in place by
+    /// `populated` at the end of every call.
+    events: Option<std::fs::File>,
     /// Tracking alone, in cgroup v2: no limit, no controller, so an empty
     /// one serves the next call as well as a new one (see [`Spare`]).
     reusable: bool,
@@ -188,6 +199,19 @@ impl CallCgroups {
             cg.tracking.get_or_insert(dir);
         }
         cg.reusable = cg.v2.is_some() && cg.dirs.len() == 1 && limits.is_none();
+        // unopenable: children join it through cgroup.procs instead, and
+        // `populated` lists the processes
+        cg.v2_fd = cg
+            .v2
+            .as_ref()
+            .and_then(|d| std::fs::File::open(d).ok())
+            .map(|f| Arc::new(f.into()));
+        if cg.tracking.is_some() && cg.tracking == cg.v2 {
+            cg.events = cg
+                .v2
+                .as_ref()
+                .and_then(|d| std::fs::File::open(d.join("cgroup.events")).ok());
+        }
         Ok(cg)
     }
 
@@ -214,6 +238,11 @@ impl CallCgroups {
     /// (see `launch`), if the call has one.
     pub fn v2_dir(&self) -> Option<&Path> {
         self.v2.as_deref()
+    }
+
+    /// [`CallCgroups::v2_dir`] opened, when it could be.
+    pub fn v2_fd(&self) -> Option<Arc<OwnedFd>> {
+        self.v2_fd.clone()
     }
 
     /// The `cgroup.procs` file of every cgroup of the call but the v2 one,
@@ -246,12 +275,15 @@ impl CallCgroups {
     /// Whether anything still runs in the call's tree, child cgroups
     /// included (v2 `cgroup.events`; v1: the listed processes).
     pub fn populated(&self) -> bool {
-        let Some(dir) = &self.tracking else {
+        if self.tracking.is_none() {
             return false;
-        };
-        match std::fs::read_to_string(dir.join("cgroup.events")) {
-            Ok(events) => events.lines().any(|l| l == "populated 1"),
-            Err(_) => !self.pids().is_empty(),
+        }
+        // "populated 0|1\nfrozen 0|1\n": a kernfs file reads afresh from
+        // offset 0 each time
+        let mut buf = [0u8; 128];
+        match self.events.as_ref().map(|f| f.read_at(&mut buf, 0)) {
+            Some(Ok(n)) => buf[..n].split(|&b| b == b'\n').any(|l| l == b"populated 1"),
+            _ => !self.pids().is_empty(),
         }
     }
 
@@ -328,6 +360,9 @@ impl Drop for CallCgroups {
             dirs: std::mem::take(&mut self.dirs),
             tracking: self.tracking.take(),
             v2: self.v2.take(),
+            // the open files close with `self`
+            v2_fd: None,
+            events: None,
             reusable: false,
             killed: Default::default(),
         });

@@ -34,7 +34,7 @@ pub struct Launch {
     /// after 20 ms without one, so every call of an agent that thinks
     /// between calls paid it. Where the clone cannot, `setup` is told the
     /// child is not there yet and moves it.
-    pub cgroup: Option<OwnedFd>,
+    pub cgroup: Option<std::sync::Arc<OwnedFd>>,
 }
 
 /// A started child: its pid and our ends of its pipes.
@@ -382,6 +382,7 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn strings(v: Vec<CString>) -> Vec<String> {
         v.into_iter().map(|c| c.into_string().unwrap()).collect()
@@ -412,7 +413,7 @@ mod tests {
 
     /// Runs `cat /proc/self/cgroup` with `cgroup` to start in: what it
     /// printed, and whether setup was told it started there.
-    fn own_cgroup(cgroup: Option<OwnedFd>) -> (String, bool) {
+    fn own_cgroup(cgroup: Option<Arc<OwnedFd>>) -> (String, bool) {
         use std::io::Read as _;
         use std::sync::atomic::{AtomicBool, Ordering};
         let placed = AtomicBool::new(false);
@@ -454,15 +455,16 @@ mod tests {
         let name = format!("launch-test-{}", std::process::id());
         let dir = root.join(&name);
         std::fs::create_dir(&dir).unwrap();
-        let (out, placed) = own_cgroup(Some(std::fs::File::open(&dir).unwrap().into()));
+        let (out, placed) = own_cgroup(Some(Arc::new(std::fs::File::open(&dir).unwrap().into())));
         std::fs::remove_dir(&dir).unwrap();
         assert!(placed, "CLONE_INTO_CGROUP refused on Linux 5.7+");
         assert!(out.contains(&format!("0::/{name}\n")), "{out}");
         // a directory that is no cgroup: clone3 refuses, the child starts
         // beside us, and setup is told it must move it
         let not_cgroup = tempfile::tempdir().unwrap();
-        let (out, placed) =
-            own_cgroup(Some(std::fs::File::open(not_cgroup.path()).unwrap().into()));
+        let (out, placed) = own_cgroup(Some(Arc::new(
+            std::fs::File::open(not_cgroup.path()).unwrap().into(),
+        )));
         assert!(!placed);
         assert!(!out.contains(&name), "{out}");
         let (_, placed) = own_cgroup(None);

@@ -159,11 +159,8 @@ impl Context {
                 begin: None,
                 answer: -1,
             };
-            // unopenable: the child joins it by its cgroup.procs instead
-            launch.cgroup = tree
-                .v2_dir()
-                .and_then(|d| std::fs::File::open(d).ok())
-                .map(Into::into);
+            // None (unopenable): the child joins it by its cgroup.procs instead
+            launch.cgroup = tree.v2_fd();
             let (spawned, span) = kernel.begin_in_child(&label, call.as_ref(), |begin| {
                 spawn_attaching_itself(&launch, attach, begin, &plan, by_fd.as_ref())
             });
