@@ -18,18 +18,17 @@ const KIND_UNION: u32 = 5;
 /// struct or member is missing, or the member is a bitfield.
 pub fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u32> {
     let types = Types::parse(btf)?;
-    let (_, members) = types
-        .iter()
-        .find(|(t, _)| t.kind() == KIND_STRUCT && types.name(t.name_off) == Some(name))?;
-    types.find_member(members, member, 0)
+    types.find_member(types.struct_named(name)?, member, 0)
 }
 
 /// The kernel's offsets of `task_struct.pid` and `task_struct.tgid`.
 pub fn task_id_offsets() -> Option<(u32, u32)> {
     let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
+    let types = Types::parse(&btf)?;
+    let task = types.struct_named("task_struct")?;
     Some((
-        member_offset(&btf, "task_struct", "pid")?,
-        member_offset(&btf, "task_struct", "tgid")?,
+        types.find_member(task, "pid", 0)?,
+        types.find_member(task, "tgid", 0)?,
     ))
 }
 
@@ -48,14 +47,13 @@ impl TypeHeader {
     }
 }
 
-/// One struct or union member: (name_off, type id, offset field).
-type Member = (u32, u32, u32);
-
+/// The type section, indexed: only where each type starts is kept (the
+/// kernel's BTF has ~150k types; the probe's peak RSS counts what this holds).
 struct Types<'a> {
-    /// Every type's header and its members (empty unless struct or union);
-    /// index i is type id i + 1.
-    all: Vec<(TypeHeader, Vec<Member>)>,
+    types: &'a [u8],
     strings: &'a [u8],
+    /// Byte offset of type id i + 1 in `types`.
+    at: Vec<u32>,
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
@@ -72,43 +70,42 @@ impl<'a> Types<'a> {
         let (str_off, str_len) = (u32_at(btf, 16)? as usize, u32_at(btf, 20)? as usize);
         let section = |off: usize, len: usize| btf.get(hdr_len + off..hdr_len + off + len);
         let (types, strings) = (section(type_off, type_len)?, section(str_off, str_len)?);
-        let mut all = Vec::new();
-        let mut at = 0;
-        while at < types.len() {
+        let mut at = Vec::new();
+        let mut pos = 0;
+        while pos < types.len() {
+            at.push(u32::try_from(pos).ok()?);
             let t = TypeHeader {
-                name_off: u32_at(types, at)?,
-                info: u32_at(types, at + 4)?,
+                name_off: u32_at(types, pos)?,
+                info: u32_at(types, pos + 4)?,
             };
-            at += 12;
-            let mut members = Vec::new();
             // the bytes that follow each kind's 12-byte header
-            let extra = match t.kind() {
-                1 | 14 | 17 => 4, // int, var, decl_tag
-                3 => 12,          // array
-                KIND_STRUCT | KIND_UNION => {
-                    for i in 0..t.vlen() {
-                        let m = at + i * 12;
-                        members.push((
-                            u32_at(types, m)?,
-                            u32_at(types, m + 4)?,
-                            u32_at(types, m + 8)?,
-                        ));
-                    }
-                    t.vlen() * 12
-                }
-                6 | 13 => t.vlen() * 8,    // enum, func_proto
-                15 | 19 => t.vlen() * 12,  // datasec, enum64
-                2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, qualifiers, func, float, type_tag
-                _ => return None,          // a kind newer than this parser
-            };
-            at += extra;
-            all.push((t, members));
+            pos += 12
+                + match t.kind() {
+                    1 | 14 | 17 => 4,                                    // int, var, decl_tag
+                    3 => 12,                                             // array
+                    KIND_STRUCT | KIND_UNION | 15 | 19 => t.vlen() * 12, // members, datasec, enum64
+                    6 | 13 => t.vlen() * 8,                              // enum, func_proto
+                    2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, qualifiers, func, float, type_tag
+                    _ => return None,          // a kind newer than this parser
+                };
         }
-        Some(Types { all, strings })
+        Some(Types { types, strings, at })
     }
 
-    fn iter(&self) -> impl Iterator<Item = &(TypeHeader, Vec<Member>)> {
-        self.all.iter()
+    fn header(&self, id: u32) -> Option<TypeHeader> {
+        let pos = *self.at.get((id as usize).checked_sub(1)?)? as usize;
+        Some(TypeHeader {
+            name_off: u32_at(self.types, pos)?,
+            info: u32_at(self.types, pos + 4)?,
+        })
+    }
+
+    /// The id of the first struct called `name`.
+    fn struct_named(&self, name: &str) -> Option<u32> {
+        (1..=self.at.len() as u32).find(|&id| {
+            self.header(id)
+                .is_some_and(|t| t.kind() == KIND_STRUCT && self.name(t.name_off) == Some(name))
+        })
     }
 
     fn name(&self, off: u32) -> Option<&str> {
@@ -117,23 +114,31 @@ impl<'a> Types<'a> {
         std::str::from_utf8(&rest[..end]).ok()
     }
 
-    /// `member`'s byte offset among `members`, `base` bytes into the outer
-    /// struct; descends into anonymous struct and union members.
-    fn find_member(&self, members: &[Member], member: &str, base: u32) -> Option<u32> {
-        for &(name_off, type_id, offset) in members {
+    /// `member`'s byte offset in struct or union `id`, `base` bytes into
+    /// the outer struct; descends into anonymous struct and union members.
+    fn find_member(&self, id: u32, member: &str, base: u32) -> Option<u32> {
+        let t = self.header(id)?;
+        let first = *self.at.get(id as usize - 1)? as usize + 12;
+        for i in 0..t.vlen() {
+            let m = first + i * 12;
+            let (name_off, type_id, offset) = (
+                u32_at(self.types, m)?,
+                u32_at(self.types, m + 4)?,
+                u32_at(self.types, m + 8)?,
+            );
             // the low 24 bits are the bit offset whether or not the struct's
             // kind_flag packs a bitfield size into the high 8
-            let parent_bits = offset & 0x00ff_ffff;
+            let bits = offset & 0x00ff_ffff;
             if self.name(name_off) == Some(member) {
-                return (parent_bits % 8 == 0).then_some(base + parent_bits / 8);
+                return (bits % 8 == 0).then_some(base + bits / 8);
             }
-            if name_off == 0 {
-                let (t, inner) = self.all.get((type_id as usize).checked_sub(1)?)?;
-                if matches!(t.kind(), KIND_STRUCT | KIND_UNION)
-                    && let Some(off) = self.find_member(inner, member, base + parent_bits / 8)
-                {
-                    return Some(off);
-                }
+            if name_off == 0
+                && self
+                    .header(type_id)
+                    .is_some_and(|inner| matches!(inner.kind(), KIND_STRUCT | KIND_UNION))
+                && let Some(off) = self.find_member(type_id, member, base + bits / 8)
+            {
+                return Some(off);
             }
         }
         None
