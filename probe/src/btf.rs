@@ -2,9 +2,9 @@
 //! (`/sys/kernel/btf/vmlinux`).
 //!
 //! The syscall programs read the current thread's ids as plain loads from
-//! the task (`bpf_get_current_task_btf`, which the x86-64 JIT inlines)
-//! instead of a `bpf_get_current_pid_tgid` call on every syscall of every
-//! traced thread. The verifier wants those offsets constant: the loader
+//! the task (`bpf_get_current_task_btf`) instead of calling
+//! `bpf_get_current_pid_tgid` on every syscall of every thread: ~5 ns less
+//! per program hit on this kernel (docs/BENCHMARKS.md). The verifier wants those offsets constant: the loader
 //! writes them into the object's read-only data before it loads it. aya's
 //! BTF parser keeps its type table private, and this needs one walk over
 //! the type section (format: the kernel's Documentation/bpf/btf.rst).

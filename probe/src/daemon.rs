@@ -756,10 +756,15 @@ fn store_loop(
                 // calls being traced need. The thread sleeps through the
                 // window instead of waiting on the channel, so the spans
                 // sent meanwhile wake nobody (a wake-up per span was 5% of
-                // the request thread's CPU).
-                std::thread::sleep(STORE_GATHER);
+                // the request thread's CPU); with a full batch queued
+                // already it does not wait at all.
+                const BATCH: usize = 512;
                 let mut batch = vec![first];
-                batch.extend(rx.try_iter().take(511));
+                batch.extend(rx.try_iter().take(BATCH - 1));
+                if batch.len() < BATCH {
+                    std::thread::sleep(STORE_GATHER);
+                    batch.extend(rx.try_iter().take(BATCH - batch.len()));
+                }
                 if let Err(e) = store.insert(&batch) {
                     // one bad span must not take the batch down: retry one by one
                     tracing::warn!(
