@@ -249,8 +249,12 @@ fn main() -> ExitCode {
     // mmap and go back to the kernel when freed. glibc would otherwise
     // raise this threshold after the first such free and serve the next
     // ones from a heap it keeps: megabytes of peak RSS for nothing.
+    // (glibc only: the static musl build's allocator has no such knob.)
     // SAFETY: mallopt before any other thread exists.
-    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) };
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20)
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
