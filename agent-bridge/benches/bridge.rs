@@ -199,6 +199,25 @@ async fn exec_true(b: &Bridge, probe: bool, n: usize) -> Vec<f64> {
     ms
 }
 
+/// A Streamable HTTP POST to the bridge at `url`, speaking MCP `version`,
+/// within `session` when there is one.
+fn mcp_post(
+    http: &reqwest::Client,
+    url: &str,
+    version: &str,
+    session: Option<&str>,
+) -> reqwest::RequestBuilder {
+    let req = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", version);
+    match session {
+        Some(s) => req.header("mcp-session-id", s),
+        None => req,
+    }
+}
+
 /// `agent-bridge serve --stdio` with the probe attached, on plain pipes.
 fn piped_stdio_bridge(socket: &Path) -> Child {
     Command::new(BRIDGE)
@@ -255,15 +274,9 @@ impl BareClient {
         let (child, url) = start_http(Some(socket));
         let http = reqwest::Client::new();
         let post = |body: &'static str, session: Option<&str>| {
-            let mut req = http
-                .post(&url)
-                .header("content-type", "application/json")
-                .header("accept", "application/json, text/event-stream")
-                .header("mcp-protocol-version", "2025-06-18");
-            if let Some(s) = session {
-                req = req.header("mcp-session-id", s);
-            }
-            req.body(body).send()
+            mcp_post(&http, &url, "2025-06-18", session)
+                .body(body)
+                .send()
         };
         let init = post(BARE_INIT, None).await.unwrap();
         let session = init.headers()["mcp-session-id"]
@@ -313,12 +326,7 @@ impl BareClient {
                 }
                 BareClient::Http {
                     http, url, session, ..
-                } => http
-                    .post(url.as_str())
-                    .header("content-type", "application/json")
-                    .header("accept", "application/json, text/event-stream")
-                    .header("mcp-protocol-version", "2025-06-18")
-                    .header("mcp-session-id", session.as_str())
+                } => mcp_post(http, url, "2025-06-18", Some(session))
                     .body(req)
                     .send()
                     .await
@@ -602,14 +610,7 @@ async fn bridge_alone_http(socket: &Path, dir: &Path, data: &[u8], sessionless: 
         "2025-06-18"
     };
     let post = |body: Vec<u8>, session: Option<String>, tool: Option<&str>| {
-        let mut req = http
-            .post(&url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", version);
-        if let Some(s) = session {
-            req = req.header("mcp-session-id", s);
-        }
+        let mut req = mcp_post(&http, &url, version, session.as_deref());
         if let (true, Some(tool)) = (sessionless, tool) {
             req = req
                 .header("mcp-method", "tools/call")

@@ -68,16 +68,24 @@ pub struct CArgs {
 unsafe impl Send for CArgs {}
 unsafe impl Sync for CArgs {}
 
-/// This process's environment as `NAME=value` C strings, read once: the
-/// bridge never changes its own environment, and copying it (under the
-/// environment's lock) and encoding it again took ~8 µs of every call.
+/// This process's environment, read once: the bridge never changes its
+/// own, and copying it (under the environment's lock) and encoding it
+/// again took ~8 µs of every call.
+fn own_vars() -> &'static [(OsString, OsString)] {
+    static VARS: OnceLock<Vec<(OsString, OsString)>> = OnceLock::new();
+    VARS.get_or_init(|| std::env::vars_os().collect())
+}
+
+/// [`own_vars`] as `NAME=value` C strings, shared by every call that sets
+/// no variable of its own.
 fn own_env() -> &'static Arc<Vec<CString>> {
     static ENV: OnceLock<Arc<Vec<CString>>> = OnceLock::new();
+    // a variable with a NUL byte cannot come from the process's environment
     ENV.get_or_init(|| {
-        // a variable with a NUL byte cannot be passed on anyway
         Arc::new(
-            std::env::vars_os()
-                .filter_map(|(k, v)| env_pair(&k, &v).ok())
+            own_vars()
+                .iter()
+                .filter_map(|(k, v)| env_pair(k, v).ok())
                 .collect(),
         )
     })
@@ -105,7 +113,7 @@ impl CArgs {
         let envs = if env.peek().is_none() {
             own_env().clone()
         } else {
-            let vars = merged(std::env::vars_os().collect(), env);
+            let vars = merged(own_vars().to_vec(), env);
             Arc::new(
                 vars.iter()
                     .map(|(k, v)| env_pair(k, v))
