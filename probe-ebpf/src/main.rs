@@ -243,12 +243,8 @@ fn role(nr: i64) -> ArgRole {
     }
 }
 
-/// The failure being looked at, per CPU (too big for the 512-byte stack).
-#[map]
-static SCRATCH: PerCpuArray<Failure> = PerCpuArray::with_max_entries(1, 0);
-
-/// The SyscallFailed record being built, per CPU: sent by `output_failure`
-/// with only the bytes its path fills.
+/// The SyscallFailed record being built, per CPU (too big for the 512-byte
+/// stack): sent by `output_failure` with only the bytes its path fills.
 #[map]
 static RECORD: PerCpuArray<Event> = PerCpuArray::with_max_entries(1, 0);
 
@@ -333,10 +329,27 @@ fn reserve(
 /// `ev` points at writable memory sized for one Event.
 #[inline(always)]
 unsafe fn write_header(ev: *mut Event, kind: EventKind, span: u64, ts: u64, with_comm: bool) {
+    // SAFETY: the caller's promise.
+    unsafe { write_header_as(ev, kind, span, ts, with_comm, None) }
+}
+
+/// `write_header` with the current thread's ids when the caller has them.
+///
+/// # Safety
+/// As for `write_header`.
+#[inline(always)]
+unsafe fn write_header_as(
+    ev: *mut Event,
+    kind: EventKind,
+    span: u64,
+    ts: u64,
+    with_comm: bool,
+    ids: Option<u64>,
+) {
     let pid_tgid = if ns_mode() {
         ns_current()
     } else {
-        current_pid_tgid()
+        ids.unwrap_or_else(current_pid_tgid)
     };
     // SAFETY: the caller's promise; fields are written in place so the
     // 368-byte record never lands on the 512-byte stack. Volatile stores
@@ -550,7 +563,10 @@ pub fn floor_exit(_ctx: BtfTracePointContext) -> u32 {
 /// BTF tracepoint on `raw_syscalls:sys_exit(struct pt_regs *regs, long ret)`.
 #[btf_tracepoint(function = "sys_exit")]
 pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
-    let tid = current_tid();
+    // both ids now: a failure's record needs the tgid, and one task lookup
+    // (a helper call) is cheaper than two
+    let ids = current_pid_tgid();
+    let tid = ids as u32;
     let Some(ptr) = tracked_slot(tid) else {
         // adopted in the middle of a syscall it entered untraced: traced
         // from its next one
@@ -616,7 +632,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
 
-    on_failure(tid, regs, span, entered, ret, tflags);
+    on_failure(ids, regs, span, entered, ret, tflags);
     0
 }
 
@@ -658,36 +674,38 @@ fn report_fork(tid: u32, span: u64) {
 /// Otherwise the count so far goes out as a Repeated event, then the
 /// failure as a SyscallFailed event.
 #[inline(always)]
-fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tflags: u32) {
-    let Some(cur) = SCRATCH.get_ptr_mut(0) else {
+fn on_failure(ids: u64, regs: *const u8, span: u64, entered: i64, ret: i64, tflags: u32) {
+    let Some(ev) = RECORD.get_ptr_mut(0) else {
         return;
     };
-    // SAFETY: this CPU's scratch slot; sys_exit does not nest on a CPU.
-    let cur = unsafe { &mut *cur };
-    cur.nr = entered;
-    cur.ret = ret;
+    // The path or address goes straight into the record that may be sent:
+    // compared from there with the thread's last failure, and copied once
+    // more only into `last` when it is new.
+    // SAFETY: this CPU's record scratch; sys_exit does not nest on a CPU.
+    let ev = unsafe { &mut *ev };
     let role = role(entered);
-    cur.aux0 = match role {
+    let aux0 = match role {
         ArgRole::Path { flags: Some(f), .. } => reg_arg(regs, f),
         // the socket: a later getsockopt(SO_ERROR) on it completes a
         // non-blocking connect
         ArgRole::First | ArgRole::SockAddr { .. } => reg_arg(regs, 0),
         _ => 0,
     };
-    cur.data_len = 0;
-    cur.data_flags = 0;
-    fill_data(
-        &mut cur.data,
-        &mut cur.data_len,
-        &mut cur.data_flags,
-        regs,
-        role,
-    );
+    let (mut data_len, mut data_flags) = (0u32, 0u32);
+    fill_data(&mut ev.data, &mut data_len, &mut data_flags, regs, role);
+    let cur = FailureKey {
+        nr: entered,
+        ret,
+        aux0,
+        data_len,
+        data_flags,
+    };
+    let tid = ids as u32;
     let state = TASKS.get_ptr_mut(tid);
     if let Some(st) = state {
         // SAFETY: this thread's own TASKS entry.
         let st = unsafe { &mut *st };
-        if same_failure(&st.last, cur) {
+        if same_failure(&st.last, &cur, &ev.data) {
             st.repeats += 1;
             return;
         }
@@ -702,34 +720,28 @@ fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
         }
     }
     let ts = now();
-    let Some(ev) = RECORD.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: this CPU's record scratch, like SCRATCH above.
-    unsafe {
-        write_header(ev, EventKind::SyscallFailed, span, ts, false);
-        (*ev).syscall = entered;
-        (*ev).ret = ret;
-        if role.is_timed() {
-            if let Some(st) = state {
-                (*ev).duration_ns = ts.wrapping_sub((*st).enter_ts);
-            }
+    // SAFETY: this CPU's record, as above; the header leaves `data` alone.
+    unsafe { write_header_as(ev, EventKind::SyscallFailed, span, ts, false, Some(ids)) };
+    ev.syscall = entered;
+    ev.ret = ret;
+    if role.is_timed() {
+        if let Some(st) = state {
+            // SAFETY: as above.
+            ev.duration_ns = ts.wrapping_sub(unsafe { (*st).enter_ts });
         }
-        (*ev).aux[0] = cur.aux0;
-        copy_data(&mut (*ev).data, &cur.data, cur.data_len);
-        (*ev).data_len = cur.data_len;
-        (*ev).flags |= cur.data_flags;
-        if tflags & task::SECCOMP_ON != 0 {
-            (*ev).flags |= flags::SECCOMP_ON;
-        }
+    }
+    ev.aux[0] = aux0;
+    ev.data_len = data_len;
+    ev.flags |= data_flags;
+    if tflags & task::SECCOMP_ON != 0 {
+        ev.flags |= flags::SECCOMP_ON;
     }
     // an exec refused with EACCES is checked against mountinfo on arrival
     // (noexec), while its mount namespace still exists; the ENOENTs of a
     // PATH search are not urgent (a dozen wake-ups per command otherwise)
     const EACCES: i64 = 13;
     let urgent = (entered == nr::EXECVE || entered == nr::EXECVEAT) && ret == -EACCES;
-    // SAFETY: built above, this CPU's own.
-    if !output_failure(unsafe { &*ev }, urgent) {
+    if !output_failure(ev, urgent) {
         return;
     }
     if let Some(st) = state {
@@ -741,8 +753,17 @@ fn on_failure(tid: u32, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
         last.aux0 = cur.aux0;
         last.data_len = cur.data_len;
         last.data_flags = cur.data_flags;
-        copy_data(&mut last.data, &cur.data, cur.data_len);
+        copy_data(&mut last.data, &ev.data, cur.data_len);
     }
+}
+
+/// A failure's fields besides its path or address.
+struct FailureKey {
+    nr: i64,
+    ret: i64,
+    aux0: u64,
+    data_len: u32,
+    data_flags: u32,
 }
 
 /// Sends the thread's pending repeat count; false when the ring is full.
@@ -771,7 +792,7 @@ fn words(len: u32) -> usize {
 
 /// Whether `cur` is the same failure as `last`.
 #[inline(always)]
-fn same_failure(last: &Failure, cur: &Failure) -> bool {
+fn same_failure(last: &Failure, cur: &FailureKey, data: &[u8; DATA_LEN]) -> bool {
     if last.nr != cur.nr
         || last.ret != cur.ret
         || last.aux0 != cur.aux0
@@ -791,7 +812,7 @@ fn same_failure(last: &Failure, cur: &Failure) -> bool {
     };
     let (a, b) = (
         last.data.as_ptr() as *const u64,
-        cur.data.as_ptr() as *const u64,
+        data.as_ptr() as *const u64,
     );
     let mut i = 0;
     while i < DATA_LEN / 8 && i < n {
@@ -919,14 +940,43 @@ fn fill_data(
     match role {
         ArgRole::Path { path, .. } => {
             let ptr = reg_arg(regs, path);
-            // SAFETY: a user pointer read with the fault-tolerant helper.
-            match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, data) } {
-                Ok(s) => {
-                    *len = s.len() as u32;
-                    *data_flags |= flags::DATA_PATH;
-                }
-                Err(_) => *data_flags |= flags::DATA_FAULT,
+            // Read onto the stack, then copy the words the path fills: the
+            // kernel's hardened-usercopy check accepts a stack destination at
+            // once, where map memory goes through its heap checks.
+            let mut buf = core::mem::MaybeUninit::<[u64; DATA_LEN / 8]>::uninit();
+            // SAFETY: a user pointer read with the fault-tolerant helper
+            // into a stack buffer of the size passed.
+            let r = unsafe {
+                helper::bpf_probe_read_user_str(
+                    buf.as_mut_ptr().cast(),
+                    DATA_LEN as u32,
+                    ptr as *const core::ffi::c_void,
+                )
+            };
+            if !(0..=DATA_LEN as i64).contains(&r) {
+                *data_flags |= flags::DATA_FAULT;
+                return;
             }
+            // r counts the NUL, except for "" where it is 0
+            let n = (r as u32).saturating_sub(1);
+            let tail = n % 8;
+            let (d, b) = (data.as_mut_ptr() as *mut u64, buf.as_ptr() as *const u64);
+            let w = words(n);
+            let mut i = 0;
+            while i < DATA_LEN / 8 && i < w {
+                // the bytes past the NUL are stale stack: zeroed, not sent
+                let mask = if i + 1 == w && tail != 0 {
+                    (1u64 << (tail * 8)) - 1
+                } else {
+                    u64::MAX
+                };
+                // SAFETY: i < DATA_LEN / 8: inside both arrays (aligned, see
+                // `copy_data`); the words below `w` were written by the helper.
+                unsafe { write_volatile(d.add(i), read_volatile(b.add(i)) & mask) };
+                i += 1;
+            }
+            *len = n;
+            *data_flags |= flags::DATA_PATH;
         }
         ArgRole::SockAddr { addr, len: len_arg } => {
             // sockaddr_in6 is 28 bytes, sockaddr_un 110: copy a fixed 112.

@@ -413,6 +413,37 @@ fn identical_failures_are_one_event_with_a_count_and_distinct_ones_are_not() {
 }
 
 #[test]
+fn paths_of_every_length_arrive_whole_long_and_short_in_any_order() {
+    if !root() {
+        return;
+    }
+    // word boundaries of the 8-byte copy, and short paths right after long
+    // ones (nothing of the longer one may show in the shorter's tail)
+    let lengths = [240, 1, 17, 9, 8, 7, 16, 15, 241, 2, 242];
+    let t = trace(&[
+        "python3",
+        "-c",
+        &format!(
+            "import sys\nfor k in {lengths:?}:\n    try: open('/nonexistent/' + 'p' * k)\n    except OSError: pass\nsys.exit(1)"
+        ),
+    ]);
+    t.expect("fs.missing", Some("openat"));
+    let got: Vec<&str> = t.json["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["path"].as_str())
+        .filter(|p| p.starts_with("/nonexistent/"))
+        .collect();
+    let want: Vec<String> = lengths
+        .iter()
+        .map(|&k| format!("/nonexistent/{}", "p".repeat(k)))
+        .collect();
+    assert_eq!(got, want, "{}", t.context());
+    assert_eq!(t.json["drops"]["kernel"], 0);
+}
+
+#[test]
 fn repeats_of_a_process_still_running_at_the_end_are_counted() {
     if !root() {
         return;
