@@ -83,6 +83,9 @@ struct ChildContext<'a> {
     errno: RawFd,
     /// The child started in `launch.cgroup`.
     placed: bool,
+    /// The kernel reset the child's signal handlers (clone3's
+    /// CLONE_CLEAR_SIGHAND): only SIGPIPE is left to reset.
+    handlers_cleared: bool,
 }
 
 const STACK: usize = 256 * 1024;
@@ -115,6 +118,7 @@ pub fn launch(
         setup,
         errno: errno_w.as_raw_fd(),
         placed: false,
+        handlers_cleared: false,
     };
     let mut stack = vec![0u8; STACK];
     // SAFETY: the child runs `child_main` on `stack` (which outlives it: the
@@ -130,15 +134,24 @@ pub fn launch(
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         let mut pid = -1;
+        // the flags are read by the child (sharing our memory) before it
+        // runs setup, so they are set before each attempt
+        let flags = |placed: bool, cleared: bool| {
+            (*arg.cast::<ChildContext>()).placed = placed;
+            (*arg.cast::<ChildContext>()).handlers_cleared = cleared;
+        };
         if let Some(cgroup) = &launch.cgroup {
-            // read by the child (sharing our memory) before it runs setup
-            (*arg.cast::<ChildContext>()).placed = true;
             // any refusal (an old kernel, a seccomp policy that denies
             // clone3, a cgroup it cannot start in) leaves the move to setup
-            pid = clone_into_cgroup(cgroup.as_raw_fd(), base, top, arg).unwrap_or(-1);
-            (*arg.cast::<ChildContext>()).placed = pid > 0;
+            flags(true, true);
+            pid = clone3_vfork(Some(cgroup.as_raw_fd()), base, top, arg).unwrap_or(-1);
         }
         if pid < 0 {
+            flags(false, true);
+            pid = clone3_vfork(None, base, top, arg).unwrap_or(-1);
+        }
+        if pid < 0 {
+            flags(false, false);
             pid = libc::clone(
                 child_main,
                 top.cast(),
@@ -188,11 +201,15 @@ struct CloneArgs {
     cgroup: u64,
 }
 
+const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// clone3(2) with `CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP`: the child
-/// runs `child_main(arg)` on the stack from `base` to `top` (16-aligned),
-/// starting life in the cgroup `cgroup`. The child's pid, or the errno.
+/// clone3(2) with `CLONE_VM | CLONE_VFORK | CLONE_CLEAR_SIGHAND`, and
+/// `CLONE_INTO_CGROUP` when given a `cgroup`: the child runs
+/// `child_main(arg)` on the stack from `base` to `top` (16-aligned), with
+/// the kernel's default for every signal we handle (one flag where the
+/// child would otherwise query and reset 64 dispositions itself), starting
+/// life in `cgroup`. The child's pid, or the errno.
 ///
 /// libc has no clone3 wrapper, and a child that shares our memory must
 /// leave the syscall on its own stack straight into a function: a few
@@ -202,18 +219,23 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// As for clone(2): `base..top` is a stack nothing else uses until the
 /// clone returns, and `arg` is what `child_main` expects.
 #[cfg(target_arch = "x86_64")]
-unsafe fn clone_into_cgroup(
-    cgroup: RawFd,
+unsafe fn clone3_vfork(
+    cgroup: Option<RawFd>,
     base: *mut u8,
     top: *mut u8,
     arg: *mut libc::c_void,
 ) -> Result<i32, i32> {
+    let into = if cgroup.is_some() {
+        CLONE_INTO_CGROUP
+    } else {
+        0
+    };
     let args = CloneArgs {
-        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_INTO_CGROUP,
+        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_CLEAR_SIGHAND | into,
         exit_signal: libc::SIGCHLD as u64,
         stack: base as u64,
         stack_size: top as u64 - base as u64,
-        cgroup: cgroup as u64,
+        cgroup: cgroup.unwrap_or(0) as u64,
         ..CloneArgs::default()
     };
     let entry: extern "C" fn(*mut libc::c_void) -> libc::c_int = child_main;
@@ -253,10 +275,11 @@ unsafe fn clone_into_cgroup(
     }
 }
 
-/// Elsewhere the child is moved into its cgroup by `setup`.
+/// Elsewhere the child is moved into its cgroup by `setup`, and resets
+/// its own signal handlers.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn clone_into_cgroup(
-    _cgroup: RawFd,
+unsafe fn clone3_vfork(
+    _cgroup: Option<RawFd>,
     _base: *mut u8,
     _top: *mut u8,
     _arg: *mut libc::c_void,
@@ -285,9 +308,13 @@ impl ChildContext<'_> {
         // before the clone.
         unsafe {
             // the child has its own copy of the handler table: handlers of
-            // the bridge must not run here, and SIGPIPE (ignored by Rust's
-            // runtime) is the workload's to take
-            for sig in 1..=libc::SIGRTMAX() {
+            // the bridge must not run here (clone3 may have reset them
+            // already), and SIGPIPE (ignored by Rust's runtime) is the
+            // workload's to take
+            if self.handlers_cleared {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            }
+            for sig in (1..=libc::SIGRTMAX()).filter(|_| !self.handlers_cleared) {
                 let mut action: libc::sigaction = std::mem::zeroed();
                 if libc::sigaction(sig, std::ptr::null(), &mut action) == 0
                     && (action.sa_sigaction != libc::SIG_DFL
@@ -469,6 +496,66 @@ mod tests {
         assert!(!out.contains(&name), "{out}");
         let (_, placed) = own_cgroup(None);
         assert!(!placed);
+    }
+
+    extern "C" fn ignore_signal(_: libc::c_int) {}
+
+    #[test]
+    fn a_child_runs_none_of_our_signal_handlers_and_takes_sigpipe_by_default() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // a handler of ours (as tokio installs), and SIGPIPE ignored (as
+        // Rust's runtime leaves it): what does the child see before exec?
+        // SAFETY: installs a handler that does nothing, for a signal no
+        // test sends.
+        unsafe {
+            libc::signal(
+                libc::SIGURG,
+                ignore_signal as *const () as libc::sighandler_t,
+            )
+        };
+        let disposition = |sig| {
+            // SAFETY: a query of one disposition into a local.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(sig, std::ptr::null(), &mut action);
+                action.sa_sigaction
+            }
+        };
+        assert_eq!(disposition(libc::SIGPIPE), libc::SIG_IGN);
+        let (urg_default, pipe_default) = (AtomicBool::new(false), AtomicBool::new(false));
+        let t = Launch {
+            candidates: vec![c"/bin/true".into()],
+            args: args(&["true"]),
+            cwd: c"/".into(),
+            stdin_pipe: false,
+            cgroup: None,
+        };
+        // setup runs in the child, just before exec, sharing our memory
+        let started = launch(&t, &mut |_| {
+            urg_default.store(disposition(libc::SIGURG) == libc::SIG_DFL, Ordering::SeqCst);
+            pipe_default.store(
+                disposition(libc::SIGPIPE) == libc::SIG_DFL,
+                Ordering::SeqCst,
+            );
+            Ok(())
+        })
+        .unwrap();
+        let mut status = 0;
+        // SAFETY: reaping the child just launched.
+        unsafe { libc::waitpid(started.pid as i32, &mut status, 0) };
+        assert_eq!(status, 0);
+        assert!(
+            urg_default.load(Ordering::SeqCst),
+            "our handler reached the child"
+        );
+        assert!(
+            pipe_default.load(Ordering::SeqCst),
+            "SIGPIPE still ignored in the child"
+        );
+        assert_eq!(
+            disposition(libc::SIGURG),
+            ignore_signal as *const () as libc::sighandler_t
+        );
     }
 
     #[test]

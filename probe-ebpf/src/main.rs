@@ -20,6 +20,10 @@
 //!   `SKIP_ORPHAN_EXIT`.
 #![no_std]
 #![no_main]
+// the BPF target has no 64-bit atomics in core: the add is the intrinsic
+// (BPF_ATOMIC add)
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 use core::ptr::{read_volatile, write_volatile};
 
@@ -119,6 +123,67 @@ fn current_pid_tgid() -> u64 {
         let tid = read_volatile(task.add(pid_at as usize) as *const u32);
         let tgid = read_volatile(task.add(tgid_at as usize) as *const u32);
         ((tgid as u64) << 32) | tid as u64
+    }
+}
+
+/// The task a CPU last ran the syscall programs for: its saved registers
+/// (`pt_regs` sits at the top of its kernel stack, so the address names the
+/// task while it lives), its ids, and the `TASK_GEN` they were read under.
+#[repr(C)]
+struct LastTask {
+    regs: u64,
+    generation: u64,
+    ids: u64,
+}
+
+#[map]
+static LAST_TASK: PerCpuArray<LastTask> = PerCpuArray::with_max_entries(1, 0);
+
+/// Bumped by every exec and exit on the machine: a kernel stack is reused
+/// only after its task exited, and a thread's id changes only by exec (a
+/// non-leader taking over its leader's, whose exit bumps it too), so an
+/// unchanged generation keeps every CPU's `LAST_TASK` true.
+#[map]
+static TASK_GEN: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The current thread's ids (as `current_pid_tgid`) for the syscall
+/// programs, whose tracepoints pass the task's saved registers: while the
+/// same task keeps making syscalls on a CPU (a storm, a busy loop), the
+/// ids come from this CPU's `LAST_TASK` without a helper call (a call and
+/// its return cost ~8 ns each here, with this CPU's return-thunk mitigation).
+#[inline(always)]
+fn syscall_task_ids(regs: *const u8) -> u64 {
+    // SAFETY: array slot 0; a plain load of a counter others add to.
+    let generation = TASK_GEN
+        .get_ptr(0)
+        .map(|g| unsafe { read_volatile(g) })
+        .unwrap_or(0);
+    let Some(last) = LAST_TASK.get_ptr_mut(0) else {
+        return current_pid_tgid();
+    };
+    // SAFETY: this CPU's slot; the syscall programs run with preemption
+    // off, so nothing else on this CPU touches it meanwhile.
+    let last = unsafe { &mut *last };
+    if last.regs == regs as u64 && last.generation == generation {
+        return last.ids;
+    }
+    let ids = current_pid_tgid();
+    last.regs = regs as u64;
+    last.generation = generation;
+    last.ids = ids;
+    ids
+}
+
+/// An exec or exit: every CPU's `LAST_TASK` is stale from here.
+#[inline(always)]
+fn bump_task_gen() {
+    if let Some(g) = TASK_GEN.get_ptr_mut(0) {
+        // SAFETY: array slot 0, aligned; an atomic add (all CPUs add to it).
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                g, 1,
+            )
+        };
     }
 }
 
@@ -504,7 +569,8 @@ fn tracked_slot(tid: u32) -> Option<*mut u64> {
 /// The common case is one array load and one store.
 #[btf_tracepoint(function = "sys_enter")]
 pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
-    let tid = current_tid();
+    let regs: *const u8 = ctx.arg(0);
+    let tid = syscall_task_ids(regs) as u32;
     let Some(ptr) = tracked_slot(tid).or_else(|| adopt(tid)) else {
         return 0;
     };
@@ -520,7 +586,6 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
     if !in_syscall_set(&ENTER_STATE_SET, id) {
         return 0;
     }
-    let regs: *const u8 = ctx.arg(0);
     if id == nr::EXIT_GROUP {
         // the process's status; a thread's own exit(2) (glibc ends every
         // pthread that way) says nothing about the process
@@ -563,9 +628,9 @@ pub fn floor_exit(_ctx: BtfTracePointContext) -> u32 {
 /// BTF tracepoint on `raw_syscalls:sys_exit(struct pt_regs *regs, long ret)`.
 #[btf_tracepoint(function = "sys_exit")]
 pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
-    // both ids now: a failure's record needs the tgid, and one task lookup
-    // (a helper call) is cheaper than two
-    let ids = current_pid_tgid();
+    // both ids now: a failure's record needs the tgid
+    let regs: *const u8 = ctx.arg(0);
+    let ids = syscall_task_ids(regs);
     let tid = ids as u32;
     let Some(ptr) = tracked_slot(tid) else {
         // adopted in the middle of a syscall it entered untraced: traced
@@ -584,7 +649,6 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
         & !(((task::SKIP_ORPHAN_EXIT | task::REPORT_FORK) as u64) << slot::FLAGS_SHIFT);
     // SAFETY: as above.
     unsafe { *ptr = cleared };
-    let regs: *const u8 = ctx.arg(0);
     let ret: i64 = ctx.arg(1);
 
     if marker == 0 {
@@ -1063,6 +1127,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
+    bump_task_gen();
     let tid = current_tid();
     let Some(off) = offsets() else { return 0 };
     // SAFETY: offset parsed from this kernel's format file.
@@ -1117,6 +1182,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    bump_task_gen();
     let pid_tgid = current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
     let span = span_of(tid);

@@ -444,6 +444,108 @@ fn paths_of_every_length_arrive_whole_long_and_short_in_any_order() {
 }
 
 #[test]
+fn short_lived_processes_one_after_another_are_each_traced_as_themselves() {
+    if !root() {
+        return;
+    }
+    // each cat often runs on the kernel stack the previous one just gave
+    // back: the syscall programs' per-CPU task cache must not take it for
+    // the dead one
+    let n = 60;
+    let t = trace_with(
+        &["--events"],
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "for i in $(seq 1 {n}); do cat /nonexistent/child-$i 2>/dev/null; done; exit 1"
+            ),
+        ],
+    );
+    let events = t.json["events"].as_array().expect("events");
+    let cats: std::collections::HashSet<u64> = events
+        .iter()
+        .filter(|e| e["kind"] == "exec" && e["comm"] == "cat")
+        .filter_map(|e| e["pid"].as_u64())
+        .collect();
+    let mut by_path = std::collections::HashMap::new();
+    for e in events {
+        if let Some(p) = e["path"]
+            .as_str()
+            .filter(|p| p.starts_with("/nonexistent/child-"))
+        {
+            by_path.insert(
+                p.to_string(),
+                (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()),
+            );
+        }
+    }
+    assert_eq!(cats.len(), n, "one exec per cat: {}", t.context());
+    assert_eq!(by_path.len(), n, "every cat's failure: {}", t.context());
+    let pids: std::collections::HashSet<u64> = by_path.values().map(|&(p, _)| p).collect();
+    assert_eq!(
+        pids, cats,
+        "each failure under the pid of the cat that made it"
+    );
+    assert!(by_path.values().all(|&(p, tid)| p == tid));
+    assert_eq!(t.json["drops"]["kernel"], 0);
+}
+
+#[test]
+fn a_child_on_the_kernel_stack_of_one_that_died_on_another_cpu_is_traced_as_itself() {
+    if !root() {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        cpus >= 2 || !ci(),
+        "this test needs two CPUs, and CI=true forbids skipping it"
+    );
+    if cpus < 2 {
+        eprintln!("SKIPPED: needs two CPUs");
+        return;
+    }
+    // The parent forks on CPU 1; each child moves to CPU 0, fails an open
+    // there, and goes back to CPU 1 to exit, so its kernel stack returns to
+    // CPU 1's cache for the next child, while CPU 0's task cache still holds
+    // that stack's last syscall. Only the exit's invalidation keeps CPU 0
+    // from naming the dead child when the next one arrives on its stack.
+    let dir = tempdir();
+    let pids = dir.path().join("pids");
+    let n = 200;
+    let script = format!(
+        "import os\nos.sched_setaffinity(0, {{1}})\nout = []\nfor i in range({n}):\n    pid = os.fork()\n    if pid == 0:\n        os.sched_setaffinity(0, {{0}})\n        try: os.open('/nonexistent/pinned-%d' % i, os.O_RDONLY)\n        except OSError: pass\n        os.sched_setaffinity(0, {{1}})\n        os._exit(0)\n    os.waitpid(pid, 0)\n    out.append(str(pid))\nopen({:?}, 'w').write(' '.join(out))\nraise SystemExit(1)",
+        pids.to_str().unwrap()
+    );
+    let t = trace_with(&["--events"], &["python3", "-c", &script]);
+    let forked: Vec<u64> = std::fs::read_to_string(&pids)
+        .expect("the parent's list of children")
+        .split(' ')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let mut seen = std::collections::HashMap::new();
+    for e in t.json["events"].as_array().expect("events") {
+        if let Some(i) = e["path"]
+            .as_str()
+            .and_then(|p| p.strip_prefix("/nonexistent/pinned-"))
+        {
+            seen.insert(i.parse::<usize>().unwrap(), e["pid"].as_u64().unwrap());
+        }
+    }
+    let wrong: Vec<String> = (0..n)
+        .filter(|&i| seen.get(&i) != Some(&forked[i]))
+        .map(|i| format!("child {i} (pid {}): {:?}", forked[i], seen.get(&i)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {n} children: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+    assert_eq!(t.json["drops"]["kernel"], 0);
+}
+
+#[test]
 fn repeats_of_a_process_still_running_at_the_end_are_counted() {
     if !root() {
         return;
