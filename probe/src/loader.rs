@@ -214,8 +214,13 @@ impl Probe {
         // 0 (not found) makes the programs call bpf_get_current_pid_tgid
         let (pid_at, tgid_at) = crate::btf::task_id_offsets()
             .map_or((0u64, 0u64), |(p, t)| (u64::from(p), u64::from(t)));
+        // RECORD is indexed by CPU number
+        let cpus = aya::util::nr_cpus().map_err(|(path, e)| {
+            LoadError::Load(format!("reading the possible CPUs from {path}: {e}"))
+        })? as u32;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("TRACKED", pid_max)
+            .map_max_entries("RECORD", cpus)
             .override_global("PIDNS_DEV", &ns_dev, true)
             .override_global("PIDNS_INO", &ns_ino, true)
             .override_global("TASK_PID_OFFSET", &pid_at, true)
