@@ -619,24 +619,31 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
          - The same failure repeated by one thread (the same-path storm, a retry loop) is counted in \
          the kernel: one event with `repeats`, at the cost of a compare. A storm of distinct \
          failures (a new path each time) sends every one as its own event.\n\
-         - A traced failing open pays, on top of that floor: the in-flight marker, a ring-buffer \
-         reservation, the clock, two register loads (plain loads: the programs are BTF tracepoints), \
-         the path copy from user memory (`strncpy_from_user`), the submit, and the reader on the \
-         other CPU pulling the records through the cache. It does not pay a clock read and hash \
-         lookup at enter (only connect and sendto are timed), the comm (userspace names processes \
-         from their exec events), or a wake-up per event (only when pending data crosses 1 MiB).\n\
-         - Where a failure of a new path goes (cut-down builds of the programs, 1 M opens, best of 5, \
-         measured on 2026-12-01 apart from this run): empty programs 915 ns per open (1.18×); the \
-         traced thread's marker and slot, no failure work, ~930; + the path copy \
-         (`bpf_probe_read_user_str`, 43 bytes) 1099 (1.42×); + the compare with the thread's last \
-         failure 1129 (1.46×); + the clock, the record and its ring-buffer output 1383 (1.79×). The \
-         output alone (`bpf_ringbuf_output`: reservation, copy, commit) is ~140 ns, so 1.5× leaves \
-         about 30 ns for the clock, the record and the output together: a distinct failure sent as \
-         its own record cannot reach 1.5× here. Gathering records per CPU and sending them in \
-         batches is the way past that, not taken yet.\n\
-         - Every syscall of a traced thread costs both programs the thread's id: they read it from \
-         the current task at offsets the loader takes from the kernel's BTF \
-         (`task_struct.pid`, `.tgid`) instead of calling `bpf_get_current_pid_tgid`, and ask two \
+         - A traced failing open pays, on top of that floor: the in-flight marker, the thread's id \
+         (see below), the path copy from user memory (`strncpy_from_user`) straight into a \
+         CPU-indexed record, the compare with the thread's last failure, the clock, and the record \
+         sent with only the bytes its path fills (`bpf_ringbuf_output`); then the reader on the \
+         other CPU pulls it through the cache. It does not pay a clock read and hash lookup at \
+         enter (only connect and sendto are timed), the comm (userspace names processes from their \
+         exec events), or a wake-up per event (only when pending data crosses 1 MiB).\n\
+         - Where a failure of a new path goes (perf samples of the storm's CPU, 1 M opens at ~1340 \
+         ns each against 935 with the empty programs and 785 unprobed, measured on 2026-12-01 apart \
+         from this run): the sys_exit program's own instructions, with the calls and returns of its \
+         five helpers, ~95 ns; the ring buffer (query, reserve, copy, commit) ~65; the path copy \
+         ~75, of which ~30 is the kernel's hardened-usercopy check (the open pays the same ~30 for \
+         its own copy of the path); the clock ~28; the thread's state lookup ~19; sys_enter's \
+         marker ~16; and ~110 spread over the open's own code, slower with the programs' data in \
+         the caches. 1.5× leaves ~240 ns above the floor for all of that, and the path copy, the \
+         clock and one record per failure alone take ~170. Gathering records per CPU and sending \
+         them in batches would save the ring buffer's ~60 per record, not the ~170 the target asks \
+         for, and would hold evidence back from the span that asks for it: not taken.\n\
+         - Every syscall of a traced thread costs both programs the thread's id. A helper call and \
+         its return cost ~8 ns each on this VM (its CPU's return-thunk mitigation, \
+         `spec_rstack_overflow: Safe RET`), so the syscall programs keep, per CPU, the ids of the \
+         last task they ran for, keyed by the address of its saved registers (the top of its \
+         kernel stack) and a generation every exec and exit on the machine bumps (a stack is \
+         reused only after its task exits); a miss reads the ids from the current task at offsets \
+         the loader takes from the kernel's BTF (`task_struct.pid`, `.tgid`). Each then asks two \
          512-bit syscall sets whether the syscall needs anything more.\n\
          - Workload timings in this VM move by ±10–30% between identical runs (gcc's probed median \
          is below its unprobed one); ratios near 1.0 are within that noise.\n"
