@@ -17,9 +17,23 @@ use serde_json::Value;
 /// Deterministic domains: the same suite gives the same outcomes.
 const DOMAINS: &[&str] = &["files", "encoding", "process", "compute", "persistence"];
 
+static CLUSTER: OnceLock<pg::Cluster> = OnceLock::new();
+
+/// The cluster the tests share, started on first use. A static is never
+/// dropped, so the server is stopped (and its directory removed) when the
+/// test binary exits, not left running.
 fn cluster() -> &'static pg::Cluster {
-    static CLUSTER: OnceLock<pg::Cluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| pg::Cluster::start(&std::env::temp_dir()))
+    extern "C" fn stop_cluster() {
+        if let Some(c) = CLUSTER.get() {
+            c.stop_and_remove();
+        }
+    }
+    CLUSTER.get_or_init(|| {
+        let cluster = pg::Cluster::start(&std::env::temp_dir());
+        // SAFETY: registers a plain function for exit(3).
+        unsafe { libc::atexit(stop_cluster) };
+        cluster
+    })
 }
 
 /// A client of database `db` of `cluster`.

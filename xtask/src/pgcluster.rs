@@ -183,9 +183,16 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
+impl Cluster {
+    /// Stops the server and removes its directory (what dropping it does).
+    pub fn stop_and_remove(&self) {
         self.pg_ctl_stop("immediate");
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_and_remove();
     }
 }
