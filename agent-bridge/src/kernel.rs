@@ -139,6 +139,14 @@ impl Kernel {
         if let Some(call) = call {
             call.add_to(&mut request);
         }
+        // the child's seccomp mode when it attaches is this thread's (the
+        // profile's filter comes after): said here, the daemon need not
+        // read it from the child's /proc status
+        // SAFETY: prctl(2) PR_GET_SECCOMP reads the calling thread's mode.
+        let seccomp = unsafe { libc::prctl(libc::PR_GET_SECCOMP) };
+        if seccomp >= 0 {
+            request["seccomp"] = seccomp.into();
+        }
         let request = client.pid_request(request);
         let id = request.id;
         let (spawned, answer) = spawn(Some((client.socket_fd(), request)));

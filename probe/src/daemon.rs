@@ -72,6 +72,8 @@ enum Command {
         pid: Option<u32>,
         /// With `pid`: every thread of it and of its descendants too.
         tree: bool,
+        /// With `pid`: its seccomp mode, as the caller knows it.
+        seccomp: Option<u32>,
         /// For OpenTelemetry export: tool, MCP session, trace context.
         meta: Box<BeginMeta>,
         /// The span, and with `tree` how many threads were attached.
@@ -354,6 +356,7 @@ impl Core {
                 label,
                 pid,
                 tree,
+                seccomp,
                 meta,
                 reply,
             } => {
@@ -361,7 +364,7 @@ impl Core {
                     .begin(session, label, *meta)
                     .and_then(|span| match pid {
                         None => Ok((span, None)),
-                        Some(pid) => match self.attach_pid(span, pid, tree) {
+                        Some(pid) => match self.attach_pid(span, pid, tree, seccomp) {
                             Ok(n) => Ok((span, tree.then_some(n))),
                             Err(e) => {
                                 // nothing was traced: the span never existed
@@ -373,7 +376,7 @@ impl Core {
                 let _ = reply.send(begun);
             }
             Command::Attach { span, pid, reply } => {
-                let _ = reply.send(self.attach(span, pid));
+                let _ = reply.send(self.attach(span, pid, None));
             }
             Command::End {
                 span,
@@ -456,11 +459,17 @@ impl Core {
     }
 
     /// `attach`, or with `tree` [`Core::attach_tree`]: how many threads.
-    fn attach_pid(&mut self, span: u64, pid: u32, tree: bool) -> Result<usize, ErrorBody> {
+    fn attach_pid(
+        &mut self,
+        span: u64,
+        pid: u32,
+        tree: bool,
+        seccomp: Option<u32>,
+    ) -> Result<usize, ErrorBody> {
         if tree {
             self.attach_tree(span, pid)
         } else {
-            self.attach(span, pid).map(|()| 1)
+            self.attach(span, pid, seccomp).map(|()| 1)
         }
     }
 
@@ -470,7 +479,7 @@ impl Core {
     /// Threads started while the tree is walked are caught by walking it
     /// again, until a walk finds nothing new.
     fn attach_tree(&mut self, span: u64, pid: u32) -> Result<usize, ErrorBody> {
-        self.attach(span, pid)?;
+        self.attach(span, pid, None)?;
         let mut attached: std::collections::HashSet<u32> = [pid].into();
         for _ in 0..4 {
             let new: Vec<u32> = crate::proctree::threads(pid)
@@ -493,25 +502,41 @@ impl Core {
         Ok(attached.len())
     }
 
-    fn attach(&mut self, span: u64, pid: u32) -> Result<(), ErrorBody> {
+    /// Traces `pid` in `span`. `seccomp` is its seccomp mode when the
+    /// caller knows it; else it is read from the process's status.
+    fn attach(&mut self, span: u64, pid: u32, seccomp: Option<u32>) -> Result<(), ErrorBody> {
         let Some(open) = self.spans.get_mut(&span) else {
             return Err(ErrorBody::new(
                 ErrorCode::NotFound,
                 format!("span {span} is not open"),
             ));
         };
-        // one procfs read answers both whether it exists and its seccomp
-        // mode (a lookup under /proc costs about as much as the read)
-        let status = (pid != 0)
-            .then(|| crate::loader::read_proc(format!("/proc/{pid}/status")))
-            .flatten();
-        let Some(status) = status else {
-            return Err(ErrorBody::new(
-                ErrorCode::NotFound,
-                format!("no process {pid}"),
-            ));
+        let no_process = || ErrorBody::new(ErrorCode::NotFound, format!("no process {pid}"));
+        let seccomp = match seccomp {
+            // the caller knows the mode: only whether it exists is left
+            // (a signal-0 kill: ~1 µs, where the status read is ~12)
+            Some(mode) => {
+                let exists = i32::try_from(pid).ok().filter(|&p| p > 0).is_some_and(|p| {
+                    !matches!(
+                        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
+                        Err(nix::errno::Errno::ESRCH)
+                    )
+                });
+                if !exists {
+                    return Err(no_process());
+                }
+                mode
+            }
+            // one procfs read answers both whether it exists and its seccomp
+            // mode (a lookup under /proc costs about as much as the read)
+            None => {
+                let status = (pid != 0)
+                    .then(|| crate::loader::read_proc(format!("/proc/{pid}/status")))
+                    .flatten()
+                    .ok_or_else(no_process)?;
+                crate::loader::seccomp_mode_in(&status).unwrap_or(0)
+            }
         };
-        let seccomp = crate::loader::seccomp_mode_in(&status).unwrap_or(0);
         self.probe
             .track_with_seccomp(pid, span, seccomp)
             .map_err(|e| {
@@ -1117,6 +1142,7 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             label,
             pid,
             tree,
+            seccomp,
             tool,
             mcp_method,
             mcp_session,
@@ -1128,6 +1154,7 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
                 label,
                 pid,
                 tree,
+                seccomp,
                 meta: Box::new(BeginMeta {
                     tool,
                     mcp_method,

@@ -38,6 +38,13 @@ pub enum Request {
         pid: Option<u32>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         tree: bool,
+        /// With `pid` (not `tree`): its seccomp mode (0 none, 1 strict, 2
+        /// filter), when the caller knows it (a child it started, before
+        /// the child installs a filter of its own). The daemon then only
+        /// checks that the process exists instead of reading its
+        /// /proc status, which is most of an attach's time.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seccomp: Option<u32>,
         /// For OpenTelemetry export: the MCP tool the span runs for.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool: Option<String>,
@@ -238,6 +245,7 @@ mod tests {
                 label: "exec: ls".into(),
                 pid: None,
                 tree: false,
+                seccomp: None,
                 tool: None,
                 mcp_method: None,
                 mcp_session: None,
@@ -250,6 +258,16 @@ mod tests {
             r.unwrap(),
             Request::BeginSpan {
                 pid: Some(42),
+                tree: false,
+                ..
+            }
+        ));
+        let (_, r) = parse_request(br#"{"op": "begin_span", "seccomp": 2, "pid": 42}"#);
+        assert!(matches!(
+            r.unwrap(),
+            Request::BeginSpan {
+                pid: Some(42),
+                seccomp: Some(2),
                 tree: false,
                 ..
             }

@@ -452,6 +452,12 @@ fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
         .begin_span_attached(Some("s"), "ghost", 4_000_000)
         .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+    // the same when the caller states the seccomp mode (no /proc read)
+    let e = d
+        .client()
+        .call(json!({"op": "begin_span", "label": "ghost", "seccomp": 0, "pid": 4_000_000}))
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
     // errors keep the connection usable
     let mut s = UnixStream::connect(&sock).unwrap();
     s.write_all(b"not json\n{\"id\":5,\"op\":\"hello\"}\n")
