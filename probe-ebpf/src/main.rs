@@ -749,6 +749,9 @@ fn on_failure(ids: u64, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
     // SAFETY: no preconditions (inlined by the verifier).
     let cpu = unsafe { helper::bpf_get_smp_processor_id() };
     let Some(ev) = RECORD.get_ptr_mut(cpu) else {
+        // a CPU past the possible ones the loader sized it for: never, but
+        // a failure is counted, not lost without a trace
+        count_drop(EventKind::SyscallFailed);
         return;
     };
     // The path or address goes straight into the record that may be sent:
