@@ -311,10 +311,12 @@ impl ChildContext<'_> {
             // the bridge must not run here (clone3 may have reset them
             // already), and SIGPIPE (ignored by Rust's runtime) is the
             // workload's to take
-            if self.handlers_cleared {
-                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            }
-            for sig in (1..=libc::SIGRTMAX()).filter(|_| !self.handlers_cleared) {
+            let signals = if self.handlers_cleared {
+                libc::SIGPIPE..=libc::SIGPIPE
+            } else {
+                1..=libc::SIGRTMAX()
+            };
+            for sig in signals {
                 let mut action: libc::sigaction = std::mem::zeroed();
                 if libc::sigaction(sig, std::ptr::null(), &mut action) == 0
                     && (action.sa_sigaction != libc::SIG_DFL

@@ -139,10 +139,10 @@ struct LastTask {
 #[map]
 static LAST_TASK: PerCpuArray<LastTask> = PerCpuArray::with_max_entries(1, 0);
 
-/// Bumped by every exec and exit on the machine: a kernel stack is reused
-/// only after its task exited, and a thread's id changes only by exec (a
-/// non-leader taking over its leader's, whose exit bumps it too), so an
-/// unchanged generation keeps every CPU's `LAST_TASK` true.
+/// Bumped by every task exit on the machine: a kernel stack is reused only
+/// after its task exited, and a thread's id changes only when a non-leader
+/// execs and takes over its leader's id, which waits for the leader's exit.
+/// So an unchanged generation keeps every CPU's `LAST_TASK` true.
 #[map]
 static TASK_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -174,7 +174,7 @@ fn syscall_task_ids(regs: *const u8) -> u64 {
     ids
 }
 
-/// An exec or exit: every CPU's `LAST_TASK` is stale from here.
+/// A task exits: every CPU's `LAST_TASK` is stale from here.
 #[inline(always)]
 fn bump_task_gen() {
     if let Some(g) = TASK_GEN.get_ptr_mut(0) {
@@ -1110,7 +1110,6 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
-    bump_task_gen();
     let tid = current_tid();
     let Some(off) = offsets() else { return 0 };
     // SAFETY: offset parsed from this kernel's format file.

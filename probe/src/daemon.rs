@@ -273,6 +273,17 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
     }
 }
 
+/// Whether process `pid` exists (kill(2) with signal 0: only ESRCH says no).
+fn process_exists(pid: u32) -> bool {
+    i32::try_from(pid).is_ok_and(|p| {
+        p > 0
+            && !matches!(
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
+                Err(nix::errno::Errno::ESRCH)
+            )
+    })
+}
+
 impl Core {
     /// Stops tracing threads of spans that are no longer open: ones whose
     /// fork event was lost, so `end` could not name them.
@@ -515,18 +526,8 @@ impl Core {
         let seccomp = match seccomp {
             // the caller knows the mode: only whether it exists is left
             // (a signal-0 kill: ~1 µs, where the status read is ~12)
-            Some(mode) => {
-                let exists = i32::try_from(pid).ok().filter(|&p| p > 0).is_some_and(|p| {
-                    !matches!(
-                        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
-                        Err(nix::errno::Errno::ESRCH)
-                    )
-                });
-                if !exists {
-                    return Err(no_process());
-                }
-                mode
-            }
+            Some(mode) if process_exists(pid) => mode,
+            Some(_) => return Err(no_process()),
             // one procfs read answers both whether it exists and its seccomp
             // mode (a lookup under /proc costs about as much as the read)
             None => {

@@ -24,13 +24,13 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// io_uring requests of traced tasks are followed from submission to
 /// completion (optional: kernels without io_uring lack the tracepoints).
 const PROGRAMS: [(&str, &str, &str, bool); 14] = [
-    // exec and exit first: the syscall programs trust their per-CPU task
-    // cache only while these invalidate it
-    ("sched_process_exec", "sched", "sched_process_exec", true),
+    // exit first: the syscall programs trust their per-CPU task cache only
+    // while it invalidates it
     ("sched_process_exit", "sched", "sched_process_exit", true),
     ("sys_enter", "raw_syscalls", "sys_enter", true),
     ("sys_exit", "raw_syscalls", "sys_exit", true),
     ("sched_process_fork", "sched", "sched_process_fork", true),
+    ("sched_process_exec", "sched", "sched_process_exec", true),
     ("signal_generate", "signal", "signal_generate", true),
     ("mark_victim", "oom", "mark_victim", true),
     (

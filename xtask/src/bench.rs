@@ -671,7 +671,7 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
          its return cost ~8 ns each on this VM (its CPU's return-thunk mitigation, \
          `spec_rstack_overflow: Safe RET`), so the syscall programs keep, per CPU, the ids of the \
          last task they ran for, keyed by the address of its saved registers (the top of its \
-         kernel stack) and a generation every exec and exit on the machine bumps (a stack is \
+         kernel stack) and a generation every task exit on the machine bumps (a stack is \
          reused only after its task exits); a miss reads the ids from the current task at offsets \
          the loader takes from the kernel's BTF (`task_struct.pid`, `.tgid`). Each then asks two \
          512-bit syscall sets whether the syscall needs anything more.\n\
