@@ -137,9 +137,9 @@ fn start_http(socket: Option<&Path>) -> (Child, String) {
     (child, url)
 }
 
-async fn http(socket: Option<&Path>) -> Bridge {
+async fn http(socket: Option<&Path>, pooled: bool) -> Bridge {
     let (child, url) = start_http(socket);
-    let client = connect_http(&url).await;
+    let client = connect_http(&url, pooled).await;
     let pid = child.id();
     Bridge {
         client,
@@ -149,15 +149,22 @@ async fn http(socket: Option<&Path>) -> Bridge {
     }
 }
 
-async fn connect_http(url: &str) -> Client {
+/// An rmcp client of the bridge at `url`: on the campaign's HTTP client,
+/// which keeps connections (`pooled`), or on rmcp's default one, which
+/// opens a connection per call.
+async fn connect_http(url: &str, pooled: bool) -> Client {
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
     let config = StreamableHttpClientTransportConfig::with_uri(url.to_string())
         .max_sse_event_size(512 << 20)
         .max_json_response_size(512 << 20);
-    ().serve(StreamableHttpClientTransport::from_config(config))
-        .await
-        .unwrap()
+    let transport = if pooled {
+        let http = agent_bridge::campaign::target::http_client();
+        StreamableHttpClientTransport::with_client(http, config)
+    } else {
+        StreamableHttpClientTransport::from_config(config)
+    };
+    ().serve(transport).await.unwrap()
 }
 
 async fn call(client: &Client, tool: &str, args: Value) -> Value {
@@ -176,6 +183,17 @@ struct Latency {
     p50_ms: f64,
     p99_ms: f64,
     per_s: f64,
+}
+
+/// A row of the exec table: `l` against the direct spawn's `base`.
+fn exec_row(label: &str, l: &Latency, base: &Latency) -> String {
+    format!(
+        "| {label} | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
+        l.p50_ms,
+        l.p99_ms,
+        l.per_s,
+        l.p50_ms / base.p50_ms
+    )
 }
 
 fn latency(mut ms: Vec<f64>, wall: Duration) -> Latency {
@@ -714,7 +732,9 @@ fn raw_pipe(path: &Path) -> f64 {
     median(v)
 }
 
-#[tokio::main]
+// one thread, as an agent's event loop (Node, Python) runs its client;
+// the 8 concurrent sessions get a runtime of their own
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("the bridge benchmark needs root (probe daemon, cgroups)");
@@ -725,7 +745,7 @@ async fn main() {
     let mut out = String::from("## agent-bridge\n\n");
     out.push_str(&format!(
         "`cargo bench -p agent-bridge --bench bridge`: {CALLS} sequential `exec {{\"argv\": [\"true\"]}}` calls per row after 20 warm-up calls, \
-         one rmcp client, in {ROUNDS} interleaved rounds; the baseline spawns `true` directly from the benchmark (fork, exec, wait, pipes) in the same rounds. \
+         one rmcp client on a single-threaded runtime (as an agent's event loop runs it; over HTTP on the campaign runner's reqwest client, which keeps its connection), in {ROUNDS} interleaved rounds; the baseline spawns `true` directly from the benchmark (fork, exec, wait, pipes) in the same rounds. \
          The *bare client* rows run in the same rounds with a client that sends each call pre-encoded and only frames the answer while the clock runs \
          (stdio: reads to its newline; HTTP: reqwest on one keep-alive connection), then checks every answer for the exit code and the kernel's attribution: \
          the bridge's own cost per call, without the MCP client library's. The issue's targets are judged on the rmcp rows. \
@@ -760,19 +780,22 @@ async fn main() {
             let b = if name == "stdio" {
                 stdio(socket).await
             } else {
-                http(socket).await
+                http(socket, true).await
             };
             exec_true(&b, probe, 20).await; // warm-up
             bridges.push(b);
         }
+        // for reference: rmcp's default HTTP client, a new connection per call
+        let rmcp_default = http(Some(&socket), false).await;
+        exec_true(&rmcp_default, true, 20).await;
         let mut bare = Vec::new();
         for transport in ["stdio", "http"] {
             let mut c = BareClient::start(transport, &socket).await;
             c.exec_true(20).await; // warm-up
             bare.push((transport, c));
         }
-        let mut samples = vec![Vec::new(); configs.len() + 1];
-        let mut wall = vec![Duration::ZERO; configs.len() + 1];
+        let mut samples = vec![Vec::new(); configs.len() + 2];
+        let mut wall = vec![Duration::ZERO; configs.len() + 2];
         let mut bare_samples = vec![Vec::new(); bare.len()];
         let mut bare_wall = vec![Duration::ZERO; bare.len()];
         for _ in 0..ROUNDS {
@@ -784,6 +807,10 @@ async fn main() {
                 samples[i + 1].extend(exec_true(b, probe, CALLS / ROUNDS).await);
                 wall[i + 1] += t.elapsed();
             }
+            let t = Instant::now();
+            let last = configs.len() + 1;
+            samples[last].extend(exec_true(&rmcp_default, true, CALLS / ROUNDS).await);
+            wall[last] += t.elapsed();
             for (i, (_, c)) in bare.iter_mut().enumerate() {
                 let t = Instant::now();
                 bare_samples[i].extend(c.exec_true(CALLS / ROUNDS).await);
@@ -791,6 +818,7 @@ async fn main() {
             }
         }
         drop(bridges);
+        drop(rmcp_default);
         drop(bare);
         let base = latency(samples[0].clone(), wall[0]);
         out.push_str(&format!(
@@ -803,27 +831,28 @@ async fn main() {
                 "{name}, {}",
                 if *probe { "probe attached" } else { "no probe" }
             );
-            out.push_str(&format!(
-                "| {label} | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
-                l.p50_ms,
-                l.p99_ms,
-                l.per_s,
-                l.p50_ms / base.p50_ms
-            ));
+            out.push_str(&exec_row(&label, &l, &base));
             eprintln!("bench: exec true over {label}: p50 {:.2} ms", l.p50_ms);
             if *probe {
                 exec_p50.push((name, l.p50_ms));
                 exec_ratios.push((name, l.p50_ms / base.p50_ms, l.p99_ms / base.p99_ms));
             }
         }
+        {
+            let last = configs.len() + 1;
+            let l = latency(samples[last].clone(), wall[last]);
+            out.push_str(&exec_row(
+                "http, probe attached, rmcp's default HTTP client (a new connection per call)",
+                &l,
+                &base,
+            ));
+        }
         for (i, transport) in ["stdio", "http"].into_iter().enumerate() {
             let l = latency(bare_samples[i].clone(), bare_wall[i]);
-            out.push_str(&format!(
-                "| {transport}, probe attached, bare client | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
-                l.p50_ms,
-                l.p99_ms,
-                l.per_s,
-                l.p50_ms / base.p50_ms
+            out.push_str(&exec_row(
+                &format!("{transport}, probe attached, bare client"),
+                &l,
+                &base,
             ));
             eprintln!(
                 "bench: exec true over {transport}, bare client: p50 {:.2} ms",
@@ -833,35 +862,46 @@ async fn main() {
         }
         // concurrency: 8 HTTP sessions of one bridge at once, probe attached
         {
-            let b = http(Some(&socket)).await;
+            let b = http(Some(&socket), true).await;
             let url = b.url.clone().unwrap();
-            let start = Instant::now();
-            let mut tasks = Vec::new();
-            for _ in 0..8 {
-                let url = url.clone();
-                tasks.push(tokio::spawn(async move {
-                    let client = connect_http(&url).await;
-                    let mut ms = Vec::new();
-                    for _ in 0..CALLS / 4 {
-                        let t = Instant::now();
-                        call(&client, "exec", json!({"argv": ["true"]})).await;
-                        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            // 8 clients in one process: a runtime with a thread per CPU
+            let (all, wall) = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let start = Instant::now();
+                    let mut tasks = Vec::new();
+                    for _ in 0..8 {
+                        let url = url.clone();
+                        tasks.push(tokio::spawn(async move {
+                            let client = connect_http(&url, true).await;
+                            let mut ms = Vec::new();
+                            for _ in 0..CALLS / 4 {
+                                let t = Instant::now();
+                                call(&client, "exec", json!({"argv": ["true"]})).await;
+                                ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                            }
+                            ms
+                        }));
                     }
-                    ms
-                }));
-            }
-            let mut all = Vec::new();
-            for t in tasks {
-                all.extend(t.await.unwrap());
-            }
-            let l = latency(all, start.elapsed());
-            out.push_str(&format!(
-            "| http, probe attached, 8 concurrent sessions | {:.2} | {:.2} | {:.0} | {:.1}× |\n",
-            l.p50_ms,
-            l.p99_ms,
-            l.per_s,
-            l.p50_ms / base.p50_ms
-        ));
+                    let mut all = Vec::new();
+                    for t in tasks {
+                        all.extend(t.await.unwrap());
+                    }
+                    (all, start.elapsed())
+                })
+            })
+            .join()
+            .unwrap();
+            let l = latency(all, wall);
+            out.push_str(&exec_row(
+                "http, probe attached, 8 concurrent sessions",
+                &l,
+                &base,
+            ));
             eprintln!("bench: 8 concurrent HTTP sessions: {:.0} calls/s", l.per_s);
             concurrent = Some(l.per_s);
         }
@@ -936,7 +976,7 @@ async fn main() {
         let b = if name == "stdio" {
             stdio(Some(&socket)).await
         } else {
-            http(Some(&socket)).await
+            http(Some(&socket), true).await
         };
         let before = vm_hwm_kib(b.pid);
         let (w, r) = transfer(&b, dir.path(), &data).await;

@@ -1347,3 +1347,62 @@ fn otlp_traces_run_test_step_and_the_kernel_spans_of_each_call() {
         "every step's kernel span arrived"
     );
 }
+
+/// TCP connections on this machine with one end on `port`, by their other
+/// end's port (client sockets in TIME_WAIT too), from /proc/net/tcp.
+fn client_ports_of(port: u16) -> std::collections::BTreeSet<u16> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port_of = |addr: &str| u16::from_str_radix(addr.rsplit(':').next().unwrap(), 16).unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut cols = line.split_whitespace().skip(1);
+            let (local, remote) = (port_of(cols.next()?), port_of(cols.next()?));
+            (remote == port).then_some(local)
+        })
+        .collect()
+}
+
+#[test]
+fn the_runner_keeps_one_connection_for_a_sessions_calls() {
+    if !root() {
+        return;
+    }
+    // rmcp's default HTTP client opens a connection per call; the runner's
+    // keeps its connection across calls that each end in a full answer
+    let (_bridge, url) = Bridge::start_http(&Opts::default());
+    let port: u16 = url
+        .trim_start_matches("http://127.0.0.1:")
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let used = rt.block_on(async {
+        let target = agent_bridge::campaign::target::Target::Http(url.clone());
+        let conn = target.connect().await.unwrap();
+        for i in 0..20 {
+            let args = serde_json::json!({"argv": ["sh", "-c", format!("echo {i}")]});
+            let Value::Object(args) = args else {
+                unreachable!()
+            };
+            let r = conn
+                .call("exec", args, Duration::from_secs(30))
+                .await
+                .unwrap();
+            let s = r.structured_content.unwrap();
+            assert_eq!(s["exit_code"], 0, "{s}");
+            assert_eq!(s["stdout"]["text"], format!("{i}\n"), "{s}");
+        }
+        let used = client_ports_of(port);
+        conn.close().await;
+        used
+    });
+    // the calls' connection, and at most the handshake's and the
+    // session's event stream beside it; one per call would be 20 or more
+    assert!(
+        !used.is_empty() && used.len() <= 3,
+        "20 calls used {} connections: {used:?}",
+        used.len()
+    );
+}

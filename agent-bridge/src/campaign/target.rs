@@ -19,6 +19,20 @@ const MAX_MESSAGE: usize = 512 << 20;
 /// How much of a stdio bridge's stderr is kept to explain its death.
 const STDERR_TAIL: usize = 4096;
 
+/// The HTTP client for Streamable HTTP sessions: rmcp's own keeps no idle
+/// connection (its guard against a server that leaves an answer's stream
+/// open), so every call paid a new TCP connection and its accept. This one
+/// keeps them: a finished answer (agent-bridge answers a lone result as
+/// plain JSON) returns its connection to the pool, and one left open is
+/// dropped, not reused. Redirects are not followed: a session's messages
+/// go to the address it was given.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a reqwest client with no TLS settings to fail on")
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Target {
     Stdio(String),
@@ -145,8 +159,9 @@ impl Target {
                 if let Ok(token) = std::env::var("AGENT_BRIDGE_TOKEN") {
                     config = config.auth_header(token);
                 }
+                let transport = StreamableHttpClientTransport::with_client(http_client(), config);
                 let client = client_info()
-                    .serve(StreamableHttpClientTransport::from_config(config))
+                    .serve(transport)
                     .await
                     .map_err(|e| format!("MCP handshake with {url} failed: {e}"))?;
                 Ok(Connection {
