@@ -7,7 +7,8 @@
 //! then cannot reuse the connection: rmcp's client opened a new TCP
 //! connection for every call. The spec lets the server answer a request
 //! with `application/json` instead; this layer does so whenever the
-//! stream's only message is the answer. A stream whose first message is a
+//! stream's only message is the answer, as soon as the answer comes (it
+//! is a request stream's last message). A stream whose first message is a
 //! notification (progress) or a request to the client stays a stream, from
 //! that message on, with what came before it.
 
@@ -34,7 +35,6 @@ pub async fn single_answer_as_json(request: Request, next: Next) -> Response {
     let mut stream = body.into_data_stream();
     // everything read, to pass on as it came if the stream must stay one
     let mut seen: Vec<Bytes> = Vec::new();
-    let mut answer: Option<Bytes> = None;
     loop {
         let chunk = match stream.next().await {
             Some(Ok(chunk)) => chunk,
@@ -42,26 +42,27 @@ pub async fn single_answer_as_json(request: Request, next: Next) -> Response {
                 tracing::debug!("answer stream failed: {e}");
                 break; // the client sees the cut where it was
             }
-            None => {
-                if let Some(json) = answer.take() {
-                    parts.headers.insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                    parts.headers.remove(header::CONTENT_LENGTH);
-                    parts.headers.remove(header::TRANSFER_ENCODING);
-                    return Response::from_parts(parts, Body::from(json));
-                }
-                break;
-            }
+            None => break,
         };
-        seen.push(chunk.clone());
-        match (scan(&chunk), &answer) {
-            (Scan::Nothing, _) => {}
-            (Scan::Answer(json), None) => answer = Some(json),
+        match scan(&chunk) {
+            Scan::Nothing => seen.push(chunk),
+            // the answer ends a request's stream (nothing follows it), so
+            // it goes out now, without waiting for the stream to close
+            Scan::Answer(json) => {
+                parts.headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                parts.headers.remove(header::CONTENT_LENGTH);
+                parts.headers.remove(header::TRANSFER_ENCODING);
+                return Response::from_parts(parts, Body::from(json));
+            }
             // a notification, a request to the client, a second message,
             // or an event cut across chunks: the stream stays a stream
-            _ => break,
+            Scan::Other => {
+                seen.push(chunk);
+                break;
+            }
         }
     }
     let head = futures::stream::iter(seen.into_iter().map(Ok::<_, axum::Error>));

@@ -1003,6 +1003,20 @@ fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64)
     }
 }
 
+/// DATA_TRUNCATED for a user path that filled `data` (`read` bytes before
+/// the NUL the helper wrote) and goes on past it; else 0.
+#[inline(always)]
+fn path_cut(ptr: *const u8, read: usize) -> u32 {
+    if read < DATA_LEN - 1 {
+        return 0;
+    }
+    // SAFETY: a user pointer read with the fault-tolerant helper.
+    match unsafe { bpf_probe_read_user(ptr.wrapping_add(DATA_LEN - 1)) } {
+        Ok(0u8) | Err(_) => 0,
+        Ok(_) => flags::DATA_TRUNCATED,
+    }
+}
+
 /// Copies the path or socket address a syscall's `role` names into `data`,
 /// setting its length and the DATA_* flag that says which it is.
 #[inline(always)]
@@ -1020,7 +1034,7 @@ fn fill_data(
             match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, data) } {
                 Ok(s) => {
                     *len = s.len() as u32;
-                    *data_flags |= flags::DATA_PATH;
+                    *data_flags |= flags::DATA_PATH | path_cut(ptr as *const u8, s.len());
                 }
                 Err(_) => *data_flags |= flags::DATA_FAULT,
             }
@@ -1155,6 +1169,10 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
             if let Ok(s) = bpf_probe_read_kernel_str_bytes(src, &mut (*ev).data) {
                 (*ev).data_len = s.len() as u32;
                 (*ev).flags |= flags::DATA_PATH;
+                // the record's copy says how long it is, NUL included
+                if (loc >> 16) as usize > DATA_LEN {
+                    (*ev).flags |= flags::DATA_TRUNCATED;
+                }
             }
         }
     }
@@ -1473,11 +1491,19 @@ pub fn uring_submit_req(ctx: TracePointContext) -> u32 {
         };
         match name.and_then(|name| unsafe {
             // SAFETY: as above.
-            bpf_probe_read_kernel_str_bytes(name as *const u8, &mut r.data).map(|s| s.len())
+            let n = bpf_probe_read_kernel_str_bytes(name as *const u8, &mut r.data)?.len();
+            // a full `data`: does the name go on past it?
+            let cut = n == DATA_LEN - 1
+                && bpf_probe_read_kernel((name as *const u8).wrapping_add(n))
+                    .is_ok_and(|b: u8| b != 0);
+            Ok((n, cut))
         }) {
-            Ok(n) => {
+            Ok((n, cut)) => {
                 r.data_len = n as u32;
                 r.flags |= flags::DATA_PATH;
+                if cut {
+                    r.flags |= flags::DATA_TRUNCATED;
+                }
             }
             Err(_) => r.flags |= flags::DATA_FAULT,
         }
@@ -1625,7 +1651,7 @@ pub fn uring_req_failed(ctx: TracePointContext) -> u32 {
             };
             if let Ok(s) = bpf_probe_read_user_str_bytes(path as *const u8, &mut (*ev).data) {
                 (*ev).data_len = s.len() as u32;
-                (*ev).flags |= flags::DATA_PATH;
+                (*ev).flags |= flags::DATA_PATH | path_cut(path as *const u8, s.len());
             }
         } else if opcode == uring::CONNECT
             && bpf_probe_read_user_buf(addr as *const u8, &mut (&mut (*ev).data)[..112]).is_ok()

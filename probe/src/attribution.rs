@@ -594,9 +594,11 @@ fn resource_failure_behind_crash(
 /// The failed event names an absolute path that exists where the probe
 /// runs: the workload's own view (its mount namespace) did not have it.
 fn exists_outside(ev: &KernelEvent) -> bool {
-    ev.path
-        .as_deref()
-        .is_some_and(|p| p.starts_with('/') && std::path::Path::new(p).exists())
+    ev.path_truncated.is_none()
+        && ev
+            .path
+            .as_deref()
+            .is_some_and(|p| p.starts_with('/') && std::path::Path::new(p).exists())
 }
 
 /// Paths a program looks up while searching (modules, libraries, locales,

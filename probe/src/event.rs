@@ -106,6 +106,10 @@ pub struct KernelEvent {
     pub ret: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// `path` is the first 255 bytes of a longer path (the kernel saw it
+    /// whole; the event carries that much).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_truncated: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<String>,
     /// How long the syscall ran: failed connect/sendto only (a timeout shows
@@ -181,6 +185,7 @@ impl KernelEvent {
             errno: None,
             ret: None,
             path: None,
+            path_truncated: None,
             addr: None,
             duration_ns: None,
             flags: None,
@@ -226,6 +231,9 @@ impl KernelEvent {
             ""
         };
         match (&self.path, &self.addr) {
+            (Some(p), _) if self.path_truncated == Some(true) => {
+                format!("{via}{name}(\"{p}…\" cut at {} bytes)", p.len())
+            }
             (Some(p), _) => format!("{via}{name}(\"{p}\")"),
             (None, Some(a)) => format!("{via}{name}({a})"),
             _ => format!("{via}{name}"),
@@ -341,7 +349,7 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
         EventKind::Exec => {
             let mut ev = KernelEvent::bare(Kind::Exec, ts, raw.pid, raw.tid, comm);
             if raw.flags & flags::DATA_PATH != 0 {
-                ev.path = Some(cstr(data));
+                set_path(&mut ev, raw.flags, data);
             }
             ev
         }
@@ -414,12 +422,20 @@ pub fn decode(raw: &Event, span_start_ns: u64) -> Result<KernelEvent, DecodeErro
 /// seccomp filter, from its flags.
 fn path_addr_seccomp(ev: &mut KernelEvent, raw_flags: u32, data: &[u8]) {
     if raw_flags & flags::DATA_PATH != 0 {
-        ev.path = Some(cstr(data));
+        set_path(ev, raw_flags, data);
     } else if raw_flags & flags::DATA_SOCKADDR != 0 {
         ev.addr = sockaddr(data);
     }
     if raw_flags & flags::SECCOMP_ON != 0 {
         ev.seccomp_filter = Some(true);
+    }
+}
+
+/// The path in `data`, and whether the kernel's was longer.
+fn set_path(ev: &mut KernelEvent, raw_flags: u32, data: &[u8]) {
+    ev.path = Some(cstr(data));
+    if raw_flags & flags::DATA_TRUNCATED != 0 {
+        ev.path_truncated = Some(true);
     }
 }
 
@@ -601,6 +617,24 @@ mod tests {
         assert_eq!(ev.ts_ns, 600);
         assert_eq!(ev.comm, "python3");
         assert_eq!(ev.call(), "openat(\"/data/in.csv\")");
+    }
+
+    #[test]
+    fn a_cut_path_says_so_in_the_event_and_the_call() {
+        let mut r = raw(EventKind::SyscallFailed);
+        r.syscall = 257;
+        r.ret = -2;
+        r.flags = flags::DATA_PATH | flags::DATA_TRUNCATED;
+        r.data[..DATA_LEN - 1].fill(b'p');
+        r.data_len = DATA_LEN as u32 - 1;
+        let ev = decode(&r, 0).unwrap();
+        assert_eq!(ev.path_truncated, Some(true));
+        assert_eq!(
+            ev.call(),
+            format!("openat(\"{}…\" cut at 255 bytes)", "p".repeat(255))
+        );
+        r.flags = flags::DATA_PATH;
+        assert_eq!(decode(&r, 0).unwrap().path_truncated, None);
     }
 
     #[test]

@@ -444,6 +444,71 @@ fn paths_of_every_length_arrive_whole_long_and_short_in_any_order() {
 }
 
 #[test]
+fn a_path_longer_than_the_record_arrives_cut_and_says_so() {
+    if !root() {
+        return;
+    }
+    // the record holds 255 bytes of path: one of exactly 255 is whole, one
+    // of 256 and one of 600 (three components) are cut and flagged, and so
+    // is a program executed by a 300-byte path
+    let dir = tempdir();
+    let prefix = "/nonexistent/";
+    let long = format!(
+        "{prefix}{}/{}/{}",
+        "q".repeat(200),
+        "r".repeat(200),
+        "s".repeat(185)
+    );
+    let paths = [
+        format!("{prefix}{}", "p".repeat(255 - prefix.len())),
+        format!("{prefix}{}", "p".repeat(256 - prefix.len())),
+        long,
+    ];
+    let base = dir.path().to_str().unwrap();
+    let deep = format!("{base}/{}", "d".repeat(250));
+    std::fs::create_dir(&deep).unwrap();
+    let program = format!("{deep}/{}", "t".repeat(300 - deep.len() - 1));
+    std::os::unix::fs::symlink("/bin/true", &program).unwrap();
+    assert_eq!(program.len(), 300);
+    let t = trace_with(
+        &["--events"],
+        &[
+            "python3",
+            "-c",
+            &format!(
+                "import os, subprocess, sys\nfor p in {paths:?}:\n    try: open(p)\n    except OSError: pass\nsubprocess.run([{program:?}])\nsys.exit(1)"
+            ),
+        ],
+    );
+    let events = t.json["events"].as_array().expect("events");
+    // (kind, path, flagged) of every event with a path
+    let seen: Vec<(&str, &str, bool)> = events
+        .iter()
+        .filter_map(|e| {
+            let flagged = match e.get("path_truncated") {
+                None => false,
+                Some(v) => v.as_bool().expect("a bool"),
+            };
+            Some((e["kind"].as_str()?, e["path"].as_str()?, flagged))
+        })
+        .collect();
+    let has = |kind: &str, whole: &str, flagged: bool| {
+        let cut = &whole[..whole.len().min(255)];
+        assert!(
+            seen.contains(&(kind, cut, flagged)),
+            "no {kind} event with {cut} (cut: {flagged}): {}",
+            t.context()
+        );
+    };
+    // the first two share their 255 bytes: the flag tells them apart
+    has("syscall_failed", &paths[0], false);
+    has("syscall_failed", &paths[1], true);
+    has("syscall_failed", &paths[2], true);
+    has("exec", &program, true);
+    assert_eq!(t.json["drops"]["kernel"], 0);
+}
+
+#[test]
 fn short_lived_processes_one_after_another_are_each_traced_as_themselves() {
     if !root() {
         return;

@@ -124,6 +124,8 @@ pub mod flags {
     /// An in-flight io_uring request ([`UringReq`]) whose success is
     /// reported too (`UringUnderSeccomp`); never in an [`Event`].
     pub const REPORT_SUCCESS: u32 = 1 << 9;
+    /// `data` holds the first `DATA_LEN - 1` bytes of a longer path.
+    pub const DATA_TRUNCATED: u32 = 1 << 10;
 }
 
 /// Layout of a `TRACKED` slot (one u64 per thread id): the span in the
