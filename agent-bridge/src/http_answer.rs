@@ -4,8 +4,9 @@
 //! rmcp answers every POST of a session as an SSE stream (a priming event,
 //! the answer, the end of the stream), even when the answer is all there
 //! is. Clients stop reading at the answer, before the stream's end, and
-//! then cannot reuse the connection: rmcp's client opened a new TCP
-//! connection for every call. The spec lets the server answer a request
+//! then cannot reuse the connection (rmcp's own client keeps none idle for
+//! that reason; the campaign runner's keeps them, see
+//! `campaign::target::http_client`). The spec lets the server answer a request
 //! with `application/json` instead; this layer does so whenever the
 //! stream's only message is the answer, as soon as the answer comes (it
 //! is a request stream's last message). A stream whose first message is a

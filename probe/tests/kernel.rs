@@ -1326,6 +1326,28 @@ fn io_uring_openat_of_a_missing_path_is_fs_missing_through_io_uring() {
 }
 
 #[test]
+fn io_uring_paths_longer_than_the_record_arrive_cut_and_say_so() {
+    if !root() {
+        return;
+    }
+    // inline, the path is read from the submitter's memory at completion;
+    // on an io-wq worker, from the kernel's copy at submission
+    let dir = tempdir();
+    let bin = uring_workload(dir.path());
+    let missing = format!("/nonexistent/{}/{}", "u".repeat(200), "v".repeat(100));
+    for mode in ["open", "open-async"] {
+        let t = trace(&[bin.to_str().unwrap(), mode, &missing]);
+        assert_eq!(t.code, Some(1), "{mode}: {}", t.context());
+        let failed = t.events_of("uring_failed");
+        let cut = failed
+            .iter()
+            .find(|e| e["path"] == missing[..255])
+            .unwrap_or_else(|| panic!("{mode}: no cut path: {}", t.context()));
+        assert_eq!(cut["path_truncated"], true, "{mode}: {cut}");
+    }
+}
+
+#[test]
 fn io_uring_request_completed_on_an_io_wq_worker_belongs_to_its_submitter() {
     if !root() {
         return;
