@@ -61,6 +61,7 @@ impl Background {
             started,
             fails_on_exit: _,
             spare: _,
+            live,
         } = running;
         let bg = Arc::new(Background {
             pid,
@@ -95,6 +96,7 @@ impl Background {
                 kernel,
             }));
             me.version.send_modify(|v| *v += 1);
+            drop(live); // live until its tree is gone
         });
         bg
     }
