@@ -824,7 +824,14 @@ fn on_failure(ids: u64, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
         // SAFETY: as above; remembered only once sent, so a repeat is never
         // counted against a failure that was dropped
         let last = unsafe { &mut (*st).last };
-        last.nr = cur.nr;
+        // a cut path is never repeated: paths alike up to the cut may
+        // differ after it (module resolution tries name.js, name.json…),
+        // so the next failure is not compared with it (no syscall is -2)
+        last.nr = if cur.data_flags & flags::DATA_TRUNCATED != 0 {
+            -2
+        } else {
+            cur.nr
+        };
         last.ret = cur.ret;
         last.aux0 = cur.aux0;
         last.data_len = cur.data_len;

@@ -509,6 +509,43 @@ fn a_path_longer_than_the_record_arrives_cut_and_says_so() {
 }
 
 #[test]
+fn cut_paths_that_differ_past_the_cut_are_each_their_own_failure() {
+    if !root() {
+        return;
+    }
+    // 300 failing opens whose paths share their first 300 bytes: cut at
+    // 255, they look alike, but they are 300 different files, not one
+    // failure repeated
+    let stem = format!("/nonexistent/{}", "m".repeat(300));
+    let t = trace(&[
+        "python3",
+        "-c",
+        &format!(
+            "import sys\nfor i in range(300):\n    try: open({stem:?} + str(i))\n    except OSError: pass\nsys.exit(1)"
+        ),
+    ]);
+    t.expect("fs.missing", Some("openat"));
+    assert_eq!(t.decisive("path"), Some(&stem[..255]), "{}", t.context());
+    assert_eq!(
+        t.json["decisive"]["path_truncated"],
+        true,
+        "{}",
+        t.context()
+    );
+    assert!(
+        t.json["decisive"].get("repeats").is_none(),
+        "{}",
+        t.context()
+    );
+    assert!(
+        t.json["counts"]["syscall_failed"].as_u64().unwrap_or(0) >= 300,
+        "{}",
+        t.json["counts"]
+    );
+    assert_eq!(t.json["drops"]["kernel"], 0);
+}
+
+#[test]
 fn short_lived_processes_one_after_another_are_each_traced_as_themselves() {
     if !root() {
         return;
