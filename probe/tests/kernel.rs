@@ -44,6 +44,19 @@ impl Traced {
     fn decisive(&self, field: &str) -> Option<&str> {
         self.json["decisive"][field].as_str()
     }
+    /// At least `n` failures sent one by one, the decisive one not a repeat.
+    fn expect_distinct_failures(&self, n: u64) {
+        assert!(
+            self.json["decisive"].get("repeats").is_none(),
+            "{}",
+            self.context()
+        );
+        assert!(
+            self.json["counts"]["syscall_failed"].as_u64().unwrap_or(0) >= n,
+            "{}",
+            self.json["counts"]
+        );
+    }
     fn context(&self) -> String {
         format!(
             "primitive={} explanation={}\ndecisive={}\nstderr={}",
@@ -400,16 +413,7 @@ fn identical_failures_are_one_event_with_a_count_and_distinct_ones_are_not() {
         "{}",
         t.context()
     );
-    assert!(
-        t.json["decisive"].get("repeats").is_none(),
-        "{}",
-        t.context()
-    );
-    assert!(
-        t.json["counts"]["syscall_failed"].as_u64().unwrap_or(0) >= 300,
-        "{}",
-        t.json["counts"]
-    );
+    t.expect_distinct_failures(300);
 }
 
 #[test]
@@ -532,16 +536,7 @@ fn cut_paths_that_differ_past_the_cut_are_each_their_own_failure() {
         "{}",
         t.context()
     );
-    assert!(
-        t.json["decisive"].get("repeats").is_none(),
-        "{}",
-        t.context()
-    );
-    assert!(
-        t.json["counts"]["syscall_failed"].as_u64().unwrap_or(0) >= 300,
-        "{}",
-        t.json["counts"]
-    );
+    t.expect_distinct_failures(300);
     assert_eq!(t.json["drops"]["kernel"], 0);
 }
 
