@@ -15,6 +15,20 @@ use serde_json::{Value, json};
 /// unavailable (a wedged daemon must not hang every tool call).
 const END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long a blocking request waits for the daemon: a workload's own
+/// `begin_span`, which its launch waits for (a lone launch holds the async
+/// thread, see `workload::Live`), and an end after a failed start. The
+/// daemon answers these in well under a millisecond.
+const BLOCKING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A blocking connection to the daemon, its requests bounded by
+/// [`BLOCKING_TIMEOUT`].
+fn connect_blocking(socket: &std::path::Path) -> Result<Client, probe::client::ClientError> {
+    let client = Client::connect(socket)?;
+    client.set_timeout(BLOCKING_TIMEOUT)?;
+    Ok(client)
+}
+
 pub struct Kernel {
     socket: Option<PathBuf>,
     session: String,
@@ -97,7 +111,7 @@ impl Kernel {
         };
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
-            *guard = Some(Client::connect(socket).map_err(|e| e.to_string())?);
+            *guard = Some(connect_blocking(socket).map_err(|e| e.to_string())?);
         }
         let client = guard.as_mut().expect("just connected");
         let result = f(client);
@@ -129,7 +143,7 @@ impl Kernel {
         };
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
-            match Client::connect(socket) {
+            match connect_blocking(socket) {
                 Ok(c) => *guard = Some(c),
                 Err(e) => return (spawn(None).0, Span::Unavailable(e.to_string())),
             }
@@ -165,7 +179,11 @@ impl Kernel {
                 // the child never read a whole answer: whatever it left
                 // on the connection must not answer the next request
                 *guard = None;
-                Span::Unavailable("the workload ended before the probe daemon answered".into())
+                Span::Unavailable(format!(
+                    "the probe daemon did not answer the workload's begin_span within {} s \
+                     (or the workload ended before it answered)",
+                    BLOCKING_TIMEOUT.as_secs()
+                ))
             }
         };
         (spawned, span)

@@ -1075,6 +1075,43 @@ async fn a_restarted_probe_daemon_is_picked_up_at_once() {
     assert_eq!(kernel["exit"]["code"], 1, "{kernel}");
 }
 
+/// A daemon that accepts connections and never answers costs a call a few
+/// seconds, not the bridge: the workload runs untraced, the call says why,
+/// and the next call is answered too (a lone launch holds the bridge's
+/// async thread while its workload waits for `begin_span`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_that_never_answers_costs_a_call_seconds_not_the_bridge() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::thread::spawn(move || {
+        // holds every connection open, reads nothing, answers nothing
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            held.push(conn);
+        }
+    });
+    let b = Bridge::stdio(Opts {
+        probe_at: Some(socket),
+        ..Opts::default()
+    })
+    .await;
+    for _ in 0..2 {
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            b.call("exec", json!({"argv": ["echo", "ran"]})),
+        )
+        .await
+        .expect("the call hung on the silent daemon");
+        let s = structured(&r);
+        assert_eq!(s["exit_code"], 0, "{r:?}");
+        assert_eq!(payload_bytes(&s["stdout"]), b"ran\n");
+        assert_eq!(s["kernel"]["available"], false, "{r:?}");
+        let reason = s["kernel"]["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("did not answer"), "{reason}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn interface_faults_corrupt_and_are_announced() {
     let b = Bridge::stdio(Opts {

@@ -98,6 +98,14 @@ impl Client {
 
     /// The connection's socket, for the child that sends a
     /// [`Client::pid_request`] and reads its answer line.
+    /// Bounds every read and write on this connection, and on any copy of
+    /// its socket (a child's): past `timeout` they fail instead of waiting
+    /// on a daemon that stopped answering.
+    pub fn set_timeout(&self, timeout: std::time::Duration) -> std::io::Result<()> {
+        self.writer.set_read_timeout(Some(timeout))?;
+        self.writer.set_write_timeout(Some(timeout))
+    }
+
     pub fn socket_fd(&self) -> std::os::fd::RawFd {
         std::os::fd::AsRawFd::as_raw_fd(&self.writer)
     }
