@@ -15,10 +15,11 @@ use serde_json::{Value, json};
 /// unavailable (a wedged daemon must not hang every tool call).
 const END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// How long a blocking request waits for the daemon: a workload's own
-/// `begin_span`, which its launch waits for (a lone launch holds the async
-/// thread, see `workload::Live`), and an end after a failed start. The
-/// daemon answers these in well under a millisecond.
+/// How long each read or write on the blocking connection waits for the
+/// daemon: a workload's own `begin_span`, which its launch waits for (a
+/// lone launch holds the async thread, see `workload::Live`), an end after
+/// a failed start, `kernel_evidence` queries and status. The daemon answers
+/// these in milliseconds; a long answer only has to keep arriving.
 const BLOCKING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A blocking connection to the daemon, its requests bounded by
