@@ -96,8 +96,6 @@ impl Client {
         PidRequest { id, head }
     }
 
-    /// The connection's socket, for the child that sends a
-    /// [`Client::pid_request`] and reads its answer line.
     /// Bounds every read and write on this connection, and on any copy of
     /// its socket (a child's): past `timeout` they fail instead of waiting
     /// on a daemon that stopped answering.
@@ -106,6 +104,8 @@ impl Client {
         self.writer.set_write_timeout(Some(timeout))
     }
 
+    /// The connection's socket, for the child that sends a
+    /// [`Client::pid_request`] and reads its answer line.
     pub fn socket_fd(&self) -> std::os::fd::RawFd {
         std::os::fd::AsRawFd::as_raw_fd(&self.writer)
     }
