@@ -25,7 +25,7 @@ const BLOCKING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// A blocking connection to the daemon, its requests bounded by
 /// [`BLOCKING_TIMEOUT`].
 fn connect_blocking(socket: &std::path::Path) -> Result<Client, probe::client::ClientError> {
-    let client = Client::connect(socket)?;
+    let mut client = Client::connect(socket)?;
     client.set_timeout(BLOCKING_TIMEOUT)?;
     Ok(client)
 }

@@ -1110,6 +1110,16 @@ async fn a_daemon_that_never_answers_costs_a_call_seconds_not_the_bridge() {
         let reason = s["kernel"]["reason"].as_str().unwrap_or_default();
         assert!(reason.contains("did not answer"), "{reason}");
     }
+    // a query waits its 5 s and says why it has nothing, in words
+    let r = b.call("kernel_evidence", json!({})).await;
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+    let s = structured(&r);
+    assert_eq!(s["kernel"]["available"], false, "{r:?}");
+    let reason = s["kernel"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("did not answer within 5 s") && !reason.contains("os error"),
+        "{reason}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

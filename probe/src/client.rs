@@ -25,12 +25,28 @@ pub enum ClientError {
     /// The connection broke mid-call.
     #[error("lost the connection to the probe daemon: {0}")]
     Io(#[from] std::io::Error),
+    /// A bounded read or write ran out (see [`Client::set_timeout`]): the
+    /// daemon accepts connections but does not answer on them.
+    #[error(
+        "the probe daemon did not answer within {} (it accepts connections but is stuck; `probe status` shows whether it answers anyone)",
+        whole_seconds_or_ms(.0)
+    )]
+    NoAnswer(std::time::Duration),
     /// The daemon answered something that is not a response.
     #[error("the probe daemon answered nonsense: {0}")]
     Protocol(String),
     /// The daemon refused the request.
     #[error("the probe daemon refused: {} ({:?})", .0.message, .0.code)]
     Daemon(ErrorBody),
+}
+
+/// `5 s`, or `50 ms` below a second.
+fn whole_seconds_or_ms(d: &std::time::Duration) -> String {
+    if d.as_secs() == 0 {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{} s", d.as_secs())
+    }
 }
 
 impl ClientError {
@@ -47,6 +63,8 @@ pub struct Client {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
     next_id: u64,
+    /// What [`Client::set_timeout`] bounds reads and writes by.
+    timeout: Option<std::time::Duration>,
 }
 
 /// A request line up to its `pid` value: the child writes `head`, its
@@ -70,6 +88,7 @@ impl Client {
             reader: BufReader::new(stream),
             writer,
             next_id: 1,
+            timeout: None,
         })
     }
 
@@ -78,7 +97,8 @@ impl Client {
         let id = self.next_id;
         self.next_id += 1;
         self.writer
-            .write_all(request_line(request, id).as_bytes())?;
+            .write_all(request_line(request, id).as_bytes())
+            .map_err(|e| self.io_error(e))?;
         let response = self.read_line()?;
         check_response(response, id)
     }
@@ -99,9 +119,22 @@ impl Client {
     /// Bounds every read and write on this connection, and on any copy of
     /// its socket (a child's): past `timeout` they fail instead of waiting
     /// on a daemon that stopped answering.
-    pub fn set_timeout(&self, timeout: std::time::Duration) -> std::io::Result<()> {
+    pub fn set_timeout(&mut self, timeout: std::time::Duration) -> std::io::Result<()> {
         self.writer.set_read_timeout(Some(timeout))?;
-        self.writer.set_write_timeout(Some(timeout))
+        self.writer.set_write_timeout(Some(timeout))?;
+        self.timeout = Some(timeout);
+        Ok(())
+    }
+
+    /// An I/O error of this connection; a bounded read or write that ran
+    /// out says so (the kernel reports it as EAGAIN, which reads like a bug).
+    fn io_error(&self, e: std::io::Error) -> ClientError {
+        match (self.timeout, e.kind()) {
+            (Some(t), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                ClientError::NoAnswer(t)
+            }
+            _ => ClientError::Io(e),
+        }
     }
 
     /// The connection's socket, for the child that sends a
@@ -119,7 +152,10 @@ impl Client {
     /// Reads one response or streamed line.
     pub fn read_line(&mut self) -> Result<Value, ClientError> {
         let mut buf = String::new();
-        let n = self.reader.read_line(&mut buf)?;
+        let n = self
+            .reader
+            .read_line(&mut buf)
+            .map_err(|e| self.io_error(e))?;
         parse_line(n, &buf)
     }
 
@@ -334,6 +370,7 @@ mod tests {
             reader: BufReader::new(a.try_clone().unwrap()),
             writer: a,
             next_id: 7,
+            timeout: None,
         };
         let req = client.pid_request(json!({"op": "begin_span", "label": "exec: a}b"}));
         assert_eq!(req.id, 7);
@@ -355,5 +392,23 @@ mod tests {
             Err(ClientError::Protocol(_))
         ));
         assert!(matches!(client.pid_answer(7, b""), Err(ClientError::Io(_))));
+    }
+
+    #[test]
+    fn a_bounded_call_to_a_silent_peer_says_it_got_no_answer() {
+        let (a, _silent) = UnixStream::pair().unwrap();
+        let mut client = Client {
+            reader: BufReader::new(a.try_clone().unwrap()),
+            writer: a,
+            next_id: 1,
+            timeout: None,
+        };
+        client
+            .set_timeout(std::time::Duration::from_millis(50))
+            .unwrap();
+        let e = client.hello().unwrap_err();
+        assert!(matches!(e, ClientError::NoAnswer(_)), "{e:?}");
+        assert!(e.code().is_none(), "the connection is to be dropped");
+        assert!(e.to_string().contains("did not answer within 50 ms"), "{e}");
     }
 }
