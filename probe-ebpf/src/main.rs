@@ -826,9 +826,9 @@ fn on_failure(ids: u64, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
         let last = unsafe { &mut (*st).last };
         // a cut path is never repeated: paths alike up to the cut may
         // differ after it (module resolution tries name.js, name.json…),
-        // so the next failure is not compared with it (no syscall is -2)
+        // so the next failure is not compared with it
         last.nr = if cur.data_flags & flags::DATA_TRUNCATED != 0 {
-            -2
+            NEVER_REPEATED
         } else {
             cur.nr
         };
@@ -839,6 +839,11 @@ fn on_failure(ids: u64, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
         copy_data(&mut last.data, &ev.data, cur.data_len);
     }
 }
+
+/// The syscall number a thread's last failure is remembered under when no
+/// later failure may count as its repeat (no syscall has it: entered
+/// syscalls are -1 or more).
+const NEVER_REPEATED: i64 = -2;
 
 /// A failure's fields besides its path or address.
 struct FailureKey {
