@@ -83,6 +83,11 @@ impl Client {
     pub fn connect(socket: &Path) -> Result<Client, ClientError> {
         let stream =
             UnixStream::connect(socket).map_err(|e| ClientError::Connect(socket.into(), e))?;
+        Ok(Client::over(stream)?)
+    }
+
+    /// A client on a connected stream, its first request numbered 1.
+    fn over(stream: UnixStream) -> std::io::Result<Client> {
         let writer = stream.try_clone()?;
         Ok(Client {
             reader: BufReader::new(stream),
@@ -366,12 +371,8 @@ mod tests {
     #[test]
     fn a_pid_request_completed_by_the_child_is_the_request_with_its_pid() {
         let (a, _b) = UnixStream::pair().unwrap();
-        let mut client = Client {
-            reader: BufReader::new(a.try_clone().unwrap()),
-            writer: a,
-            next_id: 7,
-            timeout: None,
-        };
+        let mut client = Client::over(a).unwrap();
+        client.next_id = 7;
         let req = client.pid_request(json!({"op": "begin_span", "label": "exec: a}b"}));
         assert_eq!(req.id, 7);
         let mut line = req.head.clone();
@@ -397,12 +398,7 @@ mod tests {
     #[test]
     fn a_bounded_call_to_a_silent_peer_says_it_got_no_answer() {
         let (a, _silent) = UnixStream::pair().unwrap();
-        let mut client = Client {
-            reader: BufReader::new(a.try_clone().unwrap()),
-            writer: a,
-            next_id: 1,
-            timeout: None,
-        };
+        let mut client = Client::over(a).unwrap();
         client
             .set_timeout(std::time::Duration::from_millis(50))
             .unwrap();
