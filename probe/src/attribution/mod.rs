@@ -1,21 +1,38 @@
 //! Attribution: from a span's evidence and its exit, the one primitive that
 //! made it fail, with a confidence and a sentence a person can act on.
 //!
-//! Decided by what made the workload fail, in this order: the caller's
-//! timeout, an OOM kill, a seccomp SIGSYS, another fatal signal (unless the
-//! process raised it on itself right after a resource was refused to it:
-//! then the refusal), then the strongest rule match among failures of
-//! processes that exited non-zero (latest first). Processes that exited 0
-//! handled their own failures, and failures that match no rule (ENOTTY,
-//! EAGAIN on reads, module searches) are never blamed.
+//! Layout:
+//! - `lineage`: the exit-status path (which process's status the caller
+//!   got) and where each fatal signal came from (its own hand, an
+//!   ancestor shutting a helper down, the kernel at PID-namespace teardown).
+//! - `failures`: failure events as evidence: noise, weights, the strongest
+//!   among a set, and its sentence.
+//! - `rank`: the stages of a failed span's verdict, in the order they
+//!   outrank each other.
+//! - here: the attribution object, a successful span's verdict and its
+//!   hidden failure, the events worth showing, hints.
+//!
+//! Processes that exited 0 handled their own failures, and failures that
+//! match no rule (ENOTTY, EAGAIN on reads, module searches) are never blamed.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+mod failures;
+mod lineage;
+mod rank;
+#[cfg(test)]
+mod testing;
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{KernelEvent, Kind, SYS_SECCOMP, errno_desc};
-use crate::primitive::{Layer, Primitive, SYMPTOM_SIGNALS, SYMPTOM_WINDOW_NS, classify};
+use crate::event::{KernelEvent, Kind};
+use crate::primitive::{Layer, Primitive};
 use crate::spans::{Drops, SpanEvidence};
+
+pub use failures::is_search_noise;
+use failures::{last_exec, reported_failure, score, strongest_failure};
+use lineage::Lineage;
+use rank::failure_verdict;
 
 /// How the span's first process ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,11 +157,7 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     let hidden_failure = if failed {
         None
     } else {
-        strongest_failure(span, outcome, false).map(|v| HiddenFailure {
-            primitive: v.primitive,
-            confidence: (v.confidence * 100.0).round() / 100.0,
-            explanation: v.explanation,
-        })
+        hidden_failure(span, outcome)
     };
     let events = if outcome.all_events {
         span.events.iter().cloned().collect()
@@ -231,6 +244,30 @@ fn uring_seccomp_note(span: &SpanEvidence) -> Option<String> {
     ))
 }
 
+/// A failure the successful status hid: in a child that exited non-zero
+/// (`find` in `find | wc -l`), or one a process that exited 0 reported
+/// rather than failed on ([`reported_failure`]). The root that exited 0
+/// coped with its own failures, except losing state an earlier call wrote:
+/// that is never the workload's intent. Helpers stopped by whoever started
+/// them (a runtime's relays, killed at its exit) are not on the path that
+/// produced the result: what they did is nobody's hidden failure.
+fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure> {
+    let lineage = Lineage::of(span, &outcome.exit);
+    let v = strongest_failure(span, outcome, |ev, primitive| {
+        let failing = span.processes.get(&ev.pid).is_some_and(|p| p.failed());
+        let root = Some(ev.pid) == span.root_pid;
+        let persistence = primitive == Primitive::FsPersistence;
+        (failing || reported_failure(ev, primitive) || (root && persistence))
+            && (!root || persistence)
+            && !lineage.stopped.contains_key(&ev.pid)
+    })?;
+    Some(HiddenFailure {
+        primitive: v.primitive,
+        confidence: (v.confidence * 100.0).round() / 100.0,
+        explanation: v.explanation,
+    })
+}
+
 fn success_verdict(span: &SpanEvidence) -> Verdict {
     let denied = span
         .events
@@ -250,692 +287,6 @@ fn success_verdict(span: &SpanEvidence) -> Verdict {
         explanation,
         decisive: None,
     }
-}
-
-fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
-    let who = |pid: u32| {
-        let comm = span
-            .processes
-            .get(&pid)
-            .map(|p| p.comm.as_str())
-            .filter(|c| !c.is_empty());
-        format!("{} (pid {pid})", comm.unwrap_or("process"))
-    };
-
-    // an OOM kill outranks the caller's timeout: a browser whose renderer
-    // the OOM killer took waits for it until the caller gives up
-    if let Some(oom) = span.events.iter().find(|e| e.kind == Kind::OomVictim) {
-        let rss = oom
-            .anon_rss_kb
-            .map(|kb| format!(" at {} MiB anon RSS", kb / 1024))
-            .unwrap_or_default();
-        let then = outcome
-            .timed_out
-            .map(|limit| {
-                format!(
-                    "; the workload then hung until the time limit of {:.1}s killed it",
-                    limit.as_secs_f64()
-                )
-            })
-            .unwrap_or_default();
-        return Verdict {
-            primitive: Primitive::MemOom,
-            confidence: 0.97,
-            explanation: format!(
-                "{} (pid {}) was killed by the OOM killer{rss}{then}",
-                oom.comm, oom.pid
-            ),
-            decisive: Some(oom.clone()),
-        };
-    }
-
-    if let Some(limit) = outcome.timed_out {
-        return Verdict {
-            primitive: Primitive::Timeout,
-            confidence: 0.95,
-            explanation: format!(
-                "the workload was still running after the time limit of {:.1}s and was killed",
-                limit.as_secs_f64()
-            ),
-            decisive: None,
-        };
-    }
-
-    // seccomp SIGSYS: RET_TRAP, RET_KILL_*
-    let sigsys = span.events.iter().find(|e| {
-        e.kind == Kind::Signal
-            && e.signal.as_deref() == Some("SIGSYS")
-            && e.si_code == Some(SYS_SECCOMP)
-    });
-    let killed_by_sigsys = span
-        .processes
-        .iter()
-        .find(|(_, p)| p.exited && p.exit_code.is_none() && p.signal.as_deref() == Some("SIGSYS"))
-        .map(|(pid, _)| *pid);
-    if sigsys.is_some()
-        || killed_by_sigsys.is_some()
-        || outcome.exit.signal.as_deref() == Some("SIGSYS")
-    {
-        let pid = sigsys.map(|e| e.pid).or(killed_by_sigsys).or(span.root_pid);
-        let denial = span
-            .events
-            .iter()
-            .rev()
-            .find(|e| e.kind == Kind::SeccompDenied && (pid.is_none() || Some(e.pid) == pid));
-        let whom = pid.map(who).unwrap_or_else(|| "the workload".into());
-        let (explanation, decisive) = match denial {
-            Some(d) => (
-                format!(
-                    "{} was blocked by the seccomp filter: the kernel raised SIGSYS in {whom} and the syscall never ran",
-                    d.call()
-                ),
-                Some(d.clone()),
-            ),
-            None => (
-                format!("the seccomp filter raised SIGSYS in {whom}"),
-                sigsys.cloned(),
-            ),
-        };
-        return Verdict {
-            primitive: Primitive::Seccomp,
-            confidence: 0.97,
-            explanation,
-            decisive,
-        };
-    }
-
-    // another fatal signal, on the root first
-    let root_signal = outcome.exit.signal.clone();
-    let signalled = span.root_pid.filter(|_| root_signal.is_some()).or_else(|| {
-        span.processes
-            .iter()
-            .find(|(_, p)| p.failed() && p.exit_code.is_none())
-            .map(|(pid, _)| *pid)
-    });
-    if let Some(pid) = signalled {
-        let info = span.processes.get(&pid);
-        let sig = info
-            .and_then(|p| p.signal.clone())
-            .or(root_signal)
-            .unwrap_or_else(|| "a signal".into());
-        let decisive = span
-            .events
-            .iter()
-            .find(|e| {
-                e.kind == Kind::Signal && e.pid == pid && e.signal.as_deref() == Some(sig.as_str())
-            })
-            .cloned();
-        if sig == "SIGXFSZ" {
-            return Verdict {
-                primitive: Primitive::FsSpace,
-                confidence: 0.9,
-                explanation: format!(
-                    "{} exceeded the file-size limit (RLIMIT_FSIZE) and got SIGXFSZ",
-                    who(pid)
-                ),
-                decisive,
-            };
-        }
-        let crash = [
-            "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP",
-        ]
-        .contains(&sig.as_str());
-        if let Some(v) = resource_failure_behind_crash(span, pid, &sig, decisive.as_ref(), &who) {
-            return v;
-        }
-        let sender = info.and_then(|p| p.signal_sender.clone());
-        let explanation = match (crash, sender) {
-            (true, _) => format!("{} crashed with {sig}", who(pid)),
-            (false, Some((spid, scomm))) if spid != pid => {
-                format!(
-                    "{} was killed by {sig} sent by {scomm} (pid {spid})",
-                    who(pid)
-                )
-            }
-            _ => format!("{} was killed by {sig}", who(pid)),
-        };
-        return Verdict {
-            primitive: Primitive::Signal,
-            confidence: 0.9,
-            explanation,
-            decisive,
-        };
-    }
-
-    // a seccomp denial or a hard limit outranks a shell's "not found"
-    match strongest_failure(span, outcome, true) {
-        Some(v) if v.confidence >= 0.95 => return v,
-        strongest => {
-            if let Some(v) = command_not_found(span, outcome).or(strongest) {
-                return v;
-            }
-        }
-    }
-
-    let duration = outcome.duration_ns.max(1);
-    if span.reclaim_ns * 5 > duration {
-        return Verdict {
-            primitive: Primitive::MemPressure,
-            confidence: 0.6,
-            explanation: format!(
-                "the workload {} after spending {:.0}% of its time in memory reclaim",
-                outcome.exit.describe(),
-                span.reclaim_ns as f64 * 100.0 / duration as f64
-            ),
-            decisive: span
-                .events
-                .iter()
-                .rev()
-                .find(|e| e.kind == Kind::ReclaimStall)
-                .cloned(),
-        };
-    }
-
-    Verdict {
-        primitive: Primitive::None,
-        confidence: 0.7,
-        explanation: format!(
-            "the workload {}; the kernel saw no denial, limit, kill or missing file that explains it \
-             (the cause is in the workload's own logic or its caller)",
-            outcome.exit.describe()
-        ),
-        decisive: None,
-    }
-}
-
-/// A crash the process brought on itself right after the kernel refused it
-/// a resource (Chromium under RLIMIT_AS: mmap ENOMEM ×4 in one thread, then
-/// its own SIGTRAP in another): the refusal is the cause, the signal its
-/// symptom. `signal` is the fatal signal's event, when seen. None when the
-/// signal is not one of [`SYMPTOM_SIGNALS`], another process sent it, or no
-/// `mem.limit` / `proc.limit` failure or seccomp denial of the same process
-/// (tgid: the `pid` of every event) came within [`SYMPTOM_WINDOW_NS`]
-/// before it (Chromium checks every syscall it makes and traps on the
-/// ones a filter refused).
-fn resource_failure_behind_crash(
-    span: &SpanEvidence,
-    pid: u32,
-    sig: &str,
-    signal: Option<&KernelEvent>,
-    who: &dyn Fn(u32) -> String,
-) -> Option<Verdict> {
-    if !SYMPTOM_SIGNALS.contains(&sig) {
-        return None;
-    }
-    // a fault, abort(), raise() and a trap instruction all generate the
-    // signal from the dying process's own thread, so it is the sender
-    let sender = signal.and_then(|e| e.sender_pid).or_else(|| {
-        span.processes
-            .get(&pid)
-            .and_then(|p| p.signal_sender.as_ref())
-            .map(|(s, _)| *s)
-    });
-    if sender.is_some_and(|s| s != pid) {
-        return None;
-    }
-    let crashed_at = signal.map(|e| e.ts_ns).or_else(|| {
-        span.events
-            .iter()
-            .rev()
-            .find(|e| e.kind == Kind::Exit && e.pid == pid)
-            .map(|e| e.ts_ns)
-    })?;
-    let events = &span.events;
-    let execs = last_exec(events);
-    // a run of identical failures carries the time of its first one: a run
-    // that began before the window is left out even if it lasted into it
-    let in_window: Vec<(usize, Primitive)> = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| {
-            (e.kind.is_failure() || e.kind == Kind::SeccompDenied)
-                && e.pid == pid
-                && e.ts_ns <= crashed_at
-                && crashed_at - e.ts_ns <= SYMPTOM_WINDOW_NS
-        })
-        .filter_map(|(i, _)| Some((i, score(span, events, i, &execs)?.0)))
-        .collect();
-    let refused = |p: Primitive| {
-        matches!(
-            p,
-            Primitive::MemLimit | Primitive::ProcLimit | Primitive::Seccomp
-        )
-    };
-    let mut refusals: Vec<(usize, Primitive)> = in_window
-        .iter()
-        .copied()
-        .filter(|&(_, p)| refused(p))
-        .collect();
-    // A deliberate abort (a failed CHECK: SIGABRT, SIGTRAP) after files it
-    // looked for were missing: Chromium without fonts aborts in Skia once
-    // fontconfig found none. Less sure than a refusal (programs look for
-    // optional files all the time), and never for a fault (SIGSEGV…),
-    // which is a bug of its own.
-    let mut confidence = 0.9;
-    let mut hidden_from_it = false;
-    if refusals.is_empty() && matches!(sig, "SIGABRT" | "SIGTRAP") {
-        refusals = in_window
-            .into_iter()
-            .filter(|&(_, p)| p == Primitive::FsMissing)
-            .collect();
-        // files the workload could not see but that exist out here were
-        // hidden from it (a slimmed image, an emptied mount): those, when
-        // there are any, rather than files nobody has
-        let hidden: Vec<(usize, Primitive)> = refusals
-            .iter()
-            .copied()
-            .filter(|&(i, _)| exists_outside(&events[i]))
-            .collect();
-        if !hidden.is_empty() {
-            refusals = hidden;
-            hidden_from_it = true;
-        }
-        confidence = 0.75;
-    }
-    let &(last, primitive) = refusals.last()?;
-    let ev = &events[last];
-    let times = |e: &KernelEvent| 1 + e.repeats.unwrap_or(0);
-    let (same, other): (Vec<&KernelEvent>, Vec<&KernelEvent>) = refusals
-        .iter()
-        .map(|&(i, _)| &events[i])
-        .partition(|e| e.syscall_nr == ev.syscall_nr && e.ret == ev.ret);
-    let count: u64 = same.iter().map(|e| times(e)).sum();
-    let others: u64 = other.iter().map(|e| times(e)).sum();
-    let errno = ev.errno.as_deref().unwrap_or("an error");
-    let count = if count > 1 {
-        format!(" ×{count}")
-    } else {
-        String::new()
-    };
-    let limit = ev
-        .errno_nr()
-        .zip(ev.syscall_nr)
-        .and_then(|(errno, nr)| classify(nr, errno, ev.flags.unwrap_or(0)))
-        .and_then(|rule| rule.limit)
-        .map(|l| format!(" ({l})"))
-        .unwrap_or_default();
-    let others = match others {
-        0 => String::new(),
-        1 if primitive == Primitive::FsMissing => ", after 1 other missing file".to_string(),
-        n if primitive == Primitive::FsMissing => format!(", after {n} other missing files"),
-        1 => ", after 1 other refused resource request".to_string(),
-        n => format!(", after {n} other refused resource requests"),
-    };
-    let verb = if matches!(sig, "SIGABRT" | "SIGTRAP") {
-        "aborted"
-    } else {
-        "crashed"
-    };
-    Some(Verdict {
-        primitive,
-        confidence,
-        explanation: if primitive == Primitive::Seccomp {
-            format!(
-                "{} was denied by the seccomp filter ({errno}; the syscall never ran){count}{others}, then {} {verb} with {sig}",
-                ev.call(),
-                who(pid)
-            )
-        } else {
-            let hidden = if hidden_from_it {
-                " (present outside the sandbox: hidden from it)"
-            } else {
-                ""
-            };
-            format!(
-                "{} failed with {errno}{count}{limit}{hidden}{others}, then {} {verb} with {sig}",
-                ev.call(),
-                who(pid)
-            )
-        },
-        decisive: Some(ev.clone()),
-    })
-}
-
-/// The failed event names an absolute path that exists where the probe
-/// runs: the workload's own view (its mount namespace) did not have it.
-fn exists_outside(ev: &KernelEvent) -> bool {
-    ev.path_truncated.is_none()
-        && ev
-            .path
-            .as_deref()
-            .is_some_and(|p| p.starts_with('/') && std::path::Path::new(p).exists())
-}
-
-/// Paths a program looks up while searching (modules, libraries, locales,
-/// interpreter start-up files): their absence is how the search works, not
-/// a failure.
-pub fn is_search_noise(path: &str) -> bool {
-    const COMPONENTS: [&str; 14] = [
-        "__pycache__",
-        "site-packages",
-        "dist-packages",
-        "lib-dynload",
-        "glibc-hwcaps",
-        "tls",
-        "haswell",
-        "avx512_1",
-        "x86_64",
-        "node_modules",
-        "locale",
-        "gconv",
-        "Modules",
-        "selinux",
-    ];
-    // /etc/localtime: libc and python fall back to UTC without it
-    const PREFIXES: [&str; 6] = [
-        "/proc/",
-        "/sys/",
-        "/dev/",
-        "/etc/ld.so",
-        "/etc/localtime",
-        "/usr/share/zoneinfo",
-    ];
-    const NAMES: [&str; 4] = ["pybuilddir.txt", "pyvenv.cfg", "Setup.local", "os.py"];
-    let name = path.rsplit('/').next().unwrap_or(path);
-    // relative to an fd of /proc (Chromium's thread lists): threads come and go
-    let proc_relative = path.starts_with("self/") || path.starts_with("thread-self/");
-    proc_relative
-        || path.starts_with('<')
-        || path.contains("/lib/python")
-        || path.split('/').any(|c| COMPONENTS.contains(&c))
-        || PREFIXES.iter().any(|p| path.starts_with(p))
-        || NAMES.contains(&name)
-        || name.ends_with("._pth")
-        || name.ends_with(".pyc")
-        || name.ends_with(".so")
-        || name.contains(".so.")
-        || (name.starts_with("python3") && name.ends_with(".zip"))
-}
-
-/// A failure a process that exited 0 most likely reported to its parent
-/// rather than failing itself (Chromium's network service renders an error
-/// page and its writer threads log a full disk, while the browser exits 0):
-/// where a call's exit status says nothing failed, it is still the failure
-/// the call hid. Only failures no program makes on purpose: a connection
-/// to an IP address refused, unreachable or timed out (a still-pending
-/// EINPROGRESS connect is not: programs race those), a full disk, a
-/// read-only filesystem.
-fn reported_failure(ev: &KernelEvent, primitive: Primitive) -> bool {
-    match primitive {
-        Primitive::NetEgress => {
-            ev.errno.as_deref() != Some("EINPROGRESS")
-                && ev
-                    .addr
-                    .as_deref()
-                    .is_some_and(|a| a.parse::<std::net::SocketAddr>().is_ok())
-        }
-        Primitive::FsSpace | Primitive::FsReadonly => true,
-        _ => false,
-    }
-}
-
-/// A failure event's primitive and weight, or None when it is not evidence.
-/// Index of the last successful exec per pid: a failure before it belongs
-/// to a program image that was replaced.
-fn last_exec(events: &VecDeque<KernelEvent>) -> HashMap<u32, usize> {
-    events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.kind == Kind::Exec)
-        .map(|(i, e)| (e.pid, i))
-        .collect()
-}
-
-/// Scores `events[i]`; `execs` from [`last_exec`].
-fn score(
-    span: &SpanEvidence,
-    events: &VecDeque<KernelEvent>,
-    i: usize,
-    execs: &HashMap<u32, usize>,
-) -> Option<(Primitive, f64)> {
-    let ev = &events[i];
-    let errno = ev.errno_nr()?;
-    let nr = ev.syscall_nr?;
-    if ev.kind == Kind::SeccompDenied {
-        let confirmed = ev.seccomp_filter == Some(true);
-        return Some((Primitive::Seccomp, if confirmed { 0.97 } else { 0.6 }));
-    }
-    // the program that failed here was replaced by a successful exec: it
-    // coped (a PATH search, a wrapper script); the new program is judged
-    if execs.get(&ev.pid).is_some_and(|&x| x > i) {
-        return None;
-    }
-    if ev.written_earlier.is_some() && matches!(errno, libc::ENOENT | libc::ENOTDIR) {
-        return Some((Primitive::FsPersistence, 0.95));
-    }
-    let rule = classify(nr, errno, ev.flags.unwrap_or(0))?;
-    let mut primitive = rule.primitive;
-    if let Some(path) = &ev.path
-        && rule.primitive == Primitive::FsMissing
-        && is_search_noise(path)
-    {
-        return None;
-    }
-    match primitive {
-        Primitive::FsPermission if matches!(nr, 59 | 322) => {
-            let path = ev.path.as_deref().unwrap_or("");
-            let noexec_mount_in_span = span.events.iter().any(|m| {
-                m.kind == Kind::Mount
-                    && m.flags.unwrap_or(0) & libc::MS_NOEXEC != 0
-                    && m.path.as_deref().is_some_and(|t| path.starts_with(t))
-            });
-            if ev.mount_noexec == Some(true) || noexec_mount_in_span {
-                primitive = Primitive::FsNoexec;
-            }
-        }
-        _ => {}
-    }
-    Some((primitive, rule.weight as f64))
-}
-
-/// A shell's "command not found": a process exited 127 after looking up
-/// the same name in several PATH directories (stat, access or execve) and
-/// finding none.
-fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
-    let exited_127 = |pid: u32| {
-        span.processes.get(&pid).and_then(|p| p.exit_code) == Some(127)
-            || (Some(pid) == span.root_pid && outcome.exit.code == Some(127))
-    };
-    let misses: Vec<&KernelEvent> = span
-        .events
-        .iter()
-        .filter(|e| {
-            e.kind.is_failure()
-                && e.errno.as_deref() == Some("ENOENT")
-                && matches!(
-                    e.syscall_nr,
-                    Some(4 | 6 | 21 | 59 | 262 | 269 | 322 | 332 | 439)
-                )
-                && e.path
-                    .as_deref()
-                    .is_some_and(|p| p.starts_with('/') && !is_search_noise(p))
-                && exited_127(e.pid)
-        })
-        .collect();
-    let last = *misses.last()?;
-    let name = last.path.as_deref()?.rsplit('/').next()?.to_string();
-    let mut tried: Vec<&str> = misses
-        .iter()
-        .filter(|e| e.pid == last.pid)
-        .filter_map(|e| e.path.as_deref())
-        .filter(|p| p.rsplit('/').next() == Some(name.as_str()))
-        .collect();
-    let mut seen = std::collections::HashSet::new();
-    tried.retain(|p| seen.insert(*p));
-    if tried.len() < 2 {
-        return None;
-    }
-    Some(Verdict {
-        primitive: Primitive::ExecMissing,
-        confidence: 0.95,
-        explanation: format!(
-            "`{name}` is not installed: {} (pid {}) looked in {} PATH directories ({}) and exited 127",
-            last.comm,
-            last.pid,
-            tried.len(),
-            tried.join(", ")
-        ),
-        decisive: Some(last.clone()),
-    })
-}
-
-/// `with_root`: the span's root process counts as failing (it does when
-/// the span failed; otherwise only children that exited non-zero count,
-/// and the root only for lost state).
-fn strongest_failure(span: &SpanEvidence, outcome: &Outcome, with_root: bool) -> Option<Verdict> {
-    let failing = |pid: u32| {
-        Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed())
-    };
-    let events = &span.events;
-    let execs = last_exec(events);
-    let mut best: Option<(usize, Primitive, f64)> = None;
-    for (i, ev) in events.iter().enumerate().rev() {
-        if !(ev.kind.is_failure() || ev.kind == Kind::SeccompDenied) {
-            continue;
-        }
-        let Some((primitive, weight)) = score(span, events, i, &execs) else {
-            continue;
-        };
-        // a hidden failure may also be one a process that exited 0 reported
-        let hidden = !with_root && reported_failure(ev, primitive);
-        if !failing(ev.pid) && !hidden {
-            continue;
-        }
-        // a root that exited 0 coped with its failures, except losing
-        // state an earlier call wrote: that is never the workload's intent
-        if !with_root && Some(ev.pid) == span.root_pid && primitive != Primitive::FsPersistence {
-            continue;
-        }
-        // strictly greater: among equals, the latest (seen first) wins
-        if best.is_none_or(|(_, _, w)| weight > w) {
-            best = Some((i, primitive, weight));
-        }
-    }
-    let (i, primitive, weight) = best?;
-    let ev = &events[i];
-    let errno = ev.errno.clone().unwrap_or_default().into_owned();
-    let desc = errno_desc(&errno).to_lowercase();
-    let proc_desc = format!("{} (pid {})", ev.comm, ev.pid);
-    let mut confidence = weight;
-    let explanation = match primitive {
-        Primitive::Seccomp => {
-            let unconfirmed = if ev.seccomp_filter == Some(true) {
-                ""
-            } else {
-                " (the task's seccomp mode could not be confirmed)"
-            };
-            format!(
-                "{} was denied by the seccomp filter ({errno}; the syscall never ran) in {proc_desc}{unconfirmed}",
-                ev.call()
-            )
-        }
-        Primitive::ExecMissing => {
-            let name = ev
-                .path
-                .as_deref()
-                .and_then(|p| p.rsplit('/').next())
-                .unwrap_or("program");
-            let mut tried: Vec<&str> = events
-                .iter()
-                .filter(|e| {
-                    e.pid == ev.pid
-                        && e.syscall_nr == ev.syscall_nr
-                        && e.errno.as_deref() == Some("ENOENT")
-                        && e.path
-                            .as_deref()
-                            .is_some_and(|p| p.rsplit('/').next() == Some(name))
-                })
-                .filter_map(|e| e.path.as_deref())
-                .collect();
-            let mut seen = std::collections::HashSet::new();
-            tried.retain(|p| seen.insert(*p));
-            if outcome.exit.code == Some(127) {
-                confidence = 0.97;
-            }
-            format!(
-                "`{name}` is not installed: execve failed with ENOENT for {} candidate path(s) ({})",
-                tried.len(),
-                tried.join(", ")
-            )
-        }
-        Primitive::FsPersistence => {
-            let w = ev.written_earlier.as_ref();
-            let ago = w.map(|w| {
-                let ms = (crate::clock::now_ms() - w.at_ms).max(0);
-                if ms < 1000 {
-                    format!("{ms} ms earlier")
-                } else {
-                    format!("{:.1} s earlier", ms as f64 / 1000.0)
-                }
-            });
-            let ns = match (
-                w.and_then(|w| w.mount_ns.as_deref()),
-                ev.mount_ns.as_deref(),
-            ) {
-                (Some(a), Some(b)) if a != b => {
-                    format!(" — written in mount namespace {a}, missing in {b}")
-                }
-                (Some(a), Some(_)) => format!(
-                    " — same mount namespace {a}: removed, or a tmpfs/overlay that was reset"
-                ),
-                _ => String::new(),
-            };
-            format!(
-                "{} failed with {errno} in {proc_desc}, but span {} of this session wrote it ({}, pid {}, with {}, {}){ns}: the write did not persist",
-                ev.call(),
-                w.map(|w| w.span).unwrap_or(0),
-                w.map(|w| w.comm.as_str()).unwrap_or("?"),
-                w.map(|w| w.pid).unwrap_or(0),
-                w.map(|w| w.syscall.as_str()).unwrap_or("open"),
-                ago.unwrap_or_default()
-            )
-        }
-        Primitive::FsNoexec => {
-            confidence = 0.95;
-            format!(
-                "{} failed with EACCES in {proc_desc}: the file is on a mount with noexec",
-                ev.call()
-            )
-        }
-        // a non-blocking connect that never completed: the failure is the
-        // silence after it, not the EINPROGRESS its call returned
-        Primitive::NetEgress if errno == "EINPROGRESS" => format!(
-            "{} got no answer: it was still pending (EINPROGRESS) when {proc_desc} gave up on it \
-             (its own timeout): {}",
-            ev.call(),
-            primitive.meaning()
-        ),
-        Primitive::NetEgress if ev.via.is_some() => format!(
-            "{} failed with {errno} ({desc}) in {proc_desc}, {}: {}",
-            ev.call(),
-            match ev.duration_ns {
-                Some(ns) => format!(
-                    "reported by {} {:.0} ms after the non-blocking connect",
-                    ev.via.as_deref().unwrap_or(""),
-                    ns as f64 / 1e6
-                ),
-                None => format!("reported by {}", ev.via.as_deref().unwrap_or("")),
-            },
-            primitive.meaning()
-        ),
-        _ if ev.kind == Kind::UringFailed => format!(
-            "{} failed with {errno} ({desc}) in {proc_desc}: {} (an io_uring request: no syscall \
-             failed, the error came back in its completion)",
-            ev.call(),
-            primitive.meaning()
-        ),
-        _ => format!(
-            "{} failed with {errno} ({desc}) in {proc_desc}: {}",
-            ev.call(),
-            primitive.meaning()
-        ),
-    };
-    Some(Verdict {
-        primitive,
-        confidence,
-        explanation,
-        decisive: Some(ev.clone()),
-    })
 }
 
 /// The events worth showing without `--events`: the decisive one, other
@@ -1021,51 +372,9 @@ pub fn hint(p: Primitive) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use super::testing::{MS, ev, exit, failed, killed_by, outcome, signal_from, span};
     use super::*;
-    use crate::spans::SpanEvidence;
-
-    fn ev(kind: Kind, pid: u32, ts: u64) -> KernelEvent {
-        serde_json::from_value(
-            serde_json::json!({"kind": kind, "ts_ns": ts, "pid": pid, "tid": pid, "comm": "w"}),
-        )
-        .unwrap()
-    }
-
-    fn failed(pid: u32, ts: u64, syscall: &'static str, errno: i32, path: &str) -> KernelEvent {
-        let mut e = ev(Kind::SyscallFailed, pid, ts);
-        let nr = crate::syscalls::number(syscall).unwrap();
-        e.syscall = Some(syscall.into());
-        e.syscall_nr = Some(nr);
-        e.ret = Some(-(errno as i64));
-        e.errno = Some(crate::event::errno_name(errno));
-        e.path = (!path.is_empty()).then(|| path.into());
-        e
-    }
-
-    fn exit(pid: u32, ts: u64, code: i32) -> KernelEvent {
-        let mut e = ev(Kind::Exit, pid, ts);
-        e.exit_code = Some(code);
-        e
-    }
-
-    fn span(events: Vec<KernelEvent>) -> SpanEvidence {
-        let mut s = SpanEvidence::new(1, Some("t-1".into()), "unit".into(), 0);
-        s.root_pid = Some(10);
-        for e in events {
-            s.add(e);
-        }
-        s
-    }
-
-    fn outcome(code: i32) -> Outcome {
-        Outcome {
-            exit: ExitStatus {
-                code: Some(code),
-                signal: None,
-            },
-            ..Default::default()
-        }
-    }
+    use crate::primitive::SYMPTOM_WINDOW_NS;
 
     /// An io_uring twin of `failed`: the same syscall, done by a request.
     fn uring(kind: Kind, pid: u32, ts: u64, errno: i32, path: &str) -> KernelEvent {
@@ -1342,21 +651,7 @@ mod tests {
 
     /// A fatal `sig` generated for thread `tid` by process `sender`.
     fn signal(tid: u32, ts: u64, sig: &str, sender: u32) -> KernelEvent {
-        let mut e = ev(Kind::Signal, tid, ts);
-        e.signal = Some(sig.into());
-        e.sender_pid = Some(sender);
-        e.sender_comm = Some("w".into());
-        e
-    }
-
-    fn killed_by(sig: &str) -> Outcome {
-        Outcome {
-            exit: ExitStatus {
-                code: None,
-                signal: Some(sig.into()),
-            },
-            ..Default::default()
-        }
+        signal_from(tid, ts, sig, (sender, "w"), 0)
     }
 
     /// Thread `tid` of process `pid` starts (a clone with CLONE_THREAD).
@@ -1366,8 +661,6 @@ mod tests {
         e.thread = Some(true);
         e
     }
-
-    const MS: u64 = 1_000_000;
 
     #[test]
     fn enomem_then_its_own_sigtrap_is_mem_limit_naming_both() {

@@ -1,0 +1,519 @@
+//! Failure events as evidence: which are noise, what each one weighs,
+//! the strongest among a chosen set, and the sentence that names it.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::event::{KernelEvent, Kind, errno_desc};
+use crate::primitive::{Primitive, SYMPTOM_SIGNALS, SYMPTOM_WINDOW_NS, classify};
+use crate::spans::SpanEvidence;
+
+use super::{Outcome, Verdict};
+
+/// A crash the process brought on itself right after the kernel refused it
+/// a resource (Chromium under RLIMIT_AS: mmap ENOMEM ×4 in one thread, then
+/// its own SIGTRAP in another): the refusal is the cause, the signal its
+/// symptom. `signal` is the fatal signal's event, when seen. None when the
+/// signal is not one of [`SYMPTOM_SIGNALS`], another process sent it, or no
+/// `mem.limit` / `proc.limit` failure or seccomp denial of the same process
+/// (tgid: the `pid` of every event) came within [`SYMPTOM_WINDOW_NS`]
+/// before it (Chromium checks every syscall it makes and traps on the
+/// ones a filter refused).
+pub(super) fn resource_failure_behind_crash(
+    span: &SpanEvidence,
+    pid: u32,
+    sig: &str,
+    signal: Option<&KernelEvent>,
+    who: &dyn Fn(u32) -> String,
+) -> Option<Verdict> {
+    if !SYMPTOM_SIGNALS.contains(&sig) {
+        return None;
+    }
+    // a fault, abort(), raise() and a trap instruction all generate the
+    // signal from the dying process's own thread, so it is the sender
+    let sender = signal.and_then(|e| e.sender_pid).or_else(|| {
+        span.processes
+            .get(&pid)
+            .and_then(|p| p.signal_sender.as_ref())
+            .map(|(s, _)| *s)
+    });
+    if sender.is_some_and(|s| s != pid) {
+        return None;
+    }
+    let crashed_at = signal.map(|e| e.ts_ns).or_else(|| {
+        span.events
+            .iter()
+            .rev()
+            .find(|e| e.kind == Kind::Exit && e.pid == pid)
+            .map(|e| e.ts_ns)
+    })?;
+    let events = &span.events;
+    let execs = last_exec(events);
+    // a run of identical failures carries the time of its first one: a run
+    // that began before the window is left out even if it lasted into it
+    let in_window: Vec<(usize, Primitive)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| {
+            (e.kind.is_failure() || e.kind == Kind::SeccompDenied)
+                && e.pid == pid
+                && e.ts_ns <= crashed_at
+                && crashed_at - e.ts_ns <= SYMPTOM_WINDOW_NS
+        })
+        .filter_map(|(i, _)| Some((i, score(span, events, i, &execs)?.0)))
+        .collect();
+    let refused = |p: Primitive| {
+        matches!(
+            p,
+            Primitive::MemLimit | Primitive::ProcLimit | Primitive::Seccomp
+        )
+    };
+    let mut refusals: Vec<(usize, Primitive)> = in_window
+        .iter()
+        .copied()
+        .filter(|&(_, p)| refused(p))
+        .collect();
+    // A deliberate abort (a failed CHECK: SIGABRT, SIGTRAP) after files it
+    // looked for were missing: Chromium without fonts aborts in Skia once
+    // fontconfig found none. Less sure than a refusal (programs look for
+    // optional files all the time), and never for a fault (SIGSEGV…),
+    // which is a bug of its own.
+    let mut confidence = 0.9;
+    let mut hidden_from_it = false;
+    if refusals.is_empty() && matches!(sig, "SIGABRT" | "SIGTRAP") {
+        refusals = in_window
+            .into_iter()
+            .filter(|&(_, p)| p == Primitive::FsMissing)
+            .collect();
+        // files the workload could not see but that exist out here were
+        // hidden from it (a slimmed image, an emptied mount): those, when
+        // there are any, rather than files nobody has
+        let hidden: Vec<(usize, Primitive)> = refusals
+            .iter()
+            .copied()
+            .filter(|&(i, _)| exists_outside(&events[i]))
+            .collect();
+        if !hidden.is_empty() {
+            refusals = hidden;
+            hidden_from_it = true;
+        }
+        confidence = 0.75;
+    }
+    let &(last, primitive) = refusals.last()?;
+    let ev = &events[last];
+    let times = |e: &KernelEvent| 1 + e.repeats.unwrap_or(0);
+    let (same, other): (Vec<&KernelEvent>, Vec<&KernelEvent>) = refusals
+        .iter()
+        .map(|&(i, _)| &events[i])
+        .partition(|e| e.syscall_nr == ev.syscall_nr && e.ret == ev.ret);
+    let count: u64 = same.iter().map(|e| times(e)).sum();
+    let others: u64 = other.iter().map(|e| times(e)).sum();
+    let errno = ev.errno.as_deref().unwrap_or("an error");
+    let count = if count > 1 {
+        format!(" ×{count}")
+    } else {
+        String::new()
+    };
+    let limit = ev
+        .errno_nr()
+        .zip(ev.syscall_nr)
+        .and_then(|(errno, nr)| classify(nr, errno, ev.flags.unwrap_or(0)))
+        .and_then(|rule| rule.limit)
+        .map(|l| format!(" ({l})"))
+        .unwrap_or_default();
+    let others = match others {
+        0 => String::new(),
+        1 if primitive == Primitive::FsMissing => ", after 1 other missing file".to_string(),
+        n if primitive == Primitive::FsMissing => format!(", after {n} other missing files"),
+        1 => ", after 1 other refused resource request".to_string(),
+        n => format!(", after {n} other refused resource requests"),
+    };
+    let verb = if matches!(sig, "SIGABRT" | "SIGTRAP") {
+        "aborted"
+    } else {
+        "crashed"
+    };
+    Some(Verdict {
+        primitive,
+        confidence,
+        explanation: if primitive == Primitive::Seccomp {
+            format!(
+                "{} was denied by the seccomp filter ({errno}; the syscall never ran){count}{others}, then {} {verb} with {sig}",
+                ev.call(),
+                who(pid)
+            )
+        } else {
+            let hidden = if hidden_from_it {
+                " (present outside the sandbox: hidden from it)"
+            } else {
+                ""
+            };
+            format!(
+                "{} failed with {errno}{count}{limit}{hidden}{others}, then {} {verb} with {sig}",
+                ev.call(),
+                who(pid)
+            )
+        },
+        decisive: Some(ev.clone()),
+    })
+}
+
+/// The failed event names an absolute path that exists where the probe
+/// runs: the workload's own view (its mount namespace) did not have it.
+fn exists_outside(ev: &KernelEvent) -> bool {
+    ev.path_truncated.is_none()
+        && ev
+            .path
+            .as_deref()
+            .is_some_and(|p| p.starts_with('/') && std::path::Path::new(p).exists())
+}
+
+/// Paths a program looks up while searching (modules, libraries, locales,
+/// interpreter start-up files): their absence is how the search works, not
+/// a failure.
+pub fn is_search_noise(path: &str) -> bool {
+    const COMPONENTS: [&str; 14] = [
+        "__pycache__",
+        "site-packages",
+        "dist-packages",
+        "lib-dynload",
+        "glibc-hwcaps",
+        "tls",
+        "haswell",
+        "avx512_1",
+        "x86_64",
+        "node_modules",
+        "locale",
+        "gconv",
+        "Modules",
+        "selinux",
+    ];
+    // /etc/localtime: libc and python fall back to UTC without it
+    const PREFIXES: [&str; 6] = [
+        "/proc/",
+        "/sys/",
+        "/dev/",
+        "/etc/ld.so",
+        "/etc/localtime",
+        "/usr/share/zoneinfo",
+    ];
+    const NAMES: [&str; 4] = ["pybuilddir.txt", "pyvenv.cfg", "Setup.local", "os.py"];
+    let name = path.rsplit('/').next().unwrap_or(path);
+    // relative to an fd of /proc (Chromium's thread lists): threads come and go
+    let proc_relative = path.starts_with("self/") || path.starts_with("thread-self/");
+    proc_relative
+        || path.starts_with('<')
+        || path.contains("/lib/python")
+        || path.split('/').any(|c| COMPONENTS.contains(&c))
+        || PREFIXES.iter().any(|p| path.starts_with(p))
+        || NAMES.contains(&name)
+        || name.ends_with("._pth")
+        || name.ends_with(".pyc")
+        || name.ends_with(".so")
+        || name.contains(".so.")
+        || (name.starts_with("python3") && name.ends_with(".zip"))
+}
+
+/// A failure a process that exited 0 most likely reported to its parent
+/// rather than failing itself (Chromium's network service renders an error
+/// page and its writer threads log a full disk, while the browser exits 0):
+/// where a call's exit status says nothing failed, it is still the failure
+/// the call hid. Only failures no program makes on purpose: a connection
+/// to an IP address refused, unreachable or timed out (a still-pending
+/// EINPROGRESS connect is not: programs race those), a full disk, a
+/// read-only filesystem.
+pub(super) fn reported_failure(ev: &KernelEvent, primitive: Primitive) -> bool {
+    match primitive {
+        Primitive::NetEgress => {
+            ev.errno.as_deref() != Some("EINPROGRESS")
+                && ev
+                    .addr
+                    .as_deref()
+                    .is_some_and(|a| a.parse::<std::net::SocketAddr>().is_ok())
+        }
+        Primitive::FsSpace | Primitive::FsReadonly => true,
+        _ => false,
+    }
+}
+
+/// Index of the last successful exec per pid: a failure before it belongs
+/// to a program image that was replaced.
+pub(super) fn last_exec(events: &VecDeque<KernelEvent>) -> HashMap<u32, usize> {
+    events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == Kind::Exec)
+        .map(|(i, e)| (e.pid, i))
+        .collect()
+}
+
+/// A failure event's primitive and weight, or None when it is not
+/// evidence. Scores `events[i]`; `execs` from [`last_exec`].
+pub(super) fn score(
+    span: &SpanEvidence,
+    events: &VecDeque<KernelEvent>,
+    i: usize,
+    execs: &HashMap<u32, usize>,
+) -> Option<(Primitive, f64)> {
+    let ev = &events[i];
+    let errno = ev.errno_nr()?;
+    let nr = ev.syscall_nr?;
+    if ev.kind == Kind::SeccompDenied {
+        let confirmed = ev.seccomp_filter == Some(true);
+        return Some((Primitive::Seccomp, if confirmed { 0.97 } else { 0.6 }));
+    }
+    // the program that failed here was replaced by a successful exec: it
+    // coped (a PATH search, a wrapper script); the new program is judged
+    if execs.get(&ev.pid).is_some_and(|&x| x > i) {
+        return None;
+    }
+    if ev.written_earlier.is_some() && matches!(errno, libc::ENOENT | libc::ENOTDIR) {
+        return Some((Primitive::FsPersistence, 0.95));
+    }
+    let rule = classify(nr, errno, ev.flags.unwrap_or(0))?;
+    let mut primitive = rule.primitive;
+    if let Some(path) = &ev.path
+        && rule.primitive == Primitive::FsMissing
+        && is_search_noise(path)
+    {
+        return None;
+    }
+    match primitive {
+        Primitive::FsPermission if matches!(nr, 59 | 322) => {
+            let path = ev.path.as_deref().unwrap_or("");
+            let noexec_mount_in_span = span.events.iter().any(|m| {
+                m.kind == Kind::Mount
+                    && m.flags.unwrap_or(0) & libc::MS_NOEXEC != 0
+                    && m.path.as_deref().is_some_and(|t| path.starts_with(t))
+            });
+            if ev.mount_noexec == Some(true) || noexec_mount_in_span {
+                primitive = Primitive::FsNoexec;
+            }
+        }
+        _ => {}
+    }
+    Some((primitive, rule.weight as f64))
+}
+
+/// A shell's "command not found": a process exited 127 after looking up
+/// the same name in several PATH directories (stat, access or execve) and
+/// finding none. Where the span's status is 127, the lookup may also be
+/// another process's that then failed (a container runtime's `runc init`
+/// looks the command up itself and the runtime reports 127).
+pub(super) fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
+    let exited_127 = |pid: u32| {
+        let p = span.processes.get(&pid);
+        p.and_then(|p| p.exit_code) == Some(127)
+            || (outcome.exit.code == Some(127)
+                && (Some(pid) == span.root_pid || p.is_some_and(|p| p.failed())))
+    };
+    let misses: Vec<&KernelEvent> = span
+        .events
+        .iter()
+        .filter(|e| {
+            e.kind.is_failure()
+                && e.errno.as_deref() == Some("ENOENT")
+                && matches!(
+                    e.syscall_nr,
+                    Some(4 | 6 | 21 | 59 | 262 | 269 | 322 | 332 | 439)
+                )
+                && e.path
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with('/') && !is_search_noise(p))
+                && exited_127(e.pid)
+        })
+        .collect();
+    let last = *misses.last()?;
+    let name = last.path.as_deref()?.rsplit('/').next()?.to_string();
+    let mut tried: Vec<&str> = misses
+        .iter()
+        .filter(|e| e.pid == last.pid)
+        .filter_map(|e| e.path.as_deref())
+        .filter(|p| p.rsplit('/').next() == Some(name.as_str()))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    tried.retain(|p| seen.insert(*p));
+    if tried.len() < 2 {
+        return None;
+    }
+    Some(Verdict {
+        primitive: Primitive::ExecMissing,
+        confidence: 0.95,
+        explanation: format!(
+            "`{name}` is not installed: {} (pid {}) looked in {} PATH directories ({}) and {}",
+            last.comm,
+            last.pid,
+            tried.len(),
+            tried.join(", "),
+            match span.processes.get(&last.pid).and_then(|p| p.exit_code) {
+                Some(127) | None => "exited 127".to_string(),
+                Some(c) => format!("exited {c}; the workload's status is 127"),
+            }
+        ),
+        decisive: Some(last.clone()),
+    })
+}
+
+/// The strongest scored failure among those `eligible` accepts (given the
+/// event and its primitive), explained; among equals the latest wins.
+pub(super) fn strongest_failure(
+    span: &SpanEvidence,
+    outcome: &Outcome,
+    eligible: impl Fn(&KernelEvent, Primitive) -> bool,
+) -> Option<Verdict> {
+    let events = &span.events;
+    let execs = last_exec(events);
+    let mut best: Option<(usize, Primitive, f64)> = None;
+    for (i, ev) in events.iter().enumerate().rev() {
+        if !(ev.kind.is_failure() || ev.kind == Kind::SeccompDenied) {
+            continue;
+        }
+        let Some((primitive, weight)) = score(span, events, i, &execs) else {
+            continue;
+        };
+        if !eligible(ev, primitive) {
+            continue;
+        }
+        // strictly greater: among equals, the latest (seen first) wins
+        if best.is_none_or(|(_, _, w)| weight > w) {
+            best = Some((i, primitive, weight));
+        }
+    }
+    let (i, primitive, weight) = best?;
+    Some(explain_failure(
+        span, outcome, &events[i], primitive, weight,
+    ))
+}
+
+/// The sentence for failure `ev`, judged `primitive` with weight `weight`.
+fn explain_failure(
+    span: &SpanEvidence,
+    outcome: &Outcome,
+    ev: &KernelEvent,
+    primitive: Primitive,
+    weight: f64,
+) -> Verdict {
+    let events = &span.events;
+    let errno = ev.errno.clone().unwrap_or_default().into_owned();
+    let desc = errno_desc(&errno).to_lowercase();
+    let proc_desc = format!("{} (pid {})", ev.comm, ev.pid);
+    let mut confidence = weight;
+    let explanation = match primitive {
+        Primitive::Seccomp => {
+            let unconfirmed = if ev.seccomp_filter == Some(true) {
+                ""
+            } else {
+                " (the task's seccomp mode could not be confirmed)"
+            };
+            format!(
+                "{} was denied by the seccomp filter ({errno}; the syscall never ran) in {proc_desc}{unconfirmed}",
+                ev.call()
+            )
+        }
+        Primitive::ExecMissing => {
+            let name = ev
+                .path
+                .as_deref()
+                .and_then(|p| p.rsplit('/').next())
+                .unwrap_or("program");
+            let mut tried: Vec<&str> = events
+                .iter()
+                .filter(|e| {
+                    e.pid == ev.pid
+                        && e.syscall_nr == ev.syscall_nr
+                        && e.errno.as_deref() == Some("ENOENT")
+                        && e.path
+                            .as_deref()
+                            .is_some_and(|p| p.rsplit('/').next() == Some(name))
+                })
+                .filter_map(|e| e.path.as_deref())
+                .collect();
+            let mut seen = std::collections::HashSet::new();
+            tried.retain(|p| seen.insert(*p));
+            if outcome.exit.code == Some(127) {
+                confidence = 0.97;
+            }
+            format!(
+                "`{name}` is not installed: execve failed with ENOENT for {} candidate path(s) ({})",
+                tried.len(),
+                tried.join(", ")
+            )
+        }
+        Primitive::FsPersistence => {
+            let w = ev.written_earlier.as_ref();
+            let ago = w.map(|w| {
+                let ms = (crate::clock::now_ms() - w.at_ms).max(0);
+                if ms < 1000 {
+                    format!("{ms} ms earlier")
+                } else {
+                    format!("{:.1} s earlier", ms as f64 / 1000.0)
+                }
+            });
+            let ns = match (
+                w.and_then(|w| w.mount_ns.as_deref()),
+                ev.mount_ns.as_deref(),
+            ) {
+                (Some(a), Some(b)) if a != b => {
+                    format!(" — written in mount namespace {a}, missing in {b}")
+                }
+                (Some(a), Some(_)) => format!(
+                    " — same mount namespace {a}: removed, or a tmpfs/overlay that was reset"
+                ),
+                _ => String::new(),
+            };
+            format!(
+                "{} failed with {errno} in {proc_desc}, but span {} of this session wrote it ({}, pid {}, with {}, {}){ns}: the write did not persist",
+                ev.call(),
+                w.map(|w| w.span).unwrap_or(0),
+                w.map(|w| w.comm.as_str()).unwrap_or("?"),
+                w.map(|w| w.pid).unwrap_or(0),
+                w.map(|w| w.syscall.as_str()).unwrap_or("open"),
+                ago.unwrap_or_default()
+            )
+        }
+        Primitive::FsNoexec => {
+            confidence = 0.95;
+            format!(
+                "{} failed with EACCES in {proc_desc}: the file is on a mount with noexec",
+                ev.call()
+            )
+        }
+        // a non-blocking connect that never completed: the failure is the
+        // silence after it, not the EINPROGRESS its call returned
+        Primitive::NetEgress if errno == "EINPROGRESS" => format!(
+            "{} got no answer: it was still pending (EINPROGRESS) when {proc_desc} gave up on it \
+             (its own timeout): {}",
+            ev.call(),
+            primitive.meaning()
+        ),
+        Primitive::NetEgress if ev.via.is_some() => format!(
+            "{} failed with {errno} ({desc}) in {proc_desc}, {}: {}",
+            ev.call(),
+            match ev.duration_ns {
+                Some(ns) => format!(
+                    "reported by {} {:.0} ms after the non-blocking connect",
+                    ev.via.as_deref().unwrap_or(""),
+                    ns as f64 / 1e6
+                ),
+                None => format!("reported by {}", ev.via.as_deref().unwrap_or("")),
+            },
+            primitive.meaning()
+        ),
+        _ if ev.kind == Kind::UringFailed => format!(
+            "{} failed with {errno} ({desc}) in {proc_desc}: {} (an io_uring request: no syscall \
+             failed, the error came back in its completion)",
+            ev.call(),
+            primitive.meaning()
+        ),
+        _ => format!(
+            "{} failed with {errno} ({desc}) in {proc_desc}: {}",
+            ev.call(),
+            primitive.meaning()
+        ),
+    };
+    Verdict {
+        primitive,
+        confidence,
+        explanation,
+        decisive: Some(ev.clone()),
+    }
+}

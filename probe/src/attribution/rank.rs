@@ -1,0 +1,547 @@
+//! Why a failed span failed: the stages, in the order they outrank each
+//! other. Each stage is one function that gives a verdict or passes:
+//!
+//! 1. [`oom_kill`]: the OOM killer took a process of the span (a browser
+//!    whose renderer it took then hangs until the caller's timeout).
+//! 2. [`caller_timeout`]: the caller's time limit killed the workload.
+//! 3. [`seccomp_kill`]: a seccomp filter raised SIGSYS.
+//! 4. [`signal_on_path`]: a signal killed the process whose status the
+//!    caller got (the root, or the end of the exit-status path).
+//! 5. [`strong_failure_on_path`]: a denial or a hard limit (weight 0.9 or
+//!    more) in the exit-status path's last process, or a shell's "command
+//!    not found".
+//! 6. [`signal_off_path`]: a crash, or a kill by a process that did not
+//!    start it, elsewhere in the span (a renderer that crashed on a refused
+//!    mmap outranks its browser's weaker failures).
+//! 7. [`failure_on_path`]: any other failure of that last process.
+//! 8. [`failure_off_path`]: the strongest failure of another process that
+//!    exited non-zero.
+//! 9. [`memory_pressure`], then [`no_kernel_cause`].
+//!
+//! Never a cause, at any stage ([`Lineage`]): a kill of a helper by the
+//! process that started it or by the kernel at PID-namespace teardown,
+//! what a process did once it was being stopped (cleanup), and a failure
+//! its process got past by going on to start another program (a runtime's
+//! own setrlimit EPERM before it starts the container).
+
+use crate::event::{Kind, SYS_SECCOMP};
+use crate::primitive::Primitive;
+use crate::spans::SpanEvidence;
+
+use super::failures::{command_not_found, resource_failure_behind_crash, strongest_failure};
+use super::lineage::{Lineage, SignalOrigin, fatal_signal, signal_origin};
+use super::{Outcome, Verdict};
+
+/// The verdict for a span whose workload failed.
+pub(super) fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
+    let lineage = Lineage::of(span, &outcome.exit);
+    oom_kill(span, outcome)
+        .or_else(|| caller_timeout(outcome))
+        .or_else(|| seccomp_kill(span, outcome))
+        .or_else(|| signal_on_path(span, outcome, &lineage))
+        .or_else(|| strong_failure_on_path(span, outcome, &lineage))
+        .or_else(|| signal_off_path(span, &lineage))
+        .or_else(|| failure_on_path(span, outcome, &lineage))
+        .or_else(|| failure_off_path(span, outcome, &lineage))
+        .or_else(|| memory_pressure(span, outcome))
+        .unwrap_or_else(|| no_kernel_cause(span, outcome, &lineage))
+}
+
+/// "comm (pid N)".
+fn who(span: &SpanEvidence, pid: u32) -> String {
+    let comm = span
+        .processes
+        .get(&pid)
+        .map(|p| p.comm.as_str())
+        .filter(|c| !c.is_empty());
+    format!("{} (pid {pid})", comm.unwrap_or("process"))
+}
+
+fn oom_kill(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
+    let oom = span.events.iter().find(|e| e.kind == Kind::OomVictim)?;
+    let rss = oom
+        .anon_rss_kb
+        .map(|kb| format!(" at {} MiB anon RSS", kb / 1024))
+        .unwrap_or_default();
+    let then = outcome
+        .timed_out
+        .map(|limit| {
+            format!(
+                "; the workload then hung until the time limit of {:.1}s killed it",
+                limit.as_secs_f64()
+            )
+        })
+        .unwrap_or_default();
+    Some(Verdict {
+        primitive: Primitive::MemOom,
+        confidence: 0.97,
+        explanation: format!(
+            "{} (pid {}) was killed by the OOM killer{rss}{then}",
+            oom.comm, oom.pid
+        ),
+        decisive: Some(oom.clone()),
+    })
+}
+
+fn caller_timeout(outcome: &Outcome) -> Option<Verdict> {
+    let limit = outcome.timed_out?;
+    Some(Verdict {
+        primitive: Primitive::Timeout,
+        confidence: 0.95,
+        explanation: format!(
+            "the workload was still running after the time limit of {:.1}s and was killed",
+            limit.as_secs_f64()
+        ),
+        decisive: None,
+    })
+}
+
+/// SIGSYS from a filter (RET_TRAP, RET_KILL_*), wherever it landed.
+fn seccomp_kill(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
+    let sigsys = span.events.iter().find(|e| {
+        e.kind == Kind::Signal
+            && e.signal.as_deref() == Some("SIGSYS")
+            && e.si_code == Some(SYS_SECCOMP)
+    });
+    let killed_by_sigsys = span
+        .processes
+        .iter()
+        .filter(|(_, p)| p.exited && p.exit_code.is_none() && p.signal.as_deref() == Some("SIGSYS"))
+        .map(|(pid, _)| *pid)
+        .min();
+    if sigsys.is_none()
+        && killed_by_sigsys.is_none()
+        && outcome.exit.signal.as_deref() != Some("SIGSYS")
+    {
+        return None;
+    }
+    let pid = sigsys.map(|e| e.pid).or(killed_by_sigsys).or(span.root_pid);
+    let denial = span
+        .events
+        .iter()
+        .rev()
+        .find(|e| e.kind == Kind::SeccompDenied && (pid.is_none() || Some(e.pid) == pid));
+    let whom = pid
+        .map(|p| who(span, p))
+        .unwrap_or_else(|| "the workload".into());
+    let (explanation, decisive) = match denial {
+        Some(d) => (
+            format!(
+                "{} was blocked by the seccomp filter: the kernel raised SIGSYS in {whom} and the syscall never ran",
+                d.call()
+            ),
+            Some(d.clone()),
+        ),
+        None => (
+            format!("the seccomp filter raised SIGSYS in {whom}"),
+            sigsys.cloned(),
+        ),
+    };
+    Some(Verdict {
+        primitive: Primitive::Seccomp,
+        confidence: 0.97,
+        explanation,
+        decisive,
+    })
+}
+
+/// The status the caller got is a signal's: the root was killed, or the
+/// exit-status path ends in a process a signal killed (a shell's 128+N).
+/// That signal is the outcome, whoever sent it.
+fn signal_on_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
+    let pid = match &outcome.exit.signal {
+        Some(_) => span.root_pid?,
+        None => lineage
+            .leaf()
+            .filter(|l| Some(*l) != span.root_pid)
+            .filter(|l| killed_by_signal(span, *l))?,
+    };
+    let sig = span
+        .processes
+        .get(&pid)
+        .and_then(|p| p.signal.clone())
+        .or_else(|| outcome.exit.signal.clone())
+        .unwrap_or_else(|| "a signal".into());
+    Some(explain_signal(span, pid, &sig))
+}
+
+/// A crash, or a kill by a process that did not start it, of a process off
+/// the exit-status path (the earliest). Kills by an ancestor or at
+/// namespace teardown are somebody shutting things down, not a cause.
+fn signal_off_path(span: &SpanEvidence, lineage: &Lineage) -> Option<Verdict> {
+    let (_, pid) = span
+        .processes
+        .keys()
+        .filter(|&&pid| killed_by_signal(span, pid) && !lineage.stopped.contains_key(&pid))
+        .map(|&pid| {
+            (
+                fatal_signal(span, pid).map(|e| e.ts_ns).unwrap_or(u64::MAX),
+                pid,
+            )
+        })
+        .min()?;
+    let sig = span.processes[&pid].signal.clone()?;
+    Some(explain_signal(span, pid, &sig))
+}
+
+fn killed_by_signal(span: &SpanEvidence, pid: u32) -> bool {
+    span.processes
+        .get(&pid)
+        .is_some_and(|p| p.failed() && p.exit_code.is_none())
+}
+
+/// A fatal signal's verdict: a file-size limit, a refusal the process
+/// crashed on, or the signal itself with its real sender.
+fn explain_signal(span: &SpanEvidence, pid: u32, sig: &str) -> Verdict {
+    let decisive = span
+        .events
+        .iter()
+        .find(|e| e.kind == Kind::Signal && e.pid == pid && e.signal.as_deref() == Some(sig))
+        .cloned();
+    let whom = who(span, pid);
+    if sig == "SIGXFSZ" {
+        return Verdict {
+            primitive: Primitive::FsSpace,
+            confidence: 0.9,
+            explanation: format!(
+                "{whom} exceeded the file-size limit (RLIMIT_FSIZE) and got SIGXFSZ"
+            ),
+            decisive,
+        };
+    }
+    let name = |p: u32| who(span, p);
+    if let Some(v) = resource_failure_behind_crash(span, pid, sig, decisive.as_ref(), &name) {
+        return v;
+    }
+    let crash = [
+        "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP",
+    ]
+    .contains(&sig);
+    let explanation = if crash {
+        format!("{whom} crashed with {sig}")
+    } else {
+        format!("{whom} was killed by {sig}{}", sent_by(span, pid))
+    };
+    Verdict {
+        primitive: Primitive::Signal,
+        confidence: 0.9,
+        explanation,
+        decisive,
+    }
+}
+
+/// " sent by …" naming the real sender of `pid`'s fatal signal.
+fn sent_by(span: &SpanEvidence, pid: u32) -> String {
+    match signal_origin(span, pid) {
+        SignalOrigin::NamespaceTeardown { init, init_comm } => format!(
+            " at PID-namespace teardown (its init, {init_comm} (pid {init}), had exited, and \
+             the kernel kills what is left in the namespace)"
+        ),
+        SignalOrigin::Ancestor { pid: s, comm } => {
+            format!(" sent by {comm} (pid {s}), which started it")
+        }
+        SignalOrigin::Other { pid: s, comm } => format!(" sent by {comm} (pid {s})"),
+        SignalOrigin::Own | SignalOrigin::Unknown => String::new(),
+    }
+}
+
+/// The failures that decided the status are the exit-status path's last
+/// process's own (a root that exited non-zero by itself is that process).
+/// A seccomp denial or a hard limit there outranks a shell's "not found",
+/// which outranks the other refusals.
+fn strong_failure_on_path(
+    span: &SpanEvidence,
+    outcome: &Outcome,
+    lineage: &Lineage,
+) -> Option<Verdict> {
+    match failure_on_path(span, outcome, lineage) {
+        Some(v) if v.confidence >= 0.95 => Some(v),
+        strongest => {
+            command_not_found(span, outcome).or(strongest.filter(|v| v.confidence >= STRONG))
+        }
+    }
+}
+
+/// Weight from which a failure is a denial or a hard limit, not something
+/// a program may have looked for and done without.
+const STRONG: f64 = 0.9;
+
+fn failure_on_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
+    let leaf = lineage.leaf();
+    strongest_failure(span, outcome, |ev, _| {
+        Some(ev.pid) == leaf && !lineage.survived(ev) && !lineage.is_cleanup(ev)
+    })
+}
+
+/// Failures of the span's other processes that exited non-zero, and of the
+/// path's processes before the one whose status was passed on.
+fn failure_off_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
+    strongest_failure(span, outcome, |ev, _| {
+        let failing =
+            lineage.on_path(ev.pid) || span.processes.get(&ev.pid).is_some_and(|p| p.failed());
+        failing && !lineage.survived(ev) && !lineage.is_cleanup(ev)
+    })
+}
+
+/// The failed span spent a fifth of its time or more in memory reclaim.
+fn memory_pressure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
+    let duration = outcome.duration_ns.max(1);
+    if span.reclaim_ns * 5 <= duration {
+        return None;
+    }
+    Some(Verdict {
+        primitive: Primitive::MemPressure,
+        confidence: 0.6,
+        explanation: format!(
+            "the workload {} after spending {:.0}% of its time in memory reclaim",
+            outcome.exit.describe(),
+            span.reclaim_ns as f64 * 100.0 / duration as f64
+        ),
+        decisive: span
+            .events
+            .iter()
+            .rev()
+            .find(|e| e.kind == Kind::ReclaimStall)
+            .cloned(),
+    })
+}
+
+/// Nothing the kernel saw explains the status. Processes stopped on the
+/// way out are named, so the reader knows they were seen and why they
+/// are not the cause.
+fn no_kernel_cause(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Verdict {
+    let mut stopped: Vec<(u64, u32)> = lineage.stopped.iter().map(|(&p, &at)| (at, p)).collect();
+    stopped.sort();
+    let stopped: Vec<String> = stopped
+        .iter()
+        .take(3)
+        .filter_map(|&(_, pid)| {
+            let sig = span.processes.get(&pid)?.signal.as_deref()?;
+            Some(format!("{} by {sig}{}", who(span, pid), sent_by(span, pid)))
+        })
+        .collect();
+    let shutdown = if stopped.is_empty() {
+        String::new()
+    } else {
+        let more = lineage.stopped.len().saturating_sub(stopped.len());
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!(
+            "; stopped on the way out, not a cause: {}{more}",
+            stopped.join(", ")
+        )
+    };
+    Verdict {
+        primitive: Primitive::None,
+        confidence: 0.7,
+        explanation: format!(
+            "the workload {}; the kernel saw no denial, limit, kill or missing file that explains it \
+             (the cause is in the workload's own logic or its caller){shutdown}",
+            outcome.exit.describe()
+        ),
+        decisive: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{
+        self, MS, exec, exit_with, failed, named, outcome, signal_from, span,
+    };
+    use super::super::{ExitStatus, attribute};
+    use super::*;
+    use crate::attribution::lineage::SI_KERNEL;
+    use crate::event::KernelEvent;
+
+    fn fork(parent: u32, child: u32, ts: u64, comm: &str) -> KernelEvent {
+        named(testing::fork(parent, child, ts), comm)
+    }
+
+    fn exit(pid: u32, ts: u64, code: Option<i32>, comm: &str) -> KernelEvent {
+        named(exit_with(pid, ts, code), comm)
+    }
+
+    fn signal(pid: u32, ts: u64, sig: &str, sender: u32, comm: &str, code: i32) -> KernelEvent {
+        signal_from(pid, ts, sig, (sender, comm), code)
+    }
+
+    fn status(code: i32) -> Outcome {
+        outcome(code)
+    }
+
+    /// srt's shape: node 10 → bwrap 11 → bwrap 12 (the namespace's init)
+    /// → bash 13, which starts socat relays 14 and 15 and the command 16;
+    /// bash kills its relays on exit and passes the command's status on;
+    /// the init's exit SIGKILLs what is left. A host-side socat 17 (node's
+    /// child) is stopped last and fails its socket's unlink on the way.
+    fn srt(command: Vec<KernelEvent>, code: i32) -> SpanEvidence {
+        let mut events = vec![
+            fork(10, 11, MS, "node"),
+            exec(11, 2 * MS, "bwrap"),
+            fork(10, 17, 2 * MS, "node"),
+            exec(17, 3 * MS, "socat"),
+            fork(11, 12, 3 * MS, "bwrap"),
+            fork(12, 13, 4 * MS, "bwrap"),
+            exec(13, 5 * MS, "bash"),
+            fork(13, 14, 6 * MS, "bash"),
+            exec(14, 7 * MS, "socat"),
+            fork(13, 15, 6 * MS, "bash"),
+            exec(15, 7 * MS, "socat"),
+            fork(13, 16, 8 * MS, "bash"),
+        ];
+        events.extend(command);
+        events.extend([
+            exit(16, 20 * MS, Some(code), "cmd"),
+            signal(14, 21 * MS, "SIGTERM", 13, "bash", 0),
+            exit(14, 22 * MS, None, "socat"),
+            exit(13, 23 * MS, Some(code), "bash"),
+            exit(12, 24 * MS, Some(code), "bwrap"),
+            signal(15, 25 * MS, "SIGKILL", 12, "bwrap", SI_KERNEL),
+            exit(15, 26 * MS, None, "socat"),
+            exit(11, 27 * MS, Some(code), "bwrap"),
+            signal(17, 28 * MS, "SIGTERM", 10, "node", 0),
+            failed(17, 29 * MS, "unlink", libc::ENOENT, "/tmp/srt-proxy.sock"),
+            exit(17, 30 * MS, Some(143), "socat"),
+            exit(10, 31 * MS, Some(code), "node"),
+        ]);
+        span(events)
+    }
+
+    #[test]
+    fn under_srt_the_commands_refusal_wins_over_the_relays_being_killed() {
+        let mut refused = failed(16, 10 * MS, "connect", libc::ECONNREFUSED, "");
+        refused.addr = Some("127.0.0.1:18080".into());
+        let s = srt(vec![exec(16, 9 * MS, "curl"), refused], 7);
+        let a = attribute(&s, &status(7));
+        assert_eq!(a.primitive, Primitive::NetEgress, "{}", a.explanation);
+        assert_eq!(a.decisive.unwrap().pid, 16);
+        let s = srt(
+            vec![
+                exec(16, 9 * MS, "touch"),
+                failed(16, 10 * MS, "openat", libc::EROFS, "/etc/x"),
+            ],
+            1,
+        );
+        let a = attribute(&s, &status(1));
+        assert_eq!(a.primitive, Primitive::FsReadonly, "{}", a.explanation);
+    }
+
+    #[test]
+    fn under_srt_a_plain_exit_names_the_stopped_helpers_but_blames_none() {
+        let s = srt(vec![exec(16, 9 * MS, "sh")], 3);
+        let a = attribute(&s, &status(3));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        assert!(
+            a.explanation
+                .contains("stopped on the way out, not a cause")
+                && a.explanation
+                    .contains("sent by bash (pid 13), which started it")
+                && a.explanation
+                    .contains("at PID-namespace teardown (its init, bwrap (pid 12), had exited"),
+            "{}",
+            a.explanation
+        );
+    }
+
+    #[test]
+    fn a_clean_srt_run_hides_no_failure_in_a_helpers_cleanup() {
+        let s = srt(vec![exec(16, 9 * MS, "echo")], 0);
+        let a = attribute(&s, &status(0));
+        assert_eq!(a.primitive, Primitive::None);
+        assert_eq!(a.hidden_failure, None, "the host socat's unlink is cleanup");
+    }
+
+    #[test]
+    fn a_kill_at_namespace_teardown_names_the_init_that_exited_not_a_sender() {
+        // bwrap 10 → init 11 → sleep 12; the init exits, the kernel
+        // SIGKILLs sleep (the tracepoint names the exiting init as sender)
+        let s = span(vec![
+            fork(10, 11, MS, "bwrap"),
+            fork(11, 12, 2 * MS, "bwrap"),
+            exec(12, 3 * MS, "sleep"),
+            exit(11, 4 * MS, Some(0), "bwrap"),
+            signal(12, 5 * MS, "SIGKILL", 11, "bwrap", SI_KERNEL),
+            exit(12, 6 * MS, None, "sleep"),
+            exit(10, 7 * MS, Some(0), "bwrap"),
+        ]);
+        let v = explain_signal(&s, 12, "SIGKILL");
+        assert_eq!(v.primitive, Primitive::Signal);
+        assert_eq!(
+            v.explanation,
+            "sleep (pid 12) was killed by SIGKILL at PID-namespace teardown (its init, bwrap \
+             (pid 11), had exited, and the kernel kills what is left in the namespace)"
+        );
+        // a SIGKILL the root itself got is the outcome, with its real sender
+        let s = span(vec![
+            signal(10, MS, "SIGKILL", 99, "kill", 0),
+            exit(10, 2 * MS, None, "sleep"),
+        ]);
+        let killed = Outcome {
+            exit: ExitStatus {
+                code: None,
+                signal: Some("SIGKILL".into()),
+            },
+            ..Default::default()
+        };
+        let a = attribute(&s, &killed);
+        assert_eq!(a.primitive, Primitive::Signal);
+        assert!(
+            a.explanation
+                .ends_with("was killed by SIGKILL sent by kill (pid 99)"),
+            "{}",
+            a.explanation
+        );
+    }
+
+    #[test]
+    fn a_runtimes_own_survived_failure_is_not_the_missing_commands_cause() {
+        // podman 10 fails a setrlimit, goes on to start runc 11, whose init
+        // looks the command up in PATH and fails; podman reports 127
+        let mut events = vec![
+            failed(10, MS, "setrlimit", libc::EPERM, ""),
+            fork(10, 11, 2 * MS, "podman"),
+            exec(11, 3 * MS, "runc"),
+        ];
+        for (i, dir) in ["/usr/local/bin", "/usr/bin", "/bin"].iter().enumerate() {
+            events.push(failed(
+                11,
+                (4 + i as u64) * MS,
+                "newfstatat",
+                libc::ENOENT,
+                &format!("{dir}/nosuchcmd"),
+            ));
+        }
+        events.push(exit(11, 8 * MS, Some(1), "runc"));
+        events.push(exit(10, 9 * MS, Some(127), "podman"));
+        let a = attribute(&span(events), &status(127));
+        assert_eq!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
+        assert!(
+            a.explanation.contains("`nosuchcmd` is not installed"),
+            "{}",
+            a.explanation
+        );
+    }
+
+    #[test]
+    fn a_fork_refused_at_a_pids_limit_wins_over_killing_the_leftovers() {
+        // sh 11 in a container started by 10 forks until EAGAIN and exits 2;
+        // the runtime then SIGKILLs the sleeps left in the container
+        let mut events = vec![fork(10, 11, MS, "conmon"), exec(11, 2 * MS, "sh")];
+        for i in 0..3 {
+            events.push(fork(11, 20 + i, (3 + i as u64) * MS, "sh"));
+            events.push(exec(20 + i, (3 + i as u64) * MS + 1, "sleep"));
+        }
+        events.push(failed(11, 7 * MS, "clone", libc::EAGAIN, ""));
+        events.push(exit(11, 8 * MS, Some(2), "sh"));
+        for i in 0..3 {
+            events.push(signal(20 + i, 9 * MS, "SIGKILL", 10, "conmon", 0));
+            events.push(exit(20 + i, 10 * MS, None, "sleep"));
+        }
+        events.push(exit(10, 11 * MS, Some(2), "conmon"));
+        let a = attribute(&span(events), &status(2));
+        assert_eq!(a.primitive, Primitive::ProcLimit, "{}", a.explanation);
+    }
+}
