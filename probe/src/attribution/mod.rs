@@ -256,10 +256,12 @@ fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailur
     let v = strongest_failure(span, outcome, |ev, primitive| {
         let failing = span.processes.get(&ev.pid).is_some_and(|p| p.failed());
         let root = Some(ev.pid) == span.root_pid;
-        let persistence = primitive == Primitive::FsPersistence;
-        (failing || reported_failure(ev, primitive) || (root && persistence))
-            && (!root || persistence)
-            && !lineage.stopped.contains_key(&ev.pid)
+        let eligible = if root {
+            primitive == Primitive::FsPersistence
+        } else {
+            failing || reported_failure(ev, primitive)
+        };
+        eligible && !lineage.stopped.contains_key(&ev.pid)
     })?;
     Some(HiddenFailure {
         primitive: v.primitive,
