@@ -360,6 +360,28 @@ pub(super) fn strongest_failure(
     outcome: &Outcome,
     eligible: impl Fn(&KernelEvent, Primitive) -> bool,
 ) -> Option<Verdict> {
+    pick_failure(span, outcome, eligible, None)
+}
+
+/// The latest eligible failure weighing `strong` or more: a process that
+/// got past one denial or limit and then failed on another (curl under
+/// srt: its AF_UNIX socket is refused, then its connect) failed on the
+/// later one. Without such a failure, the strongest.
+pub(super) fn latest_strong_failure(
+    span: &SpanEvidence,
+    outcome: &Outcome,
+    strong: f64,
+    eligible: impl Fn(&KernelEvent, Primitive) -> bool,
+) -> Option<Verdict> {
+    pick_failure(span, outcome, eligible, Some(strong))
+}
+
+fn pick_failure(
+    span: &SpanEvidence,
+    outcome: &Outcome,
+    eligible: impl Fn(&KernelEvent, Primitive) -> bool,
+    latest_from: Option<f64>,
+) -> Option<Verdict> {
     let events = &span.events;
     let execs = last_exec(events);
     let mut best: Option<(usize, Primitive, f64)> = None;
@@ -372,6 +394,10 @@ pub(super) fn strongest_failure(
         };
         if !eligible(ev, primitive) {
             continue;
+        }
+        if latest_from.is_some_and(|strong| weight >= strong) {
+            best = Some((i, primitive, weight));
+            break;
         }
         // strictly greater: among equals, the latest (seen first) wins
         if best.is_none_or(|(_, _, w)| weight > w) {

@@ -9,7 +9,7 @@
 //! left in it. The chain is the exit-status path; kills of helpers by an
 //! ancestor and kills at namespace teardown are shutdown, not causes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::event::{KernelEvent, Kind};
 use crate::spans::SpanEvidence;
@@ -48,9 +48,13 @@ pub struct Lineage {
     /// Processes stopped by an ancestor or at namespace teardown, with the
     /// time of that signal: their later failures are cleanup.
     pub stopped: HashMap<u32, u64>,
-    /// Per process, the time of the last child it started that then ran a
-    /// program: failures it had before that, it got past.
+    /// Per process, the last time it went on to run a program (started a
+    /// child that ran one, or exec'd one itself): failures it had before
+    /// that, it got past.
     went_on_at: HashMap<u32, u64>,
+    /// Processes that failed before their parent went on to start another
+    /// program: the parent looked at their status and carried on.
+    pub coped: HashSet<u32>,
 }
 
 impl Lineage {
@@ -72,20 +76,46 @@ impl Lineage {
                 lineage.stopped.insert(pid, at);
             }
         }
-        let exec_at: HashMap<u32, u64> = span
-            .events
-            .iter()
-            .filter(|e| e.kind == Kind::Exec)
-            .map(|e| (e.pid, e.ts_ns))
-            .collect();
+        // a child "ran a program" when it or anything it started exec'd
+        let mut runs_program: HashSet<u32> = HashSet::new();
+        for e in span.events.iter().filter(|e| e.kind == Kind::Exec) {
+            let mut pid = e.pid;
+            while runs_program.insert(pid) {
+                match span.processes.get(&pid).and_then(|p| p.parent) {
+                    Some(parent) => pid = parent,
+                    None => break,
+                }
+            }
+        }
+        let exit_at = exit_times(span);
         for e in &span.events {
-            if e.kind == Kind::Fork
-                && e.thread == Some(false)
-                && let Some(child) = e.child_pid
-                && exec_at.contains_key(&child)
-            {
+            let went_on = match e.kind {
+                Kind::Fork => {
+                    e.thread == Some(false)
+                        && e.child_pid.is_some_and(|c| runs_program.contains(&c))
+                }
+                // the process became another program itself (a wrapper
+                // script's final exec)
+                Kind::Exec => true,
+                _ => false,
+            };
+            if went_on {
                 let at = lineage.went_on_at.entry(e.pid).or_default();
                 *at = (*at).max(e.ts_ns);
+            }
+        }
+        // a child that failed and exited before its parent went on to
+        // start another program was a check the parent coped with (srt's
+        // `rg` scan, the chromium script's `ls` of a glob)
+        for (&pid, p) in &span.processes {
+            if let (Some(parent), Some(&ended)) = (p.parent, exit_at.get(&pid))
+                && p.failed()
+                && lineage
+                    .went_on_at
+                    .get(&parent)
+                    .is_some_and(|&at| at > ended)
+            {
+                lineage.coped.insert(pid);
             }
         }
         lineage
@@ -116,21 +146,22 @@ impl Lineage {
     }
 }
 
+/// How much later than its parent a child whose status the parent passed
+/// on may be seen exiting: bwrap's PID-namespace init writes the command's
+/// status to the outer bwrap before it exits itself, and the outer one
+/// exits at once (microseconds apart; 50 ms is room for a loaded machine).
+const REPORTED_EXIT_SLACK_NS: u64 = 50_000_000;
+
 /// The exit-status path: from the root, while a process's status is the
 /// status of a child it waited for (the same code, or 128+N for a child
 /// killed by signal N, as shells and runtimes report it), the last such
-/// child to exit before it. Stops at a process killed by a signal (that
+/// child to exit before it (or just after: [`REPORTED_EXIT_SLACK_NS`]). Stops at a process killed by a signal (that
 /// signal is the outcome) and at a success (every child "passes on" 0).
 fn exit_path(span: &SpanEvidence, exit: &ExitStatus) -> Vec<u32> {
     let Some(root) = span.root_pid else {
         return Vec::new();
     };
-    let exit_ts: HashMap<u32, u64> = span
-        .events
-        .iter()
-        .filter(|e| e.kind == Kind::Exit)
-        .map(|e| (e.pid, e.ts_ns))
-        .collect();
+    let exit_ts = exit_times(span);
     let mut path = vec![root];
     let (mut pid, mut code) = (root, exit.code);
     while let Some(c) = code.filter(|&c| c != 0) {
@@ -142,7 +173,7 @@ fn exit_path(span: &SpanEvidence, exit: &ExitStatus) -> Vec<u32> {
                 p.parent == Some(pid) && p.exited && !path.contains(*child) && passes_on(p, c)
             })
             .filter_map(|(&child, _)| Some((exit_ts.get(&child).copied()?, child)))
-            .filter(|&(at, _)| at <= ended)
+            .filter(|&(at, _)| at <= ended.saturating_add(REPORTED_EXIT_SLACK_NS))
             .max();
         let Some((_, child)) = passed_on else { break };
         path.push(child);
@@ -150,6 +181,14 @@ fn exit_path(span: &SpanEvidence, exit: &ExitStatus) -> Vec<u32> {
         code = span.processes[&child].exit_code;
     }
     path
+}
+
+fn exit_times(span: &SpanEvidence) -> HashMap<u32, u64> {
+    span.events
+        .iter()
+        .filter(|e| e.kind == Kind::Exit)
+        .map(|e| (e.pid, e.ts_ns))
+        .collect()
 }
 
 /// A parent that exited `code` may have passed on this child's status.

@@ -248,9 +248,10 @@ fn uring_seccomp_note(span: &SpanEvidence) -> Option<String> {
 /// (`find` in `find | wc -l`), or one a process that exited 0 reported
 /// rather than failed on ([`reported_failure`]). The root that exited 0
 /// coped with its own failures, except losing state an earlier call wrote:
-/// that is never the workload's intent. Helpers stopped by whoever started
-/// them (a runtime's relays, killed at its exit) are not on the path that
-/// produced the result: what they did is nobody's hidden failure.
+/// that is never the workload's intent. Not on the path that produced the
+/// result, so nobody's hidden failure: helpers stopped by whoever started
+/// them (a runtime's relays, killed at its exit), and checks whose failure
+/// their parent looked at before going on to start another program.
 fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure> {
     let lineage = Lineage::of(span, &outcome.exit);
     let v = strongest_failure(span, outcome, |ev, primitive| {
@@ -261,7 +262,7 @@ fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailur
         } else {
             failing || reported_failure(ev, primitive)
         };
-        eligible && !lineage.stopped.contains_key(&ev.pid)
+        eligible && !lineage.stopped.contains_key(&ev.pid) && !lineage.coped.contains(&ev.pid)
     })?;
     Some(HiddenFailure {
         primitive: v.primitive,

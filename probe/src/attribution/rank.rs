@@ -28,7 +28,9 @@ use crate::event::{Kind, SYS_SECCOMP};
 use crate::primitive::Primitive;
 use crate::spans::SpanEvidence;
 
-use super::failures::{command_not_found, resource_failure_behind_crash, strongest_failure};
+use super::failures::{
+    command_not_found, latest_strong_failure, resource_failure_behind_crash, strongest_failure,
+};
 use super::lineage::{Lineage, SignalOrigin, fatal_signal, signal_origin};
 use super::{Outcome, Verdict};
 
@@ -262,24 +264,30 @@ fn strong_failure_on_path(
     }
 }
 
-/// Weight from which a failure is a denial or a hard limit, not something
-/// a program may have looked for and done without.
-const STRONG: f64 = 0.9;
+/// Weight from which a failure is a denial or a hard limit (0.9 in the
+/// rule table, an f32 that widens to 0.8999…), not something a program may
+/// have looked for and done without.
+const STRONG: f64 = 0.895;
 
 fn failure_on_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
     let leaf = lineage.leaf();
-    strongest_failure(span, outcome, |ev, _| {
+    latest_strong_failure(span, outcome, STRONG, |ev, _| {
         Some(ev.pid) == leaf && !lineage.survived(ev) && !lineage.is_cleanup(ev)
     })
 }
 
 /// Failures of the span's other processes that exited non-zero, and of the
-/// path's processes before the one whose status was passed on.
+/// path's processes before the one whose status was passed on; not of a
+/// check its parent coped with (it went on to start another program), nor
+/// of a helper its ancestor stopped (its non-zero exit is the stop's).
 fn failure_off_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
     strongest_failure(span, outcome, |ev, _| {
         let failing =
             lineage.on_path(ev.pid) || span.processes.get(&ev.pid).is_some_and(|p| p.failed());
-        failing && !lineage.survived(ev) && !lineage.is_cleanup(ev)
+        failing
+            && !lineage.survived(ev)
+            && !lineage.stopped.contains_key(&ev.pid)
+            && !lineage.coped.contains(&ev.pid)
     })
 }
 
