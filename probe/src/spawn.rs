@@ -15,9 +15,9 @@ use std::process::{Child, Command};
 ///
 /// Returns the spawn result (exec failures such as ENOENT come back as
 /// `Err` after the kernel has seen the failing execve) and the child's pid.
-pub fn spawn_attached<E>(
+pub fn spawn_attached<E: Send>(
     cmd: &mut Command,
-    attach: impl FnOnce(u32) -> Result<(), E>,
+    attach: impl FnOnce(u32) -> Result<(), E> + Send,
 ) -> Result<(io::Result<Child>, u32), SpawnError<E>> {
     spawn_attached_with(cmd, attach, |_| Ok(()))
 }
@@ -30,9 +30,9 @@ pub fn spawn_attached<E>(
 /// calls and must not allocate. It gets a file descriptor for a short
 /// message saying what failed; when it returns an error, the spawn result
 /// is that error with the message appended.
-pub fn spawn_attached_with<E>(
+pub fn spawn_attached_with<E: Send>(
     cmd: &mut Command,
-    attach: impl FnOnce(u32) -> Result<(), E>,
+    attach: impl FnOnce(u32) -> Result<(), E> + Send,
     mut setup: impl FnMut(RawFd) -> io::Result<()> + Send + Sync + 'static,
 ) -> Result<(io::Result<Child>, u32), SpawnError<E>> {
     let (pid_r, pid_w) = pipe()?;
@@ -56,34 +56,35 @@ pub fn spawn_attached_with<E>(
         });
     }
     std::thread::scope(|s| {
-        // spawn() only returns once the child has exec'd or failed to, so it
-        // runs beside us while we attach the waiting child.
-        // The child's ends live until spawn() returns, then close, so a
-        // child that dies before reporting reads as EOF, not a hang.
-        let spawner = s.spawn(move || {
-            let spawned = cmd.spawn();
-            drop((pid_w, go_r));
-            spawned
+        // The child is forked by this thread, not a helper: a program that
+        // sets PR_SET_PDEATHSIG (bwrap --die-with-parent, supervisors) gets
+        // that signal when the *thread* that forked it exits, so a helper
+        // thread ending would kill it. spawn() only returns once the child
+        // has exec'd or failed to, so the attach runs beside it instead.
+        let attacher = s.spawn(move || {
+            let mut pid_r = std::fs::File::from(pid_r);
+            let mut go_w = std::fs::File::from(go_w);
+            let mut buf = [0u8; 4];
+            // EOF: the child died before reporting (fork failed, or it was
+            // killed); spawn() says why
+            pid_r.read_exact(&mut buf).ok()?;
+            let pid = u32::from_ne_bytes(buf);
+            let attached = attach(pid);
+            let _ = go_w.write_all(&[u8::from(attached.is_ok())]);
+            Some((pid, attached, pid_r))
         });
-        let mut pid_r = std::fs::File::from(pid_r);
-        let mut go_w = std::fs::File::from(go_w);
-        let mut buf = [0u8; 4];
-        let pid = match pid_r.read_exact(&mut buf) {
-            Ok(()) => u32::from_ne_bytes(buf),
-            Err(_) => {
-                let spawned = spawner.join().expect("spawner thread panicked");
-                return Err(SpawnError::Spawn(
-                    spawned
-                        .err()
-                        .unwrap_or_else(|| io::Error::other("child vanished")),
-                ));
-            }
+        let mut spawned = cmd.spawn();
+        // the child's ends close with the Command's copies only when it is
+        // dropped: close ours so a child that died unreported reads as EOF
+        drop((pid_w, go_r));
+        let Some((pid, attached, mut pid_r)) = attacher.join().expect("attacher thread panicked")
+        else {
+            return Err(SpawnError::Spawn(
+                spawned
+                    .err()
+                    .unwrap_or_else(|| io::Error::other("child vanished")),
+            ));
         };
-        let attached = attach(pid);
-        let go = [u8::from(attached.is_ok())];
-        let _ = go_w.write_all(&go);
-        drop(go_w);
-        let mut spawned = spawner.join().expect("spawner thread panicked");
         if let Err(e) = &spawned {
             // what the setup hook wrote before failing, if anything
             let mut why = String::new();
@@ -112,4 +113,34 @@ pub enum SpawnError<E> {
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt as _;
+
+    use super::*;
+
+    #[test]
+    fn a_workload_that_dies_with_its_parent_outlives_the_spawn() {
+        // PR_SET_PDEATHSIG fires when the *thread* that forked the child
+        // exits (bwrap --die-with-parent, supervisors). Asked for before
+        // exec, while spawn() is surely still running: a helper thread
+        // that forked it and then ended would kill it here.
+        let mut cmd = Command::new("sleep");
+        cmd.arg("0.2");
+        let (child, _pid) = spawn_attached_with(
+            &mut cmd,
+            |_| Ok::<(), ()>(()),
+            // SAFETY: prctl is async-signal-safe.
+            |_| match unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } {
+                0 => Ok(()),
+                _ => Err(io::Error::last_os_error()),
+            },
+        )
+        .expect("spawned");
+        let status = child.expect("sleep runs").wait().unwrap();
+        assert_eq!(status.signal(), None, "killed: {status}");
+        assert!(status.success(), "{status}");
+    }
 }

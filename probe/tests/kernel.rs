@@ -6,107 +6,14 @@
 //! under CI=true, where a missing capability is a failure.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const PROBE: &str = env!("CARGO_BIN_EXE_probe");
-const FAULT: &str = env!("CARGO_BIN_EXE_probe-fault");
+mod common;
 
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// True when the test can run; panics under CI when it cannot.
-fn root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        !ci(),
-        "kernel tests need root, and CI=true forbids skipping them"
-    );
-    eprintln!("SKIPPED: kernel test needs root");
-    false
-}
-
-struct Traced {
-    json: Value,
-    code: Option<i32>,
-    stderr: String,
-}
-
-impl Traced {
-    fn primitive(&self) -> &str {
-        self.json["primitive"].as_str().unwrap_or("?")
-    }
-    fn decisive(&self, field: &str) -> Option<&str> {
-        self.json["decisive"][field].as_str()
-    }
-    /// At least `n` failures sent one by one, the decisive one not a repeat.
-    fn expect_distinct_failures(&self, n: u64) {
-        assert!(
-            self.json["decisive"].get("repeats").is_none(),
-            "{}",
-            self.context()
-        );
-        assert!(
-            self.json["counts"]["syscall_failed"].as_u64().unwrap_or(0) >= n,
-            "{}",
-            self.json["counts"]
-        );
-    }
-    fn context(&self) -> String {
-        format!(
-            "primitive={} explanation={}\ndecisive={}\nstderr={}",
-            self.primitive(),
-            self.json["explanation"],
-            self.json["decisive"],
-            self.stderr
-        )
-    }
-    /// Asserts the primitive and, when given, the decisive syscall.
-    fn expect(&self, primitive: &str, syscall: Option<&str>) {
-        assert_eq!(self.primitive(), primitive, "{}", self.context());
-        if let Some(s) = syscall {
-            assert_eq!(self.decisive("syscall"), Some(s), "{}", self.context());
-        }
-        let layer = if primitive == "none" {
-            "test"
-        } else {
-            "sandbox"
-        };
-        if self.json["failed"] == Value::Bool(true) {
-            assert_eq!(self.json["layer"], layer, "{}", self.context());
-        }
-    }
-}
-
-fn parse(out: Output) -> Traced {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!("stdout is not one JSON object ({e}):\n{stdout}\nstderr:\n{stderr}")
-    });
-    Traced {
-        json,
-        code: out.status.code(),
-        stderr,
-    }
-}
-
-/// `probe trace --json [extra] -- cmd...`
-fn trace_with(extra: &[&str], cmd: &[&str]) -> Traced {
-    let out = Command::new(PROBE)
-        .args(["trace", "--json"])
-        .args(extra)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .expect("run probe");
-    parse(out)
-}
+use common::{FAULT, PROBE, Traced, ci, parse, root, trace_with};
 
 fn trace(cmd: &[&str]) -> Traced {
     trace_with(&[], cmd)

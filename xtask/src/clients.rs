@@ -56,27 +56,35 @@ pub const FOREIGN: [&str; 2] = ["desktop-commander", "server-filesystem"];
 pub fn install_foreign() -> anyhow::Result<()> {
     let root = crate::workspace_root();
     for name in FOREIGN {
-        let pinned = root.join("agent-bridge/adapters/npm").join(name);
-        let dir = root.join("target/foreign").join(name);
-        let lock = std::fs::read(pinned.join("package-lock.json"))?;
-        let installed = std::fs::read(dir.join("package-lock.json")).ok();
-        if installed.as_ref() == Some(&lock) && dir.join("node_modules").is_dir() {
-            continue;
-        }
-        eprintln!(
-            "xtask: installing {name} (pinned by its package-lock.json) in {}",
-            dir.display()
-        );
-        std::fs::create_dir_all(&dir)?;
-        for f in ["package.json", "package-lock.json"] {
-            std::fs::copy(pinned.join(f), dir.join(f))?;
-        }
-        run(Command::new("npm")
-            .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
-            .env("PUPPETEER_SKIP_DOWNLOAD", "1")
-            .current_dir(&dir))?;
+        npm_ci_pinned(
+            name,
+            &root.join("agent-bridge/adapters/npm").join(name),
+            &root.join("target/foreign").join(name),
+        )?;
     }
     Ok(())
+}
+
+/// `npm ci --ignore-scripts` of the package.json and package-lock.json in
+/// `pinned` into `dir`, unless `dir` already holds that lock's install.
+pub fn npm_ci_pinned(name: &str, pinned: &Path, dir: &Path) -> anyhow::Result<()> {
+    let lock = std::fs::read(pinned.join("package-lock.json"))?;
+    let installed = std::fs::read(dir.join("package-lock.json")).ok();
+    if installed.as_ref() == Some(&lock) && dir.join("node_modules").is_dir() {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: installing {name} (pinned by its package-lock.json) in {}",
+        dir.display()
+    );
+    std::fs::create_dir_all(dir)?;
+    for f in ["package.json", "package-lock.json"] {
+        std::fs::copy(pinned.join(f), dir.join(f))?;
+    }
+    run(Command::new("npm")
+        .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
+        .env("PUPPETEER_SKIP_DOWNLOAD", "1")
+        .current_dir(dir))
 }
 
 /// Round trips through the Python SDK over stdio and HTTP.

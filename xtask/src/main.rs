@@ -18,6 +18,7 @@ mod foreign;
 mod image;
 #[allow(dead_code)] // shared with the tests, which use all of it
 mod pgcluster;
+mod runtimes;
 mod toolchain;
 
 #[derive(Parser)]
@@ -35,10 +36,13 @@ enum Cmd {
     /// Install what the build and tests need: the eBPF toolchain pinned in
     /// ebpf-toolchain.toml (a dated nightly with rust-src, and bpf-linker),
     /// Debian packages (iproute2, util-linux, strace, bpftrace, gcc,
-    /// musl-tools, and Chromium with its fonts for the campaign's browser domain).
+    /// musl-tools, Chromium with its fonts for the campaign's browser domain,
+    /// and the sandbox runtimes: bubblewrap, socat, ripgrep, podman, runc,
+    /// mmdebstrap).
     Setup,
     /// Run every test: unit tests, the Python SDK and conformance clients,
-    /// then the kernel, daemon and bridge tests (as root).
+    /// then the kernel, daemon, runtime (srt, podman, bubblewrap) and
+    /// bridge tests (as root).
     Test {
         /// Extra arguments for the kernel test binary (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
@@ -330,7 +334,8 @@ const DEBIAN_PACKAGES: [(&str, &str); 14] = [
 
 fn setup() -> anyhow::Result<()> {
     toolchain::Pin::load(&workspace_root())?.ensure()?;
-    ensure_debian(&DEBIAN_PACKAGES)
+    ensure_debian(&DEBIAN_PACKAGES)?;
+    ensure_debian(&runtimes::PACKAGES)
 }
 
 /// Installs the Debian packages of `packages` whose check fails, with
@@ -437,6 +442,20 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     ])
     .args(args);
     run(&mut cmd)?;
+    // the probe under the sandbox runtimes platforms ship: srt, podman,
+    // bubblewrap with its own PID namespace
+    let installed = runtimes::install()?;
+    run(Command::new("cargo")
+        .args([
+            "test",
+            "-p",
+            "probe",
+            "--test",
+            "runtimes",
+            "--",
+            "--test-threads=1",
+        ])
+        .envs(installed.env()))?;
     // the static release executables, static by their ELF headers and
     // working in an empty root (no libc, no /bin/sh)
     let dist = dist::build()?;

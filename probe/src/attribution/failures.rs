@@ -354,11 +354,11 @@ pub(super) fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Optio
 }
 
 /// The strongest scored failure among those `eligible` accepts (given the
-/// event and its primitive), explained; among equals the latest wins.
+/// event, its primitive and its weight), explained; among equals the latest wins.
 pub(super) fn strongest_failure(
     span: &SpanEvidence,
     outcome: &Outcome,
-    eligible: impl Fn(&KernelEvent, Primitive) -> bool,
+    eligible: impl Fn(&KernelEvent, Primitive, f64) -> bool,
 ) -> Option<Verdict> {
     pick_failure(span, outcome, eligible, None)
 }
@@ -371,7 +371,7 @@ pub(super) fn latest_strong_failure(
     span: &SpanEvidence,
     outcome: &Outcome,
     strong: f64,
-    eligible: impl Fn(&KernelEvent, Primitive) -> bool,
+    eligible: impl Fn(&KernelEvent, Primitive, f64) -> bool,
 ) -> Option<Verdict> {
     pick_failure(span, outcome, eligible, Some(strong))
 }
@@ -379,7 +379,7 @@ pub(super) fn latest_strong_failure(
 fn pick_failure(
     span: &SpanEvidence,
     outcome: &Outcome,
-    eligible: impl Fn(&KernelEvent, Primitive) -> bool,
+    eligible: impl Fn(&KernelEvent, Primitive, f64) -> bool,
     latest_from: Option<f64>,
 ) -> Option<Verdict> {
     let events = &span.events;
@@ -392,7 +392,7 @@ fn pick_failure(
         let Some((primitive, weight)) = score(span, events, i, &execs) else {
             continue;
         };
-        if !eligible(ev, primitive) {
+        if !eligible(ev, primitive, weight) {
             continue;
         }
         if latest_from.is_some_and(|strong| weight >= strong) {

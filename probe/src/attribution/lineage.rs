@@ -45,8 +45,9 @@ pub struct Lineage {
     /// Root first: each process passed on the status of the next one,
     /// which it waited for. The last one's own exit is the outcome.
     pub path: Vec<u32>,
-    /// Processes stopped by an ancestor or at namespace teardown, with the
-    /// time of that signal: their later failures are cleanup.
+    /// Processes stopped by an ancestor, at namespace teardown, or by
+    /// anyone once the root had ended, with the time of that signal: their
+    /// later failures are cleanup.
     pub stopped: HashMap<u32, u64>,
     /// Per process, the last time it went on to run a program (started a
     /// child that ran one, or exec'd one itself): failures it had before
@@ -63,16 +64,28 @@ impl Lineage {
             path: exit_path(span, exit),
             ..Lineage::default()
         };
+        let root_ended = span
+            .root_pid
+            .and_then(|r| exit_times(span).get(&r).copied())
+            .unwrap_or(u64::MAX);
         for (&pid, p) in &span.processes {
-            if p.signal
-                .as_deref()
-                .is_some_and(|s| STOP_SIGNALS.contains(&s))
-                && matches!(
+            if Some(pid) == span.root_pid
+                || !p
+                    .signal
+                    .as_deref()
+                    .is_some_and(|s| STOP_SIGNALS.contains(&s))
+            {
+                continue;
+            }
+            let at = fatal_signal(span, pid).map(|e| e.ts_ns).unwrap_or(0);
+            // after the root ended, whoever sends it, it is clearing up
+            let after_the_end = at > root_ended;
+            if after_the_end
+                || matches!(
                     signal_origin(span, pid),
                     SignalOrigin::Ancestor { .. } | SignalOrigin::NamespaceTeardown { .. }
                 )
             {
-                let at = fatal_signal(span, pid).map(|e| e.ts_ns).unwrap_or(0);
                 lineage.stopped.insert(pid, at);
             }
         }
@@ -155,7 +168,8 @@ const REPORTED_EXIT_SLACK_NS: u64 = 50_000_000;
 /// The exit-status path: from the root, while a process's status is the
 /// status of a child it waited for (the same code, or 128+N for a child
 /// killed by signal N, as shells and runtimes report it), the last such
-/// child to exit before it (or just after: [`REPORTED_EXIT_SLACK_NS`]). Stops at a process killed by a signal (that
+/// child to exit before it (or just after: [`REPORTED_EXIT_SLACK_NS`]);
+/// without such a child, the last such process it started further down. Stops at a process killed by a signal (that
 /// signal is the outcome) and at a success (every child "passes on" 0).
 fn exit_path(span: &SpanEvidence, exit: &ExitStatus) -> Vec<u32> {
     let Some(root) = span.root_pid else {
@@ -164,29 +178,58 @@ fn exit_path(span: &SpanEvidence, exit: &ExitStatus) -> Vec<u32> {
     let exit_ts = exit_times(span);
     let mut path = vec![root];
     let (mut pid, mut code) = (root, exit.code);
+    let exec_ts = last_exec_times(span);
     while let Some(c) = code.filter(|&c| c != 0) {
         let ended = exit_ts.get(&pid).copied().unwrap_or(u64::MAX);
-        let passed_on = span
-            .processes
-            .iter()
-            .filter(|(child, p)| {
-                p.parent == Some(pid) && p.exited && !path.contains(*child) && passes_on(p, c)
-            })
-            .filter_map(|(&child, _)| Some((exit_ts.get(&child).copied()?, child)))
-            .filter(|&(at, _)| at <= ended.saturating_add(REPORTED_EXIT_SLACK_NS))
-            .max();
-        let Some((_, child)) = passed_on else { break };
-        path.push(child);
-        pid = child;
-        code = span.processes[&child].exit_code;
+        // a process that ran a new program after a child ended does not
+        // report that child's status (pyenv's shim runs `readlink`, which
+        // exits 1, then execs python)
+        let became = exec_ts.get(&pid).copied().unwrap_or(0);
+        // the last process to end, before `pid` did (or just after), with
+        // a status `pid` may have passed on
+        let last_passing = |candidate: &dyn Fn(u32) -> bool| {
+            span.processes
+                .iter()
+                .filter(|(p, info)| {
+                    info.exited && !path.contains(*p) && passes_on(info, c) && candidate(**p)
+                })
+                .filter_map(|(&p, _)| Some((exit_ts.get(&p).copied()?, p)))
+                .filter(|&(at, _)| {
+                    at > became && at <= ended.saturating_add(REPORTED_EXIT_SLACK_NS)
+                })
+                .max()
+                .map(|(_, p)| p)
+        };
+        // a child it waited for; else a process further down whose status
+        // reached it another way (podman reads the container's status from
+        // the file conmon wrote; conmon is no longer the container's parent)
+        let parent_of = |p: u32| span.processes.get(&p).and_then(|i| i.parent);
+        let Some(next) = last_passing(&|p| parent_of(p) == Some(pid))
+            .or_else(|| last_passing(&|p| is_ancestor(span, pid, p)))
+        else {
+            break;
+        };
+        path.push(next);
+        pid = next;
+        code = span.processes[&next].exit_code;
     }
     path
 }
 
+/// Per process, the time of its last exec.
+fn last_exec_times(span: &SpanEvidence) -> HashMap<u32, u64> {
+    times_of(span, Kind::Exec)
+}
+
 fn exit_times(span: &SpanEvidence) -> HashMap<u32, u64> {
+    times_of(span, Kind::Exit)
+}
+
+/// Per process, the time of its last event of `kind`.
+fn times_of(span: &SpanEvidence, kind: Kind) -> HashMap<u32, u64> {
     span.events
         .iter()
-        .filter(|e| e.kind == Kind::Exit)
+        .filter(|e| e.kind == kind)
         .map(|e| (e.pid, e.ts_ns))
         .collect()
 }

@@ -251,10 +251,11 @@ fn uring_seccomp_note(span: &SpanEvidence) -> Option<String> {
 /// that is never the workload's intent. Not on the path that produced the
 /// result, so nobody's hidden failure: helpers stopped by whoever started
 /// them (a runtime's relays, killed at its exit), and checks whose failure
-/// their parent looked at before going on to start another program.
+/// their parent looked at before going on to start another program (when
+/// the failure was a weak one).
 fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure> {
     let lineage = Lineage::of(span, &outcome.exit);
-    let v = strongest_failure(span, outcome, |ev, primitive| {
+    let v = strongest_failure(span, outcome, |ev, primitive, weight| {
         let failing = span.processes.get(&ev.pid).is_some_and(|p| p.failed());
         let root = Some(ev.pid) == span.root_pid;
         let eligible = if root {
@@ -262,7 +263,10 @@ fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailur
         } else {
             failing || reported_failure(ev, primitive)
         };
-        eligible && !lineage.stopped.contains_key(&ev.pid) && !lineage.coped.contains(&ev.pid)
+        // a check's weak failure (a search for an optional file) was the
+        // check's answer; a denial or a hard limit is worth hearing anyway
+        let coped_with = lineage.coped.contains(&ev.pid) && weight < rank::STRONG;
+        eligible && !lineage.stopped.contains_key(&ev.pid) && !coped_with
     })?;
     Some(HiddenFailure {
         primitive: v.primitive,

@@ -267,23 +267,25 @@ fn strong_failure_on_path(
 /// Weight from which a failure is a denial or a hard limit (0.9 in the
 /// rule table, an f32 that widens to 0.8999…), not something a program may
 /// have looked for and done without.
-const STRONG: f64 = 0.895;
+pub(super) const STRONG: f64 = 0.895;
 
 fn failure_on_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
     let leaf = lineage.leaf();
-    latest_strong_failure(span, outcome, STRONG, |ev, _| {
+    latest_strong_failure(span, outcome, STRONG, |ev, _, _| {
         Some(ev.pid) == leaf && !lineage.survived(ev) && !lineage.is_cleanup(ev)
     })
 }
 
-/// Failures of the span's other processes that exited non-zero, and of the
-/// path's processes before the one whose status was passed on; not of a
-/// check its parent coped with (it went on to start another program), nor
-/// of a helper its ancestor stopped (its non-zero exit is the stop's).
+/// Failures of the span's other processes that exited non-zero; not of the
+/// path's processes that passed a status on (podman's own cleanup errors
+/// when the container exited 3), nor of a check its parent coped with (it
+/// went on to start another program), nor of a helper its ancestor stopped
+/// (its non-zero exit is the stop's).
 fn failure_off_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
-    strongest_failure(span, outcome, |ev, _| {
-        let failing =
-            lineage.on_path(ev.pid) || span.processes.get(&ev.pid).is_some_and(|p| p.failed());
+    strongest_failure(span, outcome, |ev, _, _| {
+        let failing = Some(ev.pid) == lineage.leaf()
+            || (!lineage.on_path(ev.pid)
+                && span.processes.get(&ev.pid).is_some_and(|p| p.failed()));
         failing
             && !lineage.survived(ev)
             && !lineage.stopped.contains_key(&ev.pid)
@@ -551,5 +553,62 @@ mod tests {
         events.push(exit(10, 11 * MS, Some(2), "conmon"));
         let a = attribute(&span(events), &status(2));
         assert_eq!(a.primitive, Primitive::ProcLimit, "{}", a.explanation);
+    }
+
+    /// podman's shape: podman 10 starts conmon 11, which starts the
+    /// container's process 13 (through runc, gone by then); podman reads
+    /// the container's status from the file conmon wrote, not from a wait,
+    /// and fails a cleanup step of its own on the way out.
+    fn podman(container: Vec<KernelEvent>, code: i32) -> SpanEvidence {
+        let mut events = vec![
+            fork(10, 11, MS, "podman"),
+            exec(11, 2 * MS, "conmon"),
+            fork(11, 12, 3 * MS, "conmon"),
+            exec(12, 4 * MS, "runc"),
+            fork(12, 13, 5 * MS, "runc"),
+            exit(12, 6 * MS, Some(0), "runc"),
+        ];
+        events.extend(container);
+        events.extend([
+            exit(13, 20 * MS, Some(code), "sh"),
+            exit(11, 21 * MS, Some(0), "conmon"),
+            failed(
+                10,
+                22 * MS,
+                "unlinkat",
+                libc::ENOENT,
+                "/var/lib/containers/storage/overlay/staging",
+            ),
+            exit(10, 23 * MS, Some(code), "podman"),
+        ]);
+        span(events)
+    }
+
+    #[test]
+    fn podmans_status_comes_from_the_container_through_conmons_file() {
+        let s = podman(
+            vec![
+                exec(13, 7 * MS, "touch"),
+                failed(13, 8 * MS, "openat", libc::EROFS, "/x"),
+            ],
+            1,
+        );
+        assert_eq!(
+            Lineage::of(
+                &s,
+                &ExitStatus {
+                    code: Some(1),
+                    signal: None
+                }
+            )
+            .path,
+            vec![10, 13]
+        );
+        let a = attribute(&s, &status(1));
+        assert_eq!(a.primitive, Primitive::FsReadonly, "{}", a.explanation);
+        // a plain exit: podman's own cleanup error is not the cause
+        let s = podman(vec![exec(13, 7 * MS, "sh")], 3);
+        let a = attribute(&s, &status(3));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
     }
 }

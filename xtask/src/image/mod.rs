@@ -38,8 +38,8 @@ mod sandbox;
 pub use demo::{binaries, demo, test};
 pub use sandbox::{Ports, Sandbox};
 
-const SUITE: &str = "bookworm";
-const MIRRORS: [&str; 3] = [
+pub const SUITE: &str = "bookworm";
+pub const MIRRORS: [&str; 3] = [
     "deb http://deb.debian.org/debian bookworm main",
     "deb http://deb.debian.org/debian bookworm-updates main",
     "deb http://deb.debian.org/debian-security bookworm-security main",
@@ -163,7 +163,7 @@ pub fn require_free_port(port: u16, what: &str, flag: &str) -> anyhow::Result<()
     }
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest as _;
     sha2::Sha256::digest(data)
         .iter()

@@ -1,0 +1,136 @@
+//! The sandbox runtimes the probe's runtime tests run under
+//! (`probe/tests/runtimes.rs`): bubblewrap, Anthropic's sandbox-runtime
+//! (`srt`, from npm, pinned by `probe/tests/runtimes/srt/package-lock.json`)
+//! and podman with runc over a small Debian root filesystem (no image
+//! registry is reachable: mmdebstrap builds it, cached in
+//! `target/runtimes/rootfs-KEY`, KEY hashing the recipe).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+
+use crate::image::{MIRRORS, SUITE, sha256_hex};
+use crate::{ensure_debian, workspace_root};
+
+/// Debian packages the runtimes need, with a check for each.
+pub const PACKAGES: [(&str, &str); 6] = [
+    ("bubblewrap", "command -v bwrap"),
+    // srt's relays to its proxy, and its deny-path scan
+    ("socat", "command -v socat"),
+    ("ripgrep", "command -v rg"),
+    ("podman", "command -v podman"),
+    // crun refuses this host's hybrid cgroups
+    ("runc", "command -v runc"),
+    ("mmdebstrap", "command -v mmdebstrap"),
+];
+
+/// What the runtime tests are told (as environment variables).
+pub struct Installed {
+    /// `SRT`: srt's executable.
+    pub srt: PathBuf,
+    /// `PODMAN_ROOTFS`: the container root filesystem.
+    pub rootfs: PathBuf,
+}
+
+impl Installed {
+    pub fn env(&self) -> [(&'static str, PathBuf); 2] {
+        [
+            ("SRT", self.srt.clone()),
+            ("PODMAN_ROOTFS", self.rootfs.clone()),
+        ]
+    }
+}
+
+pub fn install() -> anyhow::Result<Installed> {
+    ensure_debian(&PACKAGES)?;
+    Ok(Installed {
+        srt: install_srt()?,
+        rootfs: rootfs()?,
+    })
+}
+
+fn runtimes_dir() -> PathBuf {
+    workspace_root().join("target/runtimes")
+}
+
+/// srt, by `npm ci` of its pinned lock file (the newest release that runs
+/// on Node 20; later ones need Node 22).
+fn install_srt() -> anyhow::Result<PathBuf> {
+    let dir = runtimes_dir().join("srt");
+    crate::clients::npm_ci_pinned(
+        "srt",
+        &workspace_root().join("probe/tests/runtimes/srt"),
+        &dir,
+    )?;
+    let bin = dir.join("node_modules/.bin/srt");
+    if !bin.exists() {
+        bail!("npm ci in {} left no {}", dir.display(), bin.display());
+    }
+    Ok(bin)
+}
+
+/// The container's root: Debian's essential set, python3-minimal and
+/// merged /usr (without the hook, usrmerge drags in perl: 130+ MiB instead
+/// of ~80), no documentation.
+const ROOTFS_ARGS: [&str; 7] = [
+    "--variant=essential",
+    "--include=python3-minimal",
+    "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+    "--dpkgopt=path-exclude=/usr/share/man/*",
+    "--dpkgopt=path-exclude=/usr/share/locale/*",
+    "--dpkgopt=path-exclude=/usr/share/doc/*",
+    "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+];
+
+fn rootfs() -> anyhow::Result<PathBuf> {
+    let recipe = format!(
+        "{SUITE}\n{}\n{}\n",
+        ROOTFS_ARGS.join("\n"),
+        MIRRORS.join("\n")
+    );
+    let key = &sha256_hex(recipe.as_bytes())[..16];
+    let rootfs = runtimes_dir().join(format!("rootfs-{key}"));
+    if rootfs.join(".complete").exists() {
+        return Ok(rootfs);
+    }
+    std::fs::create_dir_all(runtimes_dir())?;
+    let tmp = rootfs.with_extension("tmp");
+    let _ = std::fs::remove_dir_all(&tmp);
+    let log = runtimes_dir().join("mmdebstrap.log");
+    eprintln!(
+        "xtask: building the containers' root filesystem with mmdebstrap (about 30 s); log: {}",
+        log.display()
+    );
+    let started = Instant::now();
+    let out = std::fs::File::create(&log)?;
+    let status = Command::new("mmdebstrap")
+        .args(["--mode=root", "--format=directory"])
+        .args(ROOTFS_ARGS)
+        .arg(SUITE)
+        .arg(&tmp)
+        .args(MIRRORS)
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .status()
+        .context("starting mmdebstrap")?;
+    if !status.success() {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "mmdebstrap failed ({status}); the end of {}:\n{}",
+            log.display(),
+            tail.join("\n")
+        );
+    }
+    std::fs::write(tmp.join(".complete"), recipe)?;
+    std::fs::rename(&tmp, &rootfs)?;
+    eprintln!(
+        "xtask: containers' root filesystem built in {:.0} s: {}",
+        started.elapsed().as_secs_f64(),
+        rootfs.display()
+    );
+    Ok(rootfs)
+}
