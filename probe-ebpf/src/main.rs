@@ -6,6 +6,10 @@
 //!   Userspace marks the first task of a span; `sched_process_fork` copies
 //!   both to every child, so nothing a traced task starts escapes. An
 //!   untracked thread pays one inlined array lookup and emits nothing.
+//! - `CGROUP_SPANS` (cgroup v2 id → span): a span may follow a cgroup as
+//!   well; an untraced task that forks or execs inside a followed cgroup
+//!   joins its span (only forks and execs look, and only while
+//!   `CGROUP_ANY` is set: the syscall programs' path is unchanged).
 //! - `EVENTS`, one ring buffer; `DROPS`, per-CPU counters per event kind for
 //!   every record the ring buffer had no room for.
 //! - PID namespaces: when the probe runs in a PID namespace (a container-like
@@ -92,6 +96,32 @@ static PENDING: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 /// The programs look `PENDING` up only while it is set.
 #[map]
 static PENDING_ANY: Array<u64> = Array::with_max_entries(1, 0);
+
+/// cgroup (v2) id → span: a task that forks or execs in a followed cgroup
+/// joins its span (a container's processes, which are not the children of
+/// whoever asked: containerd-shim starts Docker's). Set by userspace.
+#[map]
+static CGROUP_SPANS: HashMap<u64, u64> = HashMap::with_max_entries(256, 0);
+
+/// Non-zero while `CGROUP_SPANS` has entries: an untracked fork or exec
+/// looks at it only then (one array load otherwise).
+#[map]
+static CGROUP_ANY: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The span of the followed cgroup the current task is in, if any. Not in
+/// PID-namespace mode (its ids are handed over through `PENDING`).
+#[inline(always)]
+fn cgroup_span() -> Option<u64> {
+    if CGROUP_ANY.get(0).copied().unwrap_or(0) == 0 || ns_mode() {
+        return None;
+    }
+    // SAFETY: a helper without arguments.
+    let id = unsafe { helper::bpf_get_current_cgroup_id() };
+    // SAFETY: plain value read.
+    unsafe { CGROUP_SPANS.get(&id) }
+        .copied()
+        .filter(|&span| span != 0)
+}
 
 /// Byte offsets of `task_struct.pid` and `.tgid` in this kernel, set by the
 /// loader from its BTF; 0 when it could not find them. Read-only data, so
@@ -1075,16 +1105,20 @@ fn fill_data(
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     let tid = current_tid();
-    let Some(ptr) = tracked_slot(tid) else {
-        return 0;
+    let v = match tracked_slot(tid) {
+        // SAFETY: the parent's own slot; read only.
+        Some(ptr) => unsafe { *ptr },
+        // an untraced parent in a followed cgroup: its child is the span's
+        None => match cgroup_span() {
+            Some(span) => slot::pack(span as u32, 0),
+            None => return 0,
+        },
     };
     let Some(off) = offsets() else { return 0 };
     // SAFETY: offset parsed from this kernel's format file.
     let Ok(child) = (unsafe { ctx.read_at::<i32>(off.fork_child_pid as usize) }) else {
         return 0;
     };
-    // SAFETY: the parent's own slot; read only.
-    let v = unsafe { *ptr };
     let span = slot::span(v);
     // clone flags only when the syscall in flight is clone/clone3 (fork and
     // vfork have none; a value left by an earlier clone must not leak in)
@@ -1134,6 +1168,35 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// A non-leader thread exec'd: the kernel gave it the leader's id `old`,
+/// whose slot the leader's exit just cleared. Moves its state over.
+#[inline(always)]
+fn take_over(tid: u32, old: u32) -> Option<u64> {
+    let v = TRACKED.get(old).copied().filter(|&v| slot::span(v) != 0)?;
+    set_tracked(tid, v);
+    set_tracked(old, 0);
+    // SAFETY: plain copy of the thread's own entry before removing it.
+    if let Some(st) = unsafe { TASKS.get(old) }.copied() {
+        let _ = TASKS.insert(tid, st, 0);
+        let _ = TASKS.remove(old);
+    }
+    Some(slot::span(v) as u64)
+}
+
+/// The current task, untraced, runs a program in a followed cgroup: traced
+/// from here as part of that cgroup's span. It is in the middle of its
+/// execve, whose exit comes with no enter seen.
+#[inline(always)]
+fn cgroup_join(tid: u32) -> Option<u64> {
+    let span = cgroup_span()?;
+    if TASKS.insert(tid, TaskState::new(span), 0).is_err() {
+        count_drop(EventKind::TaskUntracked);
+        return None;
+    }
+    set_tracked(tid, slot::pack(span as u32, task::SKIP_ORPHAN_EXIT));
+    Some(span)
+}
+
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let tid = current_tid();
@@ -1147,22 +1210,19 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let old_reported = if ns { reported_tid(old) } else { old };
     let span = match span_of(tid) {
         Some(span) => span,
-        // a non-leader thread exec'd: the kernel gave it the leader's id,
-        // whose slot the leader's exit just cleared. Move its state over.
-        None if old != tid => {
-            let Some(v) = TRACKED.get(old).copied().filter(|&v| slot::span(v) != 0) else {
-                return 0;
+        None => {
+            let moved = if old != tid {
+                take_over(tid, old)
+            } else {
+                None
             };
-            set_tracked(tid, v);
-            set_tracked(old, 0);
-            // SAFETY: plain copy of the thread's own entry before removing it.
-            if let Some(st) = unsafe { TASKS.get(old) }.copied() {
-                let _ = TASKS.insert(tid, st, 0);
-                let _ = TASKS.remove(old);
+            // a task in a followed cgroup runs a program (runc init execs
+            // the container's command; `docker exec`): it joins the span
+            match moved.or_else(|| cgroup_join(tid)) {
+                Some(span) => span,
+                None => return 0,
             }
-            slot::span(v) as u64
         }
-        None => return 0,
     };
     if ns && let Some(st) = TASKS.get_ptr_mut(tid) {
         // SAFETY: this thread's own entry; it now has the leader's ids.

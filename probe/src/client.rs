@@ -176,6 +176,21 @@ impl Client {
     }
 
     /// Opens a span and attaches `pid` to it in one round trip.
+    /// Opens a span that follows a cgroup (v2 directory) for its life.
+    pub fn begin_span_following(
+        &mut self,
+        session: Option<&str>,
+        label: &str,
+        cgroup: &std::path::Path,
+    ) -> Result<u64, ClientError> {
+        let r = self.call(
+            json!({"op": "begin_span", "session": session, "label": label, "cgroup": cgroup}),
+        )?;
+        r["span_id"]
+            .as_u64()
+            .ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
+    }
+
     pub fn begin_span_attached(
         &mut self,
         session: Option<&str>,

@@ -74,6 +74,8 @@ enum Command {
         tree: bool,
         /// With `pid`: its seccomp mode, as the caller knows it.
         seccomp: Option<u32>,
+        /// A cgroup to follow for the span's whole life.
+        cgroup: Option<std::path::PathBuf>,
         /// For OpenTelemetry export: tool, MCP session, trace context.
         meta: Box<BeginMeta>,
         /// The span, and with `tree` how many threads were attached.
@@ -180,6 +182,8 @@ struct OpenSpan {
     started_ms: i64,
     started: Instant,
     drops_before: u64,
+    /// The id of the cgroup it follows, to stop following at its end.
+    cgroup: Option<u64>,
 }
 
 struct Subscriber {
@@ -368,22 +372,37 @@ impl Core {
                 pid,
                 tree,
                 seccomp,
+                cgroup,
                 meta,
                 reply,
             } => {
-                let begun = self
-                    .begin(session, label, *meta)
-                    .and_then(|span| match pid {
-                        None => Ok((span, None)),
-                        Some(pid) => match self.attach_pid(span, pid, tree, seccomp) {
-                            Ok(n) => Ok((span, tree.then_some(n))),
-                            Err(e) => {
-                                // nothing was traced: the span never existed
-                                self.spans.remove(&span);
-                                Err(e)
-                            }
-                        },
-                    });
+                let begun = self.begin(session, label, *meta).and_then(|span| {
+                    let attached =
+                        self.follow_cgroup(span, cgroup.as_deref())
+                            .and_then(|in_cgroup| {
+                                let in_tree = match pid {
+                                    None => None,
+                                    Some(pid) => {
+                                        tree.then_some(self.attach_pid(span, pid, tree, seccomp)?)
+                                    }
+                                };
+                                // `tids`: how many threads were attached by walking
+                                let tids = match (in_tree, in_cgroup) {
+                                    (None, None) => None,
+                                    (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+                                };
+                                Ok((span, tids))
+                            });
+                    if attached.is_err() {
+                        // nothing was traced: the span never existed
+                        if let Some(open) = self.spans.remove(&span)
+                            && let Some(id) = open.cgroup
+                        {
+                            self.probe.unfollow_cgroup(id);
+                        }
+                    }
+                    attached
+                });
                 let _ = reply.send(begun);
             }
             Command::Attach { span, pid, reply } => {
@@ -464,9 +483,50 @@ impl Core {
                 started_ms: crate::clock::now_ms(),
                 started: Instant::now(),
                 drops_before,
+                cgroup: None,
             },
         );
         Ok(id)
+    }
+
+    /// Follows `path` for `span` (when given): the threads in it now are
+    /// attached, the kernel adds what forks or execs in it. How many.
+    fn follow_cgroup(
+        &mut self,
+        span: u64,
+        path: Option<&std::path::Path>,
+    ) -> Result<Option<usize>, ErrorBody> {
+        let Some(path) = path else { return Ok(None) };
+        let bad =
+            |e: crate::cgroup::CgroupError| ErrorBody::new(ErrorCode::BadRequest, e.to_string());
+        let cg = crate::cgroup::Cgroup::open(path).map_err(bad)?;
+        if self.probe.pid_namespace().is_some() {
+            return Err(ErrorBody::new(
+                ErrorCode::Unavailable,
+                "following a cgroup needs a probe in the host's PID namespace",
+            ));
+        }
+        self.probe.follow_cgroup(cg.id, span).map_err(|e| {
+            ErrorBody::new(
+                ErrorCode::Unavailable,
+                format!("cannot follow {}: {e}", path.display()),
+            )
+        })?;
+        if let Some(open) = self.spans.get_mut(&span) {
+            open.cgroup = Some(cg.id);
+        }
+        let threads = cg.threads().map_err(bad)?;
+        let mut attached = 0;
+        for tid in threads {
+            // one that exited meanwhile is simply not traced
+            if self.probe.track(tid, span).is_ok() {
+                attached += 1;
+                if let Some(open) = self.spans.get_mut(&span) {
+                    open.evidence.tids.insert(tid);
+                }
+            }
+        }
+        Ok(Some(attached))
     }
 
     /// `attach`, or with `tree` [`Core::attach_tree`]: how many threads.
@@ -563,6 +623,9 @@ impl Core {
                 ErrorCode::NotFound,
                 format!("span {span} is not open (never begun, or already ended)"),
             ));
+        }
+        if let Some(id) = self.spans.get(&span).and_then(|o| o.cgroup) {
+            self.probe.unfollow_cgroup(id);
         }
         self.drain();
         let pending = match self.spans.get(&span) {
@@ -1144,6 +1207,7 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             pid,
             tree,
             seccomp,
+            cgroup,
             tool,
             mcp_method,
             mcp_session,
@@ -1156,6 +1220,7 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
                 pid,
                 tree,
                 seccomp,
+                cgroup,
                 meta: Box::new(BeginMeta {
                     tool,
                     mcp_method,

@@ -16,6 +16,7 @@
 
 pub mod attribution;
 pub mod btf;
+pub mod cgroup;
 pub mod client;
 pub mod clock;
 pub mod config;

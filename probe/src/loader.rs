@@ -100,6 +100,8 @@ pub struct Probe {
     events: RingBuf<MapData>,
     drops: PerCpuArray<MapData, probe_abi::DropCounters>,
     uring_reqs: HashMap<MapData, u64, UringReq>,
+    cgroup_spans: HashMap<MapData, u64, u64>,
+    cgroup_any: Array<MapData, u64>,
     /// Tracepoints attached, as `category:name`.
     pub attached: Vec<String>,
     /// Optional tracepoints this kernel lacks.
@@ -284,10 +286,22 @@ impl Probe {
                 .ok_or(LoadError::Map("URING_REQS"))?,
         )
         .map_err(|e| LoadError::Load(e.to_string()))?;
+        let cgroup_spans = HashMap::try_from(
+            ebpf.take_map("CGROUP_SPANS")
+                .ok_or(LoadError::Map("CGROUP_SPANS"))?,
+        )
+        .map_err(|e| LoadError::Load(e.to_string()))?;
+        let cgroup_any = Array::try_from(
+            ebpf.take_map("CGROUP_ANY")
+                .ok_or(LoadError::Map("CGROUP_ANY"))?,
+        )
+        .map_err(|e| LoadError::Load(e.to_string()))?;
         Ok(Probe {
             _ebpf: ebpf,
             tracked,
             tasks,
+            cgroup_spans,
+            cgroup_any,
             pidns,
             pending,
             pending_any,
@@ -349,6 +363,23 @@ impl Probe {
         }
         self.pending.insert(pid, slot::pack(span32, flags), 0)?;
         self.pending_any.set(0, 1, 0)
+    }
+
+    /// From now on, a task that forks or execs in cgroup `id` (v2) joins
+    /// `span` in the kernel; the tasks already in it are attached by the
+    /// caller ([`crate::cgroup::Cgroup::threads`]). Host PID namespace only.
+    pub fn follow_cgroup(&mut self, id: u64, span: u64) -> Result<(), aya::maps::MapError> {
+        self.cgroup_spans.insert(id, span, 0)?;
+        self.cgroup_any.set(0, 1, 0)
+    }
+
+    /// Stops following cgroup `id` (its traced tasks stay the span's until
+    /// the span is untracked).
+    pub fn unfollow_cgroup(&mut self, id: u64) {
+        let _ = self.cgroup_spans.remove(&id);
+        if self.cgroup_spans.keys().next().is_none() {
+            let _ = self.cgroup_any.set(0, 0, 0);
+        }
     }
 
     /// PID-namespace mode: namespace thread id → host thread id of every

@@ -68,6 +68,12 @@ enum Cmd {
         /// Events kept per span; older ones are evicted and counted.
         #[arg(long, value_name = "N", default_value_t = probe::spans::DEFAULT_EVENT_CAP)]
         event_cap: usize,
+        /// Also follow a cgroup (v2 directory): its processes are the
+        /// span's, even those CMD did not start (a Docker container's are
+        /// containerd-shim's children). E.g. --cgroup
+        /// /sys/fs/cgroup/system.slice/docker-ID.scope -- docker exec ID make
+        #[arg(long, value_name = "PATH")]
+        cgroup: Option<PathBuf>,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
@@ -137,6 +143,10 @@ enum Cmd {
         /// Kill the command after this many seconds (attributed `timeout`).
         #[arg(long, value_name = "SECS")]
         timeout: Option<f64>,
+        /// Also follow a cgroup (v2 directory) for the span's life: its
+        /// processes are the span's, even those CMD did not start.
+        #[arg(long, value_name = "PATH")]
+        cgroup: Option<PathBuf>,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
@@ -299,8 +309,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             events,
             timeout,
             event_cap,
+            cgroup,
             command,
         } => {
+            // before loading: a wrong path is a usage error
+            let cgroup = cgroup
+                .map(|p| probe::cgroup::Cgroup::open(&p))
+                .transpose()?;
             let mut probe = Probe::load()?;
             let opts = TraceOptions {
                 command,
@@ -308,6 +323,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 all_events: events,
                 stdout_to_stderr: json,
                 event_cap: Some(event_cap.max(1)),
+                cgroup,
             };
             let traced = trace(&mut probe, &opts)?;
             drop(probe);
@@ -369,8 +385,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             label,
             json,
             timeout,
+            cgroup,
             command,
-        } => span(&socket, session, label, json, seconds(timeout)?, command),
+        } => span(
+            &socket,
+            SpanArgs {
+                session,
+                label,
+                json,
+                timeout: seconds(timeout)?,
+                cgroup,
+            },
+            command,
+        ),
         Cmd::Status { socket, json } => {
             let status = Client::connect(&socket)?.status()?;
             if json {
@@ -483,21 +510,34 @@ fn print_attribution(a: &Attribution, json: bool) -> anyhow::Result<()> {
 }
 
 /// `probe span`: begin, run attached, end, print.
-fn span(
-    socket: &Path,
+/// `probe span`'s options.
+struct SpanArgs {
     session: Option<String>,
     label: Option<String>,
     json: bool,
     timeout: Option<Duration>,
-    command: Vec<OsString>,
-) -> anyhow::Result<ExitCode> {
+    cgroup: Option<PathBuf>,
+}
+
+fn span(socket: &Path, args: SpanArgs, command: Vec<OsString>) -> anyhow::Result<ExitCode> {
+    let SpanArgs {
+        session,
+        label,
+        json,
+        timeout,
+        cgroup,
+    } = args;
     let mut client = Client::connect(socket)?;
     let line = command
         .iter()
         .map(|a| a.to_string_lossy())
         .collect::<Vec<_>>()
         .join(" ");
-    let span = client.begin_span(session.as_deref(), label.as_deref().unwrap_or(&line))?;
+    let label = label.as_deref().unwrap_or(&line);
+    let span = match &cgroup {
+        None => client.begin_span(session.as_deref(), label)?,
+        Some(path) => client.begin_span_following(session.as_deref(), label, path)?,
+    };
     let (program, args) = command.split_first().context("no command")?;
     let mut cmd = Command::new(program);
     cmd.args(args);

@@ -29,6 +29,7 @@ pub enum Request {
     /// (as `attach` would), in one round trip. With `tree` too, attaches
     /// every thread of `pid` and every thread of its descendants as they
     /// are now (a running server); answers `tids`, how many were attached.
+    /// With `cgroup`, follows that cgroup (and answers `tids` too).
     BeginSpan {
         #[serde(default)]
         session: Option<String>,
@@ -45,6 +46,11 @@ pub enum Request {
         /// /proc status, which is most of an attach's time.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         seccomp: Option<u32>,
+        /// A cgroup (v2 directory) the span follows: the threads in it now
+        /// are attached, and whatever forks or execs in it until the span
+        /// ends joins the span, whoever started it (a container).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cgroup: Option<std::path::PathBuf>,
         /// For OpenTelemetry export: the MCP tool the span runs for.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool: Option<String>,
@@ -246,6 +252,7 @@ mod tests {
                 pid: None,
                 tree: false,
                 seccomp: None,
+                cgroup: None,
                 tool: None,
                 mcp_method: None,
                 mcp_session: None,
@@ -271,6 +278,11 @@ mod tests {
                 tree: false,
                 ..
             }
+        ));
+        let (_, r) = parse_request(br#"{"op": "begin_span", "cgroup": "/sys/fs/cgroup/c"}"#);
+        assert!(matches!(
+            r.unwrap(),
+            Request::BeginSpan { cgroup: Some(c), pid: None, .. } if c.as_os_str() == "/sys/fs/cgroup/c"
         ));
         let (_, r) = parse_request(br#"{"op": "begin_span", "pid": 42, "tree": true}"#);
         assert!(matches!(

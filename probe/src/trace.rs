@@ -32,6 +32,9 @@ pub struct TraceOptions {
     pub stdout_to_stderr: bool,
     /// Events kept per span before the oldest are evicted.
     pub event_cap: Option<usize>,
+    /// Also follow this cgroup (v2): what forks or execs in it during the
+    /// span, and what is in it at the start, is the span's.
+    pub cgroup: Option<crate::cgroup::Cgroup>,
 }
 
 /// The result of one traced command.
@@ -97,6 +100,9 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         span.cap = cap;
     }
 
+    if let Some(cg) = &opts.cgroup {
+        follow_cgroup(probe, cg)?;
+    }
     let spawned = spawn_attached(&mut cmd, |pid| probe.track(pid, TRACE_SPAN));
     let (child, pid) = match spawned {
         Ok((child, pid)) => (child, pid),
@@ -132,6 +138,9 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         }
     };
     drain(probe, &mut span);
+    if let Some(cg) = &opts.cgroup {
+        probe.unfollow_cgroup(cg.id);
+    }
     let pending = probe.untrack_span(TRACE_SPAN);
     drain(probe, &mut span);
     span.add_pending(&pending);
@@ -156,6 +165,24 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         attribution: attribute(&span, &outcome),
         interrupted,
     })
+}
+
+/// Follows `cg` from now on and attaches the threads already in it.
+fn follow_cgroup(probe: &mut Probe, cg: &crate::cgroup::Cgroup) -> anyhow::Result<()> {
+    if probe.pid_namespace().is_some() {
+        anyhow::bail!(
+            "--cgroup needs the host's PID namespace (this probe runs in another): \
+             run it on the host, or trace the workload's process tree instead"
+        );
+    }
+    probe
+        .follow_cgroup(cg.id, TRACE_SPAN)
+        .context("following the cgroup in the kernel")?;
+    for tid in cg.threads()? {
+        // one that exited meanwhile is simply not traced
+        let _ = probe.track(tid, TRACE_SPAN);
+    }
+    Ok(())
 }
 
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {

@@ -967,3 +967,57 @@ fn ending_an_overlapped_span_leaves_the_later_span_traced() {
     assert_thread_and_child(&stored_paths(&mut c, b), "b");
     assert!(stored_paths(&mut c, a).is_empty());
 }
+
+#[test]
+fn a_span_that_follows_a_cgroup_gets_its_threads_and_what_execs_in_it() {
+    let Some((_d, mut c, mut server)) = tree_setup() else {
+        return;
+    };
+    // the server and its child in a cgroup of their own (a container)
+    let root = probe::cgroup::v2_root().expect("a cgroup2 mount");
+    let cg = root.join(format!("probe-dt-follow-{}", std::process::id()));
+    std::fs::create_dir_all(&cg).unwrap();
+    let procs = cg.join("cgroup.procs");
+    let server_pid = server.child.id();
+    let child =
+        std::fs::read_to_string(format!("/proc/{server_pid}/task/{server_pid}/children")).unwrap();
+    for pid in
+        std::iter::once(server_pid.to_string()).chain(child.split_whitespace().map(String::from))
+    {
+        std::fs::write(&procs, pid).unwrap();
+    }
+    let r = c
+        .call(json!({"op": "begin_span", "label": "container", "cgroup": cg}))
+        .unwrap();
+    let span = r["span_id"].as_u64().unwrap();
+    assert!(r["tids"].as_u64().unwrap() >= 3, "{r}");
+    server.work("cg");
+    // a process nobody traced runs a program in the cgroup: it is the span's
+    let outside = format!(
+        "echo $$ > {}; exec cat /nonexistent-tree-exec-cg",
+        procs.display()
+    );
+    let st = Command::new("sh").args(["-c", &outside]).status().unwrap();
+    assert!(!st.success());
+    let a = c.end_span(span, Some(&tool_error()), None).unwrap();
+    assert!(a.failed);
+    wait_stored(&mut c, span);
+    let paths = stored_paths(&mut c, span);
+    assert_thread_and_child(&paths, "cg");
+    assert!(
+        paths.contains(&"/nonexistent-tree-exec-cg".to_string()),
+        "{paths:?}"
+    );
+    // a path that is no cgroup is a clear error
+    let e = c
+        .call(json!({"op": "begin_span", "label": "bad", "cgroup": "/tmp"}))
+        .unwrap_err();
+    assert!(e.to_string().contains("not a cgroup v2 directory"), "{e}");
+    drop(server);
+    for _ in 0..50 {
+        if std::fs::remove_dir(&cg).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

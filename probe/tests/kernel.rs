@@ -1431,3 +1431,90 @@ fn io_uring_past_a_seccomp_filter_that_denies_openat_is_called_a_bypass() {
         t.json
     );
 }
+
+// ------------------------------------------------------------------ cgroups
+
+/// A cgroup of the v2 hierarchy (no controller needed), removed on drop.
+struct CgroupV2(PathBuf);
+
+impl CgroupV2 {
+    fn new() -> CgroupV2 {
+        let root = probe::cgroup::v2_root().expect("a cgroup2 mount (the unified hierarchy)");
+        let dir = root.join(format!("probe-kt-follow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        CgroupV2(dir)
+    }
+}
+
+impl Drop for CgroupV2 {
+    fn drop(&mut self) {
+        // its processes have exited by now; a zombie may take a moment
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn a_process_that_joins_a_followed_cgroup_is_the_spans_though_nobody_traced_started_it() {
+    if !root() {
+        return;
+    }
+    // Docker's shape: the traced command (the CLI) waits for a status that
+    // a process it did not start (containerd-shim's child) produces in the
+    // container's cgroup; only following the cgroup shows why it failed
+    for follow in [true, false] {
+        let cg = CgroupV2::new();
+        let dir = tempdir();
+        let (ready, status) = (dir.path().join("ready"), dir.path().join("status"));
+        let outside = format!(
+            "while [ ! -e {r} ]; do sleep 0.02; done; echo $$ > {cg}/cgroup.procs; \
+             exec sh -c 'cat /nonexistent-probe-cgroup; echo $? > {s}.tmp; mv {s}.tmp {s}'",
+            r = ready.display(),
+            s = status.display(),
+            cg = cg.0.display(),
+        );
+        let mut container = Command::new("sh").args(["-c", &outside]).spawn().unwrap();
+        let cli = format!(
+            "touch {r}; while [ ! -e {s} ]; do sleep 0.02; done; exit $(cat {s})",
+            r = ready.display(),
+            s = status.display()
+        );
+        let cg_arg = cg.0.display().to_string();
+        let extra: &[&str] = if follow { &["--cgroup", &cg_arg] } else { &[] };
+        let t = trace_with(extra, &["sh", "-c", &cli]);
+        container.wait().unwrap();
+        assert_eq!(t.code, Some(1), "{}", t.context());
+        if follow {
+            t.expect("fs.missing", Some("openat"));
+            assert_eq!(
+                t.decisive("path"),
+                Some("/nonexistent-probe-cgroup"),
+                "{}",
+                t.context()
+            );
+        } else {
+            t.expect("none", None);
+        }
+    }
+}
+
+#[test]
+fn following_a_directory_that_is_no_cgroup_is_a_clear_usage_error() {
+    if !root() {
+        return;
+    }
+    let out = Command::new(PROBE)
+        .args(["trace", "--cgroup", "/tmp", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr.contains("/tmp is not a cgroup v2 directory") && stderr.contains("0::"),
+        "{stderr}"
+    );
+}

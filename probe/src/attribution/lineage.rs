@@ -204,8 +204,11 @@ fn exit_path(span: &SpanEvidence, exit: &ExitStatus) -> Vec<u32> {
         // reached it another way (podman reads the container's status from
         // the file conmon wrote; conmon is no longer the container's parent)
         let parent_of = |p: u32| span.processes.get(&p).and_then(|i| i.parent);
+        // and for the root, a process the span followed into its cgroup
+        // without starting it (`docker exec`: the daemon's shim started it)
         let Some(next) = last_passing(&|p| parent_of(p) == Some(pid))
             .or_else(|| last_passing(&|p| is_ancestor(span, pid, p)))
+            .or_else(|| last_passing(&|p| pid == root && !is_ancestor(span, root, p)))
         else {
             break;
         };

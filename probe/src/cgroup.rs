@@ -1,0 +1,101 @@
+//! Spans that follow a cgroup (v2): everything that runs in it during the
+//! span is the span's, whoever started it (a Docker container's processes
+//! are containerd-shim's children, not `docker run`'s). The kernel side
+//! keys on the cgroup's id, the inode number of its directory.
+
+use std::path::{Path, PathBuf};
+
+/// `statfs` magic of the cgroup v2 filesystem.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// A cgroup v2 directory and its id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cgroup {
+    pub path: PathBuf,
+    pub id: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("{path}: {source}")]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{0} is not a cgroup v2 directory: a span follows cgroups of the unified hierarchy \
+         (/sys/fs/cgroup on a cgroup v2 host, /sys/fs/cgroup/unified on a hybrid one); \
+         a container's is the `0::` line of /proc/PID/cgroup under that mount"
+    )]
+    NotV2(PathBuf),
+}
+
+impl Cgroup {
+    /// Opens `path`, which must be a directory of the cgroup v2 filesystem.
+    pub fn open(path: &Path) -> Result<Cgroup, CgroupError> {
+        let unreadable = |source| CgroupError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        };
+        let fs = nix::sys::statfs::statfs(path).map_err(|e| unreadable(e.into()))?;
+        if fs.filesystem_type().0 as i64 != CGROUP2_SUPER_MAGIC {
+            return Err(CgroupError::NotV2(path.to_path_buf()));
+        }
+        let meta = std::fs::metadata(path).map_err(unreadable)?;
+        if !meta.is_dir() {
+            return Err(CgroupError::NotV2(path.to_path_buf()));
+        }
+        Ok(Cgroup {
+            path: path.to_path_buf(),
+            id: std::os::unix::fs::MetadataExt::ino(&meta),
+        })
+    }
+
+    /// The threads in it now (`cgroup.threads`), to attach at the span's
+    /// start; the kernel adds those that fork or exec in it afterwards.
+    pub fn threads(&self) -> Result<Vec<u32>, CgroupError> {
+        let file = self.path.join("cgroup.threads");
+        let text = std::fs::read_to_string(&file)
+            .map_err(|source| CgroupError::Unreadable { path: file, source })?;
+        Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+}
+
+/// The cgroup v2 mount point: `/sys/fs/cgroup` (v2 host) or
+/// `/sys/fs/cgroup/unified` (hybrid), from /proc/self/mountinfo.
+pub fn v2_root() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_that_is_not_a_cgroup_is_refused_with_where_to_look() {
+        let e = Cgroup::open(Path::new("/tmp")).unwrap_err();
+        assert!(matches!(e, CgroupError::NotV2(_)), "{e}");
+        assert!(e.to_string().contains("0::"), "{e}");
+        let e = Cgroup::open(Path::new("/nonexistent-cgroup")).unwrap_err();
+        assert!(matches!(e, CgroupError::Unreadable { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_v2_root_is_a_cgroup_whose_threads_can_be_read() {
+        let Some(root) = v2_root() else {
+            eprintln!("SKIPPED: no cgroup2 mount on this machine");
+            return;
+        };
+        let cg = Cgroup::open(&root).expect("the v2 root opens");
+        assert!(cg.id > 0);
+        // this test's own thread is somewhere in the hierarchy; the root
+        // lists its direct members (possibly none), and reads
+        cg.threads().expect("cgroup.threads reads");
+    }
+}
