@@ -232,9 +232,26 @@ impl Kernel {
     }
 
     /// On the runtime: opens a span with a running process tree attached
-    /// (every thread of `pid` and of its descendants, in one round trip).
-    pub async fn begin_tree(&self, label: &str, pid: u32, call: Option<&CallTrace>) -> Span {
-        let mut request = json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "tree": true});
+    /// (every thread of `pid` and of its descendants, in one round trip);
+    /// with `cgroup`, the tree's own cgroup v2 directory, the span follows
+    /// that instead (the same processes, without walking /proc).
+    pub async fn begin_tree(
+        &self,
+        label: &str,
+        pid: u32,
+        cgroup: Option<&std::path::Path>,
+        call: Option<&CallTrace>,
+    ) -> Span {
+        let mut request = match cgroup {
+            // the server's own cgroup: its threads are one file away, where
+            // the tree is a walk of /proc (twice) and a status read a thread
+            Some(cg) => {
+                json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "cgroup": cg})
+            }
+            None => {
+                json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "tree": true})
+            }
+        };
         if let Some(call) = call {
             call.add_to(&mut request);
         }

@@ -518,8 +518,10 @@ impl Core {
         let threads = cg.threads().map_err(bad)?;
         let mut attached = 0;
         for tid in threads {
-            // one that exited meanwhile is simply not traced
-            if self.probe.track(tid, span).is_ok() {
+            // one that exited meanwhile is simply not traced. Its seccomp
+            // mode is not read (a /proc read per thread, most of a walk's
+            // cost): a denial it meets is confirmed when its event arrives
+            if self.probe.track_with_seccomp(tid, span, 0).is_ok() {
                 attached += 1;
                 if let Some(open) = self.spans.get_mut(&span) {
                     open.evidence.tids.insert(tid);

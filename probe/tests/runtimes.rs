@@ -1,15 +1,16 @@
 //! The probe under the sandbox runtimes platforms ship: Anthropic's
 //! sandbox-runtime (`srt`, bubblewrap with its own PID, user and network
 //! namespaces, socat relays it kills on exit, a seccomp filter refusing
-//! AF_UNIX sockets) and bubblewrap with its own PID namespace and a
-//! leftover background process. Each case runs twice in a row under
+//! AF_UNIX sockets), podman with runc, bubblewrap with its own PID namespace
+//! and a leftover background process, firejail and systemd-nspawn. Each case runs twice in a row under
 //! `probe trace --json` and asserts the primitive, the decisive syscall and
 //! errno, and that no runtime's cleanup kill or the kernel's SIGKILL at
 //! PID-namespace teardown is named as the cause of a failure recorded
 //! before it.
 //!
-//! They need root, `bwrap` (Debian's bubblewrap) and, for srt, the pinned
-//! npm package that `cargo xtask test` installs (`SRT` names its binary).
+//! They need root, the runtimes' Debian packages, for srt the pinned npm
+//! package that `cargo xtask test` installs (`SRT` names its binary), and for
+//! podman and nspawn the root filesystem it builds (`RUNTIMES_ROOTFS`).
 //! Under CI=true a missing one is a failure.
 
 use std::net::TcpListener;
@@ -101,6 +102,11 @@ fn bwrap(extra: &[&str], script: &str) -> Traced {
         "/dev",
         "--tmpfs",
         "/tmp",
+        // probe-fault, which may live under the /tmp just hidden (a clone
+        // of the project in /tmp, as CI's may be)
+        "--ro-bind",
+        FAULT,
+        FAULT,
     ];
     cmd.extend(extra);
     cmd.extend(["sh", "-c", &script]);
@@ -405,7 +411,7 @@ fn srt_plain_exit_with_a_leftover_process_blames_nothing_and_names_the_real_send
 
 /// `podman run` with runc (crun refuses this host's hybrid cgroups), the
 /// default seccomp profile and capabilities, no network, a read-only root
-/// from `PODMAN_ROOTFS` (a Debian root filesystem `cargo xtask test` builds
+/// from `RUNTIMES_ROOTFS` (a Debian root filesystem `cargo xtask test` builds
 /// with mmdebstrap: no image registry is reachable) with an overlay that
 /// throws writes away, and explicit rlimits (podman cannot raise its own
 /// without CAP_SYS_RESOURCE).
@@ -415,20 +421,27 @@ struct Podman {
     cwd: tempfile::TempDir,
 }
 
+/// The containers' root filesystem, `RUNTIMES_ROOTFS` (None: skipped, a
+/// failure under CI).
+fn rootfs() -> Option<PathBuf> {
+    let rootfs = std::env::var_os("RUNTIMES_ROOTFS").map(PathBuf::from);
+    let found = rootfs.filter(|r| r.join("bin/sh").exists());
+    if found.is_none() {
+        assert!(
+            !ci(),
+            "RUNTIMES_ROOTFS names no root filesystem, and CI=true forbids skipping"
+        );
+        eprintln!("SKIPPED: RUNTIMES_ROOTFS is unset (cargo xtask test builds it)");
+    }
+    found
+}
+
 impl Podman {
     fn new() -> Option<Podman> {
         if !root() || installed("podman").is_none() || installed("runc").is_none() {
             return None;
         }
-        let rootfs = std::env::var_os("PODMAN_ROOTFS").map(PathBuf::from);
-        let Some(rootfs) = rootfs.filter(|r| r.join("bin/sh").exists()) else {
-            assert!(
-                !ci(),
-                "PODMAN_ROOTFS names no root filesystem, and CI=true forbids skipping"
-            );
-            eprintln!("SKIPPED: PODMAN_ROOTFS is unset (cargo xtask test builds it)");
-            return None;
-        };
+        let rootfs = rootfs()?;
         let cwd = tempfile::Builder::new()
             .prefix("probe-podman-")
             .tempdir()
@@ -560,6 +573,163 @@ fn podman_clean_runs_and_hidden_failures() {
         || podman.sh(&[], "exit 3"),
         |t| {
             assert_eq!(t.code, Some(3));
+            t.expect("none", None);
+        },
+    );
+}
+
+// ------------------------------------------------------------------ firejail
+
+/// `firejail --noprofile --quiet` with `opts`, running `cmd`.
+fn firejail(opts: &[&str], cmd: &[&str]) -> Traced {
+    let mut args = vec!["firejail", "--noprofile", "--quiet"];
+    args.extend(opts);
+    args.extend(cmd);
+    trace_with(&[], &args)
+}
+
+fn firejail_ready() -> bool {
+    root() && installed("firejail").is_some()
+}
+
+#[test]
+fn firejail_read_only_blacklist_no_network_and_seccomp_name_their_mechanism() {
+    if !firejail_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (ro, hidden) = (dir.path().join("ro"), dir.path().join("hidden"));
+    std::fs::create_dir_all(&ro).unwrap();
+    std::fs::create_dir_all(&hidden).unwrap();
+    std::fs::write(hidden.join("key"), "x").unwrap();
+    let (ro, hidden) = (ro.display().to_string(), hidden.display().to_string());
+    let read_only = format!("--read-only={ro}");
+    let write = format!("echo x > {ro}/f");
+    twice(
+        || firejail(&[&read_only], &["sh", "-c", &write]),
+        |t| expect_failure(t, "fs.readonly", "openat", "EROFS"),
+    );
+    let blacklist = format!("--blacklist={hidden}");
+    let key = format!("{hidden}/key");
+    twice(
+        || firejail(&[&blacklist], &["cat", &key]),
+        |t| expect_failure(t, "fs.missing", "openat", "ENOENT"),
+    );
+    let connect = python_connect(closed_port());
+    twice(
+        || firejail(&["--net=none"], &["sh", "-c", &connect]),
+        |t| expect_failure(t, "net.egress", "connect", "ECONNREFUSED"),
+    );
+    let target = format!("{ro}/d");
+    twice(
+        || firejail(&["--seccomp.drop=mkdir"], &["mkdir", &target]),
+        |t| expect_failure(t, "seccomp", "mkdir", "EPERM"),
+    );
+}
+
+#[test]
+fn firejail_missing_command_clean_runs_and_hidden_failures() {
+    if !firejail_ready() {
+        return;
+    }
+    // firejail looks the command up itself and exits 1, then cleans up
+    // its run files (ENOENT): the lookup is the cause
+    twice(
+        || firejail(&[], &["probe-no-such-command"]),
+        |t| {
+            t.expect("exec.missing", None);
+            assert_ne!(t.code, Some(0), "{}", t.context());
+        },
+    );
+    twice(|| firejail(&[], &["sh", "-c", THREADS]), expect_clean);
+    let dir = tempfile::tempdir().unwrap();
+    let ro = dir.path().display().to_string();
+    let read_only = format!("--read-only={ro}");
+    let script = format!("touch {ro}/x || true");
+    twice(
+        || firejail(&[&read_only], &["sh", "-c", &script]),
+        |t| expect_hidden(t, "fs.readonly"),
+    );
+}
+
+// ------------------------------------------------------------------ systemd-nspawn
+
+/// `systemd-nspawn` over the read-only containers' root, the command as
+/// PID 2; no machined and no systemd as PID 1 here (`--register=no
+/// --keep-unit`), no host time zone to bind (`--timezone=off`).
+fn nspawn(rootfs: &Path, opts: &[&str], cmd: &[&str]) -> Traced {
+    let root = rootfs.display().to_string();
+    let mut args = vec![
+        "systemd-nspawn",
+        "-q",
+        "-D",
+        &root,
+        "--register=no",
+        "--keep-unit",
+        "--read-only",
+        "--timezone=off",
+        "--as-pid2",
+    ];
+    args.extend(opts);
+    args.extend(cmd);
+    trace_with(&[], &args)
+}
+
+fn nspawn_ready() -> Option<PathBuf> {
+    if !root() || installed("systemd-nspawn").is_none() {
+        return None;
+    }
+    rootfs()
+}
+
+#[test]
+fn nspawn_read_only_root_private_network_and_syscall_filter_name_their_mechanism() {
+    let Some(rootfs) = nspawn_ready() else { return };
+    twice(
+        || nspawn(&rootfs, &[], &["sh", "-c", "echo x > /etc/f"]),
+        |t| expect_failure(t, "fs.readonly", "openat", "EROFS"),
+    );
+    let connect = python_connect(closed_port());
+    twice(
+        || nspawn(&rootfs, &["--private-network"], &["sh", "-c", &connect]),
+        |t| expect_failure(t, "net.egress", "connect", "ECONNREFUSED"),
+    );
+    twice(
+        || {
+            nspawn(
+                &rootfs,
+                &["--system-call-filter=~mkdir"],
+                &["mkdir", "/tmp/d"],
+            )
+        },
+        |t| expect_failure(t, "seccomp", "mkdir", "EPERM"),
+    );
+}
+
+#[test]
+fn nspawn_missing_command_clean_runs_and_hidden_failures() {
+    let Some(rootfs) = nspawn_ready() else { return };
+    twice(
+        || nspawn(&rootfs, &[], &["probe-no-such-command"]),
+        |t| {
+            t.expect("exec.missing", None);
+            assert_ne!(t.code, Some(0), "{}", t.context());
+        },
+    );
+    // its own EROFS while it sets up the read-only root is no hidden failure
+    twice(|| nspawn(&rootfs, &[], &["echo", "hi"]), expect_clean);
+    twice(
+        || nspawn(&rootfs, &[], &["sh", "-c", THREADS]),
+        expect_clean,
+    );
+    twice(
+        || nspawn(&rootfs, &[], &["sh", "-c", "touch /x || true"]),
+        |t| expect_hidden(t, "fs.readonly"),
+    );
+    twice(
+        || nspawn(&rootfs, &[], &["sh", "-c", "sleep 30 & exit 3"]),
+        |t| {
+            assert_eq!(t.code, Some(3), "{}", t.context());
             t.expect("none", None);
         },
     );

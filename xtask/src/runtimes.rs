@@ -1,9 +1,10 @@
 //! The sandbox runtimes the probe's runtime tests run under
-//! (`probe/tests/runtimes.rs`): bubblewrap, Anthropic's sandbox-runtime
-//! (`srt`, from npm, pinned by `probe/tests/runtimes/srt/package-lock.json`)
-//! and podman with runc over a small Debian root filesystem (no image
-//! registry is reachable: mmdebstrap builds it, cached in
-//! `target/runtimes/rootfs-KEY`, KEY hashing the recipe).
+//! (`probe/tests/runtimes.rs`): bubblewrap, firejail, Anthropic's
+//! sandbox-runtime (`srt`, from npm, pinned by
+//! `probe/tests/runtimes/srt/package-lock.json`), and podman with runc and
+//! systemd-nspawn over a small Debian root filesystem (no image registry is
+//! reachable: mmdebstrap builds it, cached in `target/runtimes/rootfs-KEY`,
+//! KEY hashing the recipe).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -15,7 +16,7 @@ use crate::image::{MIRRORS, SUITE, sha256_hex};
 use crate::{ensure_debian, workspace_root};
 
 /// Debian packages the runtimes need, with a check for each.
-pub const PACKAGES: [(&str, &str); 6] = [
+pub const PACKAGES: [(&str, &str); 8] = [
     ("bubblewrap", "command -v bwrap"),
     // srt's relays to its proxy, and its deny-path scan
     ("socat", "command -v socat"),
@@ -24,13 +25,15 @@ pub const PACKAGES: [(&str, &str); 6] = [
     // crun refuses this host's hybrid cgroups
     ("runc", "command -v runc"),
     ("mmdebstrap", "command -v mmdebstrap"),
+    ("firejail", "command -v firejail"),
+    ("systemd-container", "command -v systemd-nspawn"),
 ];
 
 /// What the runtime tests are told (as environment variables).
 pub struct Installed {
     /// `SRT`: srt's executable.
     pub srt: PathBuf,
-    /// `PODMAN_ROOTFS`: the container root filesystem.
+    /// `RUNTIMES_ROOTFS`: the containers' root filesystem (podman, nspawn).
     pub rootfs: PathBuf,
 }
 
@@ -38,7 +41,7 @@ impl Installed {
     pub fn env(&self) -> [(&'static str, PathBuf); 2] {
         [
             ("SRT", self.srt.clone()),
-            ("PODMAN_ROOTFS", self.rootfs.clone()),
+            ("RUNTIMES_ROOTFS", self.rootfs.clone()),
         ]
     }
 }

@@ -228,6 +228,7 @@ impl Relay {
                     .begin_tree(
                         &format!("tools/call {tool}"),
                         child.pid,
+                        child.tree.v2_dir(),
                         Some(&crate::kernel::CallTrace {
                             tool: tool.clone(),
                             mcp_session: None,

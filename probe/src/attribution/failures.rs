@@ -188,13 +188,15 @@ pub fn is_search_noise(path: &str) -> bool {
         "selinux",
     ];
     // /etc/localtime: libc and python fall back to UTC without it
-    const PREFIXES: [&str; 6] = [
+    const PREFIXES: [&str; 7] = [
         "/proc/",
         "/sys/",
         "/dev/",
         "/etc/ld.so",
         "/etc/localtime",
         "/usr/share/zoneinfo",
+        // glibc checks it at the start of every setuid program
+        "/etc/suid-debug",
     ];
     const NAMES: [&str; 4] = ["pybuilddir.txt", "pyvenv.cfg", "Setup.local", "os.py"];
     let name = path.rsplit('/').next().unwrap_or(path);
@@ -246,6 +248,21 @@ pub(super) fn last_exec(events: &VecDeque<KernelEvent>) -> HashMap<u32, usize> {
         .collect()
 }
 
+/// The dynamic loader checking a directory of its search path
+/// (LD_LIBRARY_PATH, a hidden one in a sandbox): it stats the directory
+/// right after failing to open a library in it.
+fn library_dir_probe(events: &VecDeque<KernelEvent>, i: usize, dir: &str) -> bool {
+    let pid = events[i].pid;
+    events
+        .range(i.saturating_sub(4)..i)
+        .filter(|e| e.pid == pid)
+        .filter_map(|e| e.path.as_deref())
+        .any(|p| {
+            p.strip_prefix(dir)
+                .is_some_and(|rest| rest.starts_with('/') && is_search_noise(p))
+        })
+}
+
 /// A failure event's primitive and weight, or None when it is not
 /// evidence. Scores `events[i]`; `execs` from [`last_exec`].
 pub(super) fn score(
@@ -273,7 +290,7 @@ pub(super) fn score(
     let mut primitive = rule.primitive;
     if let Some(path) = &ev.path
         && rule.primitive == Primitive::FsMissing
-        && is_search_noise(path)
+        && (is_search_noise(path) || library_dir_probe(events, i, path))
     {
         return None;
     }
@@ -297,18 +314,45 @@ pub(super) fn score(
 /// A shell's "command not found": a process exited 127 after looking up
 /// the same name in several PATH directories (stat, access or execve) and
 /// finding none. Where the span's status is 127, the lookup may also be
-/// another process's that then failed (a container runtime's `runc init`
-/// looks the command up itself and the runtime reports 127).
-pub(super) fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
+/// another process's that then exited non-zero (a container runtime's `runc
+/// init` looks the command up itself and the runtime reports 127); with any
+/// other status, a lookup in two bin directories or more by a process that
+/// then exited non-zero (firejail looks it up and exits 1). Not a lookup
+/// its process got past (`survived`: it went on to start a program).
+pub(super) fn command_not_found(
+    span: &SpanEvidence,
+    outcome: &Outcome,
+    survived: impl Fn(&KernelEvent) -> bool,
+) -> Option<Verdict> {
     let exited_127 = |pid: u32| {
-        let p = span.processes.get(&pid);
-        p.and_then(|p| p.exit_code) == Some(127)
+        let code = span.processes.get(&pid).and_then(|p| p.exit_code);
+        code == Some(127)
             || (outcome.exit.code == Some(127)
-                && (Some(pid) == span.root_pid || p.is_some_and(|p| p.failed())))
+                && (Some(pid) == span.root_pid || code.is_some_and(|c| c != 0)))
     };
+    // a runtime that looks the command up itself and exits 1 (firejail):
+    // only candidates in bin directories then, as a PATH has
+    let own_lookup = |pid: u32| {
+        span.processes
+            .get(&pid)
+            .and_then(|p| p.exit_code)
+            .is_some_and(|c| c != 0)
+    };
+    let in_bin_dir = |path: &str| {
+        path.rsplit_once('/')
+            .is_some_and(|(dir, _)| dir.ends_with("/bin") || dir.ends_with("/sbin"))
+    };
+    // a lookup that ended in a successful exec found its program (the
+    // subshell of `sleep 30 &`, killed later, is no missing command)
+    let execs = last_exec(&span.events);
     let misses: Vec<&KernelEvent> = span
         .events
         .iter()
+        .enumerate()
+        .filter(|(i, e)| execs.get(&e.pid).is_none_or(|x| x < i))
+        .map(|(_, e)| e)
+        // podman looks for the OCI runtimes it knows (krun…), then goes on
+        .filter(|e| !survived(e))
         .filter(|e| {
             e.kind.is_failure()
                 && e.errno.as_deref() == Some("ENOENT")
@@ -319,7 +363,8 @@ pub(super) fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Optio
                 && e.path
                     .as_deref()
                     .is_some_and(|p| p.starts_with('/') && !is_search_noise(p))
-                && exited_127(e.pid)
+                && (exited_127(e.pid)
+                    || (own_lookup(e.pid) && e.path.as_deref().is_some_and(in_bin_dir)))
         })
         .collect();
     let last = *misses.last()?;
@@ -332,21 +377,38 @@ pub(super) fn command_not_found(span: &SpanEvidence, outcome: &Outcome) -> Optio
         .collect();
     let mut seen = std::collections::HashSet::new();
     tried.retain(|p| seen.insert(*p));
-    if tried.len() < 2 {
+    let bin_dirs = tried.iter().filter(|p| in_bin_dir(p)).count();
+    let status_127 = exited_127(last.pid);
+    // a program looking for itself on PATH (python finding its prefix)
+    let itself = span.processes.get(&last.pid).is_some_and(|p| {
+        p.comm == name || p.exe.as_deref().and_then(|e| e.rsplit('/').next()) == Some(name.as_str())
+    });
+    // a shell looks the name up, then its child runs what it found
+    let found = span.events.iter().any(|e| {
+        e.kind == Kind::Exec
+            && e.ts_ns >= last.ts_ns
+            && e.path.as_deref().and_then(|p| p.rsplit('/').next()) == Some(name.as_str())
+    });
+    if tried.len() < 2 || found || (!status_127 && (bin_dirs < 2 || itself)) {
         return None;
     }
     Some(Verdict {
         primitive: Primitive::ExecMissing,
-        confidence: 0.95,
+        // without the shell's 127, a denial or hard limit outranks it
+        confidence: if status_127 { 0.95 } else { 0.85 },
         explanation: format!(
             "`{name}` is not installed: {} (pid {}) looked in {} PATH directories ({}) and {}",
             last.comm,
             last.pid,
             tried.len(),
             tried.join(", "),
-            match span.processes.get(&last.pid).and_then(|p| p.exit_code) {
-                Some(127) | None => "exited 127".to_string(),
-                Some(c) => format!("exited {c}; the workload's status is 127"),
+            match (
+                span.processes.get(&last.pid).and_then(|p| p.exit_code),
+                outcome.exit.code
+            ) {
+                (Some(127) | None, _) => "exited 127".to_string(),
+                (Some(c), Some(127)) => format!("exited {c}; the workload's status is 127"),
+                (Some(c), _) => format!("exited {c}"),
             }
         ),
         decisive: Some(last.clone()),

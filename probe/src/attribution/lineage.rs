@@ -30,6 +30,9 @@ pub enum SignalOrigin {
     Own,
     /// The kernel SIGKILLed it because its PID namespace's init had exited.
     NamespaceTeardown { init: u32, init_comm: String },
+    /// The kernel sent it another signal when a process exited (SIGHUP to
+    /// a session whose leader exited).
+    KernelAtExit { pid: u32, comm: String },
     /// A process that started it (directly or further up): a wrapper's
     /// cleanup, a shell's `kill %1`, `timeout`.
     Ancestor { pid: u32, comm: String },
@@ -83,7 +86,9 @@ impl Lineage {
             if after_the_end
                 || matches!(
                     signal_origin(span, pid),
-                    SignalOrigin::Ancestor { .. } | SignalOrigin::NamespaceTeardown { .. }
+                    SignalOrigin::Ancestor { .. }
+                        | SignalOrigin::NamespaceTeardown { .. }
+                        | SignalOrigin::KernelAtExit { .. }
                 )
             {
                 lineage.stopped.insert(pid, at);
@@ -274,14 +279,14 @@ pub fn signal_origin(span: &SpanEvidence, pid: u32) -> SignalOrigin {
         .events
         .iter()
         .any(|e| e.kind == Kind::Exit && e.pid == sender && sent_at.is_none_or(|at| e.ts_ns <= at));
-    if p.signal.as_deref() == Some("SIGKILL")
-        && p.signal_code == Some(SI_KERNEL)
-        && !p.oom_killed
-        && sender_exited
-    {
-        return SignalOrigin::NamespaceTeardown {
-            init: sender,
-            init_comm: comm,
+    if p.signal_code == Some(SI_KERNEL) && !p.oom_killed && sender_exited {
+        return if p.signal.as_deref() == Some("SIGKILL") {
+            SignalOrigin::NamespaceTeardown {
+                init: sender,
+                init_comm: comm,
+            }
+        } else {
+            SignalOrigin::KernelAtExit { pid: sender, comm }
         };
     }
     if is_ancestor(span, sender, pid) {

@@ -252,7 +252,9 @@ fn uring_seccomp_note(span: &SpanEvidence) -> Option<String> {
 /// result, so nobody's hidden failure: helpers stopped by whoever started
 /// them (a runtime's relays, killed at its exit), and checks whose failure
 /// their parent looked at before going on to start another program (when
-/// the failure was a weak one).
+/// the failure was a weak one), and failures their process got past by
+/// going on to start the workload (systemd-nspawn's EROFS while it sets up
+/// a read-only root).
 fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure> {
     let lineage = Lineage::of(span, &outcome.exit);
     let v = strongest_failure(span, outcome, |ev, primitive, weight| {
@@ -266,7 +268,7 @@ fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailur
         // a check's weak failure (a search for an optional file) was the
         // check's answer; a denial or a hard limit is worth hearing anyway
         let coped_with = lineage.coped.contains(&ev.pid) && weight < rank::STRONG;
-        eligible && !lineage.stopped.contains_key(&ev.pid) && !coped_with
+        eligible && !lineage.stopped.contains_key(&ev.pid) && !coped_with && !lineage.survived(ev)
     })?;
     Some(HiddenFailure {
         primitive: v.primitive,
@@ -872,12 +874,37 @@ mod tests {
     }
 
     #[test]
+    fn the_loaders_stat_of_a_missing_library_directory_is_noise() {
+        // LD_LIBRARY_PATH names a directory the sandbox hides: ld.so tries
+        // a library in it, then stats it; the program then runs and fails
+        let events = vec![
+            failed(10, 1, "openat", libc::ENOENT, "/tmp/build/deps/libc.so.6"),
+            failed(10, 2, "newfstatat", libc::ENOENT, "/tmp/build/deps"),
+            failed(10, 3, "newfstatat", libc::ENOENT, "/data/input"),
+            exit(10, 4, 1),
+        ];
+        let a = attribute(&span(events), &outcome(1));
+        assert_eq!(a.decisive.unwrap().path.as_deref(), Some("/data/input"));
+        let events = vec![
+            failed(10, 2, "newfstatat", libc::ENOENT, "/tmp/build/deps"),
+            exit(10, 4, 1),
+        ];
+        let a = attribute(&span(events), &outcome(1));
+        assert_eq!(
+            a.primitive,
+            Primitive::FsMissing,
+            "alone, it is a missing directory"
+        );
+    }
+
+    #[test]
     fn search_noise_is_recognised() {
         for p in [
             "/usr/lib/python3.11/json/__pycache__/x.pyc",
             "/lib/x86_64-linux-gnu/tls/libc.so.6",
             "<string>",
             "/etc/localtime",
+            "/etc/suid-debug",
         ] {
             assert!(is_search_noise(p), "{p}");
         }

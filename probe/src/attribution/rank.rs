@@ -239,6 +239,9 @@ fn sent_by(span: &SpanEvidence, pid: u32) -> String {
             " at PID-namespace teardown (its init, {init_comm} (pid {init}), had exited, and \
              the kernel kills what is left in the namespace)"
         ),
+        SignalOrigin::KernelAtExit { pid: s, comm } => {
+            format!(" sent by the kernel when {comm} (pid {s}) exited")
+        }
         SignalOrigin::Ancestor { pid: s, comm } => {
             format!(" sent by {comm} (pid {s}), which started it")
         }
@@ -259,7 +262,12 @@ fn strong_failure_on_path(
     match failure_on_path(span, outcome, lineage) {
         Some(v) if v.confidence >= 0.95 => Some(v),
         strongest => {
-            command_not_found(span, outcome).or(strongest.filter(|v| v.confidence >= STRONG))
+            let strong = strongest.filter(|v| v.confidence >= STRONG);
+            let missing = command_not_found(span, outcome, |ev| lineage.survived(ev));
+            match (missing, strong) {
+                (Some(missing), Some(v)) if v.confidence > missing.confidence => Some(v),
+                (missing, v) => missing.or(v),
+            }
         }
     }
 }
@@ -610,5 +618,114 @@ mod tests {
         let s = podman(vec![exec(13, 7 * MS, "sh")], 3);
         let a = attribute(&s, &status(3));
         assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+    }
+
+    #[test]
+    fn firejails_own_lookup_of_a_missing_command_is_exec_missing_not_its_cleanup() {
+        // firejail 10 → sandbox 11: it stats the name in PATH, unlinks its
+        // run files (ENOENT) and exits 1
+        let mut events = vec![fork(10, 11, MS, "firejail")];
+        for (i, dir) in ["/root/.cargo/bin", "/usr/local/bin", "/usr/bin", "/bin"]
+            .iter()
+            .enumerate()
+        {
+            let path = format!("{dir}/nosuchcmd");
+            events.push(failed(
+                11,
+                (2 + i as u64) * MS,
+                "newfstatat",
+                libc::ENOENT,
+                &path,
+            ));
+        }
+        events.push(failed(
+            11,
+            7 * MS,
+            "unlink",
+            libc::ENOENT,
+            "/run/firejail/profile/2",
+        ));
+        events.push(exit(11, 8 * MS, Some(1), "firejail"));
+        events.push(exit(10, 9 * MS, Some(1), "firejail"));
+        let a = attribute(&span(events), &status(1));
+        assert_eq!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
+        assert!(a.explanation.ends_with("and exited 1"), "{}", a.explanation);
+        // config files looked for in several places are no command
+        let mut events = vec![fork(10, 11, MS, "app")];
+        for (i, dir) in ["/etc/app", "/root/.config/app"].iter().enumerate() {
+            let path = format!("{dir}/app.conf");
+            events.push(failed(
+                11,
+                (2 + i as u64) * MS,
+                "newfstatat",
+                libc::ENOENT,
+                &path,
+            ));
+        }
+        events.push(exit(11, 8 * MS, Some(1), "app"));
+        events.push(exit(10, 9 * MS, Some(1), "app"));
+        let a = attribute(&span(events), &status(1));
+        assert_ne!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
+        // a shell looks `cat` up, its child runs /usr/bin/cat, which fails
+        let mut events = vec![];
+        for (i, dir) in ["/root/.cargo/bin", "/usr/local/bin"].iter().enumerate() {
+            let path = format!("{dir}/cat");
+            events.push(failed(
+                10,
+                (1 + i as u64) * MS,
+                "newfstatat",
+                libc::ENOENT,
+                &path,
+            ));
+        }
+        events.push(fork(10, 11, 3 * MS, "sh"));
+        events.push(exec(11, 4 * MS, "cat"));
+        events.push(failed(11, 5 * MS, "openat", libc::ENOENT, "/data/in.csv"));
+        events.push(exit(11, 6 * MS, Some(1), "cat"));
+        events.push(exit(10, 7 * MS, Some(1), "sh"));
+        let a = attribute(&span(events), &status(1));
+        assert_eq!(a.primitive, Primitive::FsMissing, "{}", a.explanation);
+    }
+
+    #[test]
+    fn a_runtimes_setup_failure_before_it_starts_the_workload_is_no_hidden_failure() {
+        // systemd-nspawn 10 → 11 sets up a read-only root (mkdir EROFS,
+        // tolerated), starts 12, which runs the payload, and exits 0
+        let s = span(vec![
+            fork(10, 11, MS, "systemd-nspawn"),
+            failed(
+                11,
+                2 * MS,
+                "mkdir",
+                libc::EROFS,
+                "/srv/root/var/log/journal",
+            ),
+            fork(11, 12, 3 * MS, "systemd-nspawn"),
+            exit(11, 4 * MS, Some(0), "systemd-nspawn"),
+            exec(12, 5 * MS, "echo"),
+            exit(12, 6 * MS, Some(0), "echo"),
+            exit(10, 7 * MS, Some(0), "systemd-nspawn"),
+        ]);
+        let a = attribute(&s, &status(0));
+        assert_eq!(a.hidden_failure, None);
+    }
+
+    #[test]
+    fn a_sighup_the_kernel_sent_when_a_session_leader_exited_says_so() {
+        let s = span(vec![
+            fork(10, 11, MS, "sh"),
+            exec(11, 2 * MS, "sleep"),
+            exit(10, 3 * MS, Some(3), "sh"),
+            signal(11, 4 * MS, "SIGHUP", 10, "sh", SI_KERNEL),
+            exit(11, 5 * MS, None, "sleep"),
+        ]);
+        let a = attribute(&s, &status(3));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        assert!(
+            a.explanation
+                .contains("sleep (pid 11) by SIGHUP sent by the kernel when sh (pid 10) exited"),
+            "{}",
+            a.explanation
+        );
     }
 }
