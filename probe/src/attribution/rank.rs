@@ -390,6 +390,17 @@ mod tests {
         outcome(code)
     }
 
+    /// `name` looked up in each of `dirs` by `pid` (ENOENT), from `ms` on.
+    fn lookups(pid: u32, ms: u64, dirs: &[&str], name: &str) -> Vec<KernelEvent> {
+        dirs.iter()
+            .enumerate()
+            .map(|(i, dir)| {
+                let path = format!("{dir}/{name}");
+                failed(pid, (ms + i as u64) * MS, "newfstatat", libc::ENOENT, &path)
+            })
+            .collect()
+    }
+
     /// srt's shape: node 10 → bwrap 11 → bwrap 12 (the namespace's init)
     /// → bash 13, which starts socat relays 14 and 15 and the command 16;
     /// bash kills its relays on exit and passes the command's status on;
@@ -523,15 +534,12 @@ mod tests {
             fork(10, 11, 2 * MS, "podman"),
             exec(11, 3 * MS, "runc"),
         ];
-        for (i, dir) in ["/usr/local/bin", "/usr/bin", "/bin"].iter().enumerate() {
-            events.push(failed(
-                11,
-                (4 + i as u64) * MS,
-                "newfstatat",
-                libc::ENOENT,
-                &format!("{dir}/nosuchcmd"),
-            ));
-        }
+        events.extend(lookups(
+            11,
+            4,
+            &["/usr/local/bin", "/usr/bin", "/bin"],
+            "nosuchcmd",
+        ));
         events.push(exit(11, 8 * MS, Some(1), "runc"));
         events.push(exit(10, 9 * MS, Some(127), "podman"));
         let a = attribute(&span(events), &status(127));
@@ -625,19 +633,12 @@ mod tests {
         // firejail 10 → sandbox 11: it stats the name in PATH, unlinks its
         // run files (ENOENT) and exits 1
         let mut events = vec![fork(10, 11, MS, "firejail")];
-        for (i, dir) in ["/root/.cargo/bin", "/usr/local/bin", "/usr/bin", "/bin"]
-            .iter()
-            .enumerate()
-        {
-            let path = format!("{dir}/nosuchcmd");
-            events.push(failed(
-                11,
-                (2 + i as u64) * MS,
-                "newfstatat",
-                libc::ENOENT,
-                &path,
-            ));
-        }
+        events.extend(lookups(
+            11,
+            2,
+            &["/root/.cargo/bin", "/usr/local/bin", "/usr/bin", "/bin"],
+            "nosuchcmd",
+        ));
         events.push(failed(
             11,
             7 * MS,
@@ -652,32 +653,24 @@ mod tests {
         assert!(a.explanation.ends_with("and exited 1"), "{}", a.explanation);
         // config files looked for in several places are no command
         let mut events = vec![fork(10, 11, MS, "app")];
-        for (i, dir) in ["/etc/app", "/root/.config/app"].iter().enumerate() {
-            let path = format!("{dir}/app.conf");
-            events.push(failed(
-                11,
-                (2 + i as u64) * MS,
-                "newfstatat",
-                libc::ENOENT,
-                &path,
-            ));
-        }
+        events.extend(lookups(
+            11,
+            2,
+            &["/etc/app", "/root/.config/app"],
+            "app.conf",
+        ));
         events.push(exit(11, 8 * MS, Some(1), "app"));
         events.push(exit(10, 9 * MS, Some(1), "app"));
         let a = attribute(&span(events), &status(1));
         assert_ne!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
         // a shell looks `cat` up, its child runs /usr/bin/cat, which fails
         let mut events = vec![];
-        for (i, dir) in ["/root/.cargo/bin", "/usr/local/bin"].iter().enumerate() {
-            let path = format!("{dir}/cat");
-            events.push(failed(
-                10,
-                (1 + i as u64) * MS,
-                "newfstatat",
-                libc::ENOENT,
-                &path,
-            ));
-        }
+        events.extend(lookups(
+            10,
+            1,
+            &["/root/.cargo/bin", "/usr/local/bin"],
+            "cat",
+        ));
         events.push(fork(10, 11, 3 * MS, "sh"));
         events.push(exec(11, 4 * MS, "cat"));
         events.push(failed(11, 5 * MS, "openat", libc::ENOENT, "/data/in.csv"));
