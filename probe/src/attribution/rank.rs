@@ -13,7 +13,11 @@
 //! 6. [`signal_off_path`]: a crash, or a kill by a process that did not
 //!    start it, elsewhere in the span (a renderer that crashed on a refused
 //!    mmap outranks its browser's weaker failures).
-//! 7. [`failure_on_path`]: any other failure of that last process.
+//! 7. [`failure_on_path`]: any other failure of that last process, unless
+//!    [`failure_reported_before`] it explains it: a refused connection, a
+//!    full disk or a read-only filesystem that another process reported
+//!    instead of failing on (Chromium's network service: the page never
+//!    loaded, so the PDF the next program opens was never written).
 //! 8. [`failure_off_path`]: the strongest failure of another process that
 //!    exited non-zero.
 //! 9. [`memory_pressure`], then [`no_kernel_cause`].
@@ -29,7 +33,8 @@ use crate::primitive::Primitive;
 use crate::spans::SpanEvidence;
 
 use super::failures::{
-    command_not_found, latest_strong_failure, resource_failure_behind_crash, strongest_failure,
+    command_not_found, latest_strong_failure, reported_failure, resource_failure_behind_crash,
+    strongest_failure,
 };
 use super::lineage::{Lineage, SignalOrigin, fatal_signal, signal_origin};
 use super::{Outcome, Verdict};
@@ -43,7 +48,10 @@ pub(super) fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict
         .or_else(|| signal_on_path(span, outcome, &lineage))
         .or_else(|| strong_failure_on_path(span, outcome, &lineage))
         .or_else(|| signal_off_path(span, &lineage))
-        .or_else(|| failure_on_path(span, outcome, &lineage))
+        .or_else(|| {
+            failure_on_path(span, outcome, &lineage)
+                .map(|v| failure_reported_before(span, outcome, &lineage, &v).unwrap_or(v))
+        })
         .or_else(|| failure_off_path(span, outcome, &lineage))
         .or_else(|| memory_pressure(span, outcome))
         .unwrap_or_else(|| no_kernel_cause(span, outcome, &lineage))
@@ -165,6 +173,26 @@ fn signal_on_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> 
         .or_else(|| outcome.exit.signal.clone())
         .unwrap_or_else(|| "a signal".into());
     Some(explain_signal(span, pid, &sig))
+}
+
+/// A failure no program makes on purpose ([`reported_failure`]) in a
+/// process that did not fail itself (it exited 0, or still runs), before
+/// the last process's own weak failure `then`: it told someone instead,
+/// and what it could not do is what `then` ran into.
+fn failure_reported_before(
+    span: &SpanEvidence,
+    outcome: &Outcome,
+    lineage: &Lineage,
+    then: &Verdict,
+) -> Option<Verdict> {
+    let before = then.decisive.as_ref()?.ts_ns;
+    strongest_failure(span, outcome, |ev, primitive, _| {
+        ev.ts_ns < before
+            && reported_failure(ev, primitive)
+            && span.processes.get(&ev.pid).is_none_or(|p| !p.failed())
+            && !lineage.stopped.contains_key(&ev.pid)
+            && !lineage.survived(ev)
+    })
 }
 
 /// A crash, or a kill by a process that did not start it, of a process off
@@ -720,5 +748,30 @@ mod tests {
             "{}",
             a.explanation
         );
+    }
+
+    #[test]
+    fn a_refused_connection_a_browser_reported_explains_the_missing_pdf_after_it() {
+        // sh 10 runs chromium 11 (its network service 12 is refused and
+        // exits 0, so does the browser: no PDF), then python 13, which
+        // cannot open the PDF and exits 1
+        let mut refused = failed(12, 3 * MS, "connect", libc::ECONNREFUSED, "");
+        refused.addr = Some("127.66.0.1:8080".into());
+        let s = span(vec![
+            fork(10, 11, MS, "sh"),
+            exec(11, MS + 1, "chromium"),
+            fork(11, 12, 2 * MS, "chromium"),
+            refused,
+            exit(12, 4 * MS, Some(0), "chromium"),
+            exit(11, 5 * MS, Some(0), "chromium"),
+            fork(10, 13, 6 * MS, "sh"),
+            exec(13, 6 * MS + 1, "python3"),
+            failed(13, 7 * MS, "openat", libc::ENOENT, "/tmp/t/report.pdf"),
+            exit(13, 8 * MS, Some(1), "python3"),
+            exit(10, 9 * MS, Some(1), "sh"),
+        ]);
+        let a = attribute(&s, &status(1));
+        assert_eq!(a.primitive, Primitive::NetEgress, "{}", a.explanation);
+        assert_eq!(a.decisive.unwrap().pid, 12);
     }
 }
