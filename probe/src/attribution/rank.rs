@@ -23,10 +23,12 @@
 //! 9. [`memory_pressure`], then [`no_kernel_cause`].
 //!
 //! Never a cause, at any stage ([`Lineage`]): a kill of a helper by the
-//! process that started it or by the kernel at PID-namespace teardown,
-//! what a process did once it was being stopped (cleanup), and a failure
-//! its process got past by going on to start another program (a runtime's
-//! own setrlimit EPERM before it starts the container).
+//! process that started it, by the kernel at PID-namespace teardown, or by
+//! anyone after the traced command ended; what a process did once it was
+//! being stopped (cleanup); a failure its process got past by going on to
+//! start another program (a runtime's own setrlimit EPERM before it starts
+//! the container); a check whose failure its parent looked at before
+//! starting the next program (srt's `rg` scan).
 
 use crate::event::{Kind, SYS_SECCOMP};
 use crate::primitive::Primitive;
