@@ -267,6 +267,11 @@ struct Srt {
     dir: tempfile::TempDir,
 }
 
+/// `env` arguments for runs with and without `$SHELL`: without it, bash
+/// asks NSS for the user at startup, glibc's nscd client tries a unix
+/// socket, srt's filter refuses it (EPERM, twice) and bash goes on.
+const SHELLS: [&[&str]; 2] = [&["SHELL=/bin/bash"], &["-u", "SHELL"]];
+
 impl Srt {
     fn new() -> Option<Srt> {
         if !root() || installed("bwrap").is_none() || installed("socat").is_none() {
@@ -299,9 +304,17 @@ impl Srt {
 
     /// `srt --settings … -c SCRIPT` under `probe trace`.
     fn run(&self, script: &str) -> Traced {
+        self.run_with_env(&[], script)
+    }
+
+    /// [`Srt::run`] under `env ENV…` (`-u NAME` unsets).
+    fn run_with_env(&self, env: &[&str], script: &str) -> Traced {
         let settings = self.path("settings.json");
         let bin = self.bin.to_str().unwrap();
-        trace_with(&[], &[bin, "--settings", &settings, "-c", script])
+        let mut cmd = vec!["env"];
+        cmd.extend(env);
+        cmd.extend([bin, "--settings", &settings, "-c", script]);
+        trace_with(&[], &cmd)
     }
 }
 
@@ -359,13 +372,15 @@ fn srt_unix_socket_is_its_seccomp_filter() {
 #[test]
 fn srt_missing_command_is_exec_missing() {
     let Some(srt) = Srt::new() else { return };
-    twice(
-        || srt.run("probe-no-such-command"),
-        |t| {
-            t.expect("exec.missing", None);
-            assert_eq!(t.code, Some(127), "{}", t.context());
-        },
-    );
+    for env in SHELLS {
+        twice(
+            || srt.run_with_env(env, "probe-no-such-command"),
+            |t| {
+                t.expect("exec.missing", None);
+                assert_eq!(t.code, Some(127), "{}", t.context());
+            },
+        );
+    }
 }
 
 #[test]
@@ -392,19 +407,21 @@ fn srt_failures_hidden_by_or_true_and_a_pipeline_are_hidden_failures() {
 #[test]
 fn srt_plain_exit_with_a_leftover_process_blames_nothing_and_names_the_real_senders() {
     let Some(srt) = Srt::new() else { return };
-    twice(
-        || srt.run("sleep 30 & exit 3"),
-        |t| {
-            assert_eq!(t.code, Some(3));
-            t.expect("none", None);
-            let why = t.json["explanation"].as_str().unwrap();
-            assert!(
-                why.contains("at PID-namespace teardown (its init, apply-seccomp"),
-                "{why}"
-            );
-            assert!(why.contains("which started it"), "{why}");
-        },
-    );
+    for env in SHELLS {
+        twice(
+            || srt.run_with_env(env, "sleep 30 & exit 3"),
+            |t| {
+                assert_eq!(t.code, Some(3));
+                t.expect("none", None);
+                let why = t.json["explanation"].as_str().unwrap();
+                assert!(
+                    why.contains("at PID-namespace teardown (its init, apply-seccomp"),
+                    "{why}"
+                );
+                assert!(why.contains("which started it"), "{why}");
+            },
+        );
+    }
 }
 
 // ------------------------------------------------------------------ podman

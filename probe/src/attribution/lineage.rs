@@ -108,9 +108,13 @@ impl Lineage {
         let exit_at = exit_times(span);
         for e in &span.events {
             let went_on = match e.kind {
+                // or a background job that was stopped on the way out
+                // before it got to exec (`sleep 30 & exit 3` under srt)
                 Kind::Fork => {
                     e.thread == Some(false)
-                        && e.child_pid.is_some_and(|c| runs_program.contains(&c))
+                        && e.child_pid.is_some_and(|c| {
+                            runs_program.contains(&c) || lineage.stopped.contains_key(&c)
+                        })
                 }
                 // the process became another program itself (a wrapper
                 // script's final exec)

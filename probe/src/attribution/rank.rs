@@ -289,16 +289,30 @@ fn strong_failure_on_path(
     outcome: &Outcome,
     lineage: &Lineage,
 ) -> Option<Verdict> {
+    let missing = || command_not_found(span, outcome, |ev| lineage.survived(ev));
     match failure_on_path(span, outcome, lineage) {
-        Some(v) if v.confidence >= 0.95 => Some(v),
+        // a shell that went on to look the command up after the denial (its
+        // NSS lookup of the user hit a seccomp filter on unix sockets) did
+        // without what was denied: its 127 is the missing command's
+        Some(v) if v.confidence >= 0.95 => match missing() {
+            Some(m) if m.confidence >= 0.95 && decided_later(&m, &v) => Some(m),
+            _ => Some(v),
+        },
         strongest => {
             let strong = strongest.filter(|v| v.confidence >= STRONG);
-            let missing = command_not_found(span, outcome, |ev| lineage.survived(ev));
-            match (missing, strong) {
+            match (missing(), strong) {
                 (Some(missing), Some(v)) if v.confidence > missing.confidence => Some(v),
                 (missing, v) => missing.or(v),
             }
         }
+    }
+}
+
+/// Whether `a`'s decisive event came after `b`'s in the same process.
+fn decided_later(a: &Verdict, b: &Verdict) -> bool {
+    match (&a.decisive, &b.decisive) {
+        (Some(a), Some(b)) => a.pid == b.pid && a.ts_ns > b.ts_ns,
+        _ => false,
     }
 }
 
@@ -486,6 +500,42 @@ mod tests {
         );
         let a = attribute(&s, &status(1));
         assert_eq!(a.primitive, Primitive::FsReadonly, "{}", a.explanation);
+    }
+
+    #[test]
+    fn under_srt_a_shells_nss_lookup_refused_before_a_missing_command_is_not_the_cause() {
+        // without $HOME, bash asks NSS for the user; libnss_systemd's unix
+        // socket is refused by srt's filter, and bash goes on
+        let mut denied = failed(16, 9 * MS, "socket", libc::EPERM, "");
+        denied.kind = Kind::SeccompDenied;
+        denied.seccomp_filter = Some(true);
+        let mut command = vec![exec(16, 8 * MS, "bash"), denied.clone()];
+        command.extend(lookups(16, 10, &["/usr/local/bin", "/usr/bin", "/bin"], "nope"));
+        let a = attribute(&srt(command, 127), &status(127));
+        assert_eq!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
+        // nor when it went on to start a program, then exited by itself
+        let mut command = vec![exec(16, 8 * MS, "bash"), denied.clone()];
+        command.extend([fork(16, 18, 10 * MS, "bash"), exec(18, 11 * MS, "sleep")]);
+        let a = attribute(&srt(command, 3), &status(3));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        // even when the background job is killed at teardown before its exec
+        let mut command = vec![exec(16, 8 * MS, "bash"), denied.clone()];
+        command.push(fork(16, 18, 10 * MS, "bash"));
+        let mut s = srt(command, 3);
+        s.events.extend([
+            signal(18, 25 * MS, "SIGKILL", 12, "bwrap", SI_KERNEL),
+            exit(18, 26 * MS, None, "bash"),
+        ]);
+        let s = span(s.events.into());
+        let a = attribute(&s, &status(3));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        // a denial after the lookup (the program was found, then refused) wins
+        let mut command = vec![exec(16, 8 * MS, "bash")];
+        command.extend(lookups(16, 10, &["/usr/local/bin", "/usr/bin", "/bin"], "nope"));
+        denied.ts_ns = 15 * MS;
+        command.push(denied);
+        let a = attribute(&srt(command, 1), &status(1));
+        assert_eq!(a.primitive, Primitive::Seccomp, "{}", a.explanation);
     }
 
     #[test]
