@@ -159,7 +159,7 @@ async fn connect_http(url: &str, pooled: bool) -> Client {
         .max_sse_event_size(512 << 20)
         .max_json_response_size(512 << 20);
     let transport = if pooled {
-        let http = agent_bridge::campaign::target::http_client();
+        let http = campaign::target::http_client();
         StreamableHttpClientTransport::with_client(http, config)
     } else {
         StreamableHttpClientTransport::from_config(config)
@@ -522,7 +522,7 @@ fn bridge_alone_stdio(socket: &Path, dir: &Path, data: &[u8]) -> Alone {
             json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         ))
         .unwrap();
-    let sha = agent_bridge::bytes::sha256_hex(data);
+    let sha = contract::bytes::sha256_hex(data);
     let path = dir.join("payload-alone.bin");
     let b64 = base64::engine::general_purpose::STANDARD.encode(data);
     let (mut w, mut r) = (Vec::new(), Vec::new());
@@ -674,7 +674,7 @@ async fn bridge_alone_http(socket: &Path, dir: &Path, data: &[u8], sessionless: 
         )
         .unwrap()
     };
-    let sha = agent_bridge::bytes::sha256_hex(data);
+    let sha = contract::bytes::sha256_hex(data);
     let path = dir.join(format!("payload-alone-http-{version}.bin"));
     let b64 = base64::engine::general_purpose::STANDARD.encode(data);
     let (mut w, mut r) = (Vec::new(), Vec::new());

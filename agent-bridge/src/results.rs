@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::tools::{ArgError, RecordResultArgs, arg_error};
+use contract::tools::{ArgError, RecordResultArgs, arg_error};
 
 const STATUSES: &[&str] = &["pass", "fail", "error", "skip"];
 const LAYERS: &[&str] = &["interface", "sandbox", "test"];

@@ -58,7 +58,7 @@ impl Bridge {
             own: SessionSlot::default(),
             sessionless,
             config,
-            tools: crate::tools::all(),
+            tools: contract::tools::all(),
         }
     }
 
@@ -297,7 +297,8 @@ async fn guard(State(g): State<Arc<Guard>>, req: axum::extract::Request, next: N
             .and_then(|v| v.strip_prefix("Bearer "));
         // constant-time enough: compare digests, not the strings
         let matches = given.is_some_and(|g| {
-            crate::bytes::sha256_hex(g.as_bytes()) == crate::bytes::sha256_hex(token.as_bytes())
+            contract::bytes::sha256_hex(g.as_bytes())
+                == contract::bytes::sha256_hex(token.as_bytes())
         });
         if !matches {
             return (

@@ -232,7 +232,7 @@ fn name_fields(name: &OsStr) -> Value {
         Ok(s) => json!({"name": s}),
         Err(_) => json!({
             "name": String::from_utf8_lossy(bytes),
-            "name_base64": crate::bytes::base64_encode(bytes),
+            "name_base64": contract::bytes::base64_encode(bytes),
         }),
     }
 }
@@ -316,7 +316,7 @@ mod tests {
             .find(|e| e.get("name_base64").is_some())
             .unwrap();
         assert_eq!(
-            crate::bytes::base64_decode(bad["name_base64"].as_str().unwrap()).unwrap(),
+            contract::bytes::base64_decode(bad["name_base64"].as_str().unwrap()).unwrap(),
             b"bad\xffname"
         );
         assert!(

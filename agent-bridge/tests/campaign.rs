@@ -89,9 +89,7 @@ fn assert_whole(conn: &rusqlite::Connection, run: &str, suite: &Path, total: usi
         "lost or duplicated tests"
     );
     // every valid test of the suite, with all its steps
-    let valid = agent_bridge::campaign::validate::load_dir(suite)
-        .unwrap()
-        .tests;
+    let valid = campaign::validate::load_dir(suite).unwrap().tests;
     assert_eq!(valid.len(), total);
     for t in valid {
         let steps = count(
@@ -780,10 +778,7 @@ fn browser_tests_fail_on_the_primitive_a_profile_breaks_and_on_interface_faults(
     let (suite, _) = suite(dir.path(), 600, &["browser"]);
     // every screenshot and PDF test, and the first ten of the other kinds
     let mut others = 0;
-    for t in agent_bridge::campaign::validate::load_dir(&suite)
-        .unwrap()
-        .tests
-    {
+    for t in campaign::validate::load_dir(&suite).unwrap().tests {
         let binary = t.title.starts_with("screenshot") || t.title.starts_with("print");
         if !binary {
             others += 1;
@@ -1379,7 +1374,7 @@ fn the_runner_keeps_one_connection_for_a_sessions_calls() {
         .unwrap_or_else(|e| panic!("{url}: {e}"));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let used = rt.block_on(async {
-        let target = agent_bridge::campaign::target::Target::Http(url.clone());
+        let target = campaign::target::Target::Http(url.clone());
         let conn = target.connect().await.unwrap();
         for i in 0..20 {
             let args = serde_json::json!({"argv": ["sh", "-c", format!("echo {i}")]});

@@ -405,7 +405,7 @@ fn bridge_serves_mcp_in_an_empty_root() {
 
     // exact bytes both ways, through the bridge's own file worker
     let data: &[u8] = b"static\x00bytes \xff\xfe in an empty root\n";
-    let sha = agent_bridge::bytes::sha256_hex(data);
+    let sha = contract::bytes::sha256_hex(data);
     let w = client.call(
         "write_file",
         json!({"path": "/work/out.bin", "content_base64": b64(data), "sha256": sha}),

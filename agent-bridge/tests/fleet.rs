@@ -99,7 +99,7 @@ fn sqlite_and_postgresql_have_the_same_tables_columns_and_keys() {
         .unwrap()
         .into_connection();
     let url = cluster().url("schema");
-    agent_bridge::campaign::pg::Pg::connect(&url).unwrap();
+    campaign::pg::Pg::connect(&url).unwrap();
     let mut pgc = client_of(cluster(), "schema");
 
     // SQLite: (table, column) → (type as PostgreSQL names it, not null, in key)
@@ -341,7 +341,7 @@ fn a_wrong_password_a_newer_schema_and_a_database_that_goes_away_are_clear_error
 
     // a schema from a newer version is refused
     let newer = cluster().url("newer");
-    agent_bridge::campaign::pg::Pg::connect(&newer).unwrap();
+    campaign::pg::Pg::connect(&newer).unwrap();
     cluster().psql("newer", "INSERT INTO bridge_schema VALUES (99, 0)");
     let out = campaign(&["runs", "--db", &newer]);
     let err = String::from_utf8_lossy(&out.stderr);

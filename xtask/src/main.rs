@@ -216,7 +216,7 @@ fn main() -> anyhow::Result<()> {
                     "fleet" => format!(
                         "{}{}",
                         campaign::fleet_bench(campaign_tests)?,
-                        bench::cargo_bench_section("agent-bridge", "ingest")?
+                        bench::cargo_bench_section("agent-bridge-campaign", "ingest")?
                     ),
                     _ => campaign::bench(campaign_tests)?,
                 };

@@ -11,10 +11,10 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{IMAGE_CONTENT_MAX, MAX_READ, Reply, Session, small};
-use crate::bytes::{sha256_hex, sniff_mime};
-use crate::fault::{InterfaceFault, corrupt};
-use crate::tools::{self, ArgError, arg_error};
 use crate::workload::{Output, Spec};
+use contract::bytes::{sha256_hex, sniff_mime};
+use contract::fault::{InterfaceFault, corrupt};
+use contract::tools::{self, ArgError, arg_error};
 
 /// sha256 on a blocking thread: 64 MiB takes ~65 ms, too long to hold the runtime.
 async fn hash_off_runtime(data: Vec<u8>) -> (Vec<u8>, String) {
@@ -33,11 +33,11 @@ fn hash_and_encode(data: Vec<u8>, fault: Option<InterfaceFault>) -> (String, usi
     if fault.is_some() {
         let sha = sha256_hex(&data);
         let data = corrupt(fault, data);
-        return (sha, data.len(), crate::bytes::base64_encode(&data));
+        return (sha, data.len(), contract::bytes::base64_encode(&data));
     }
     std::thread::scope(|s| {
         let sha = s.spawn(|| sha256_hex(&data));
-        let b64 = crate::bytes::base64_encode(&data);
+        let b64 = contract::bytes::base64_encode(&data);
         let sha = sha.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
         (sha, data.len(), b64)
     })

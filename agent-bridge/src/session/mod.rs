@@ -17,15 +17,15 @@ use rmcp::model::ContentBlock;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::bytes::Payload;
 use crate::cgroup::Limits;
-use crate::fault::{InterfaceFault, corrupt};
 use crate::kernel::Kernel;
 use crate::process::Background;
 use crate::profile::Profile;
 use crate::sandbox::Plan;
-use crate::tools::{self, ArgError, arg_error};
 use crate::workload::{Context, Finished, Output, Spec, Stops};
+use contract::bytes::Payload;
+use contract::fault::{InterfaceFault, corrupt};
+use contract::tools::{self, ArgError, arg_error};
 
 /// What every session of one bridge shares.
 pub struct Config {
@@ -332,7 +332,7 @@ impl Session {
         let argv = tools::command_line(&a.argv, &a.command)?;
         let stdin = match &a.stdin_base64 {
             Some(b) => {
-                Some(crate::bytes::base64_decode(b).map_err(|e| arg_error("stdin_base64", e))?)
+                Some(contract::bytes::base64_decode(b).map_err(|e| arg_error("stdin_base64", e))?)
             }
             None => None,
         };
@@ -388,7 +388,8 @@ impl Session {
     fn cwd(&self, cwd: &Option<String>) -> Result<Option<PathBuf>, ArgError> {
         match cwd {
             Some(c) => {
-                crate::bytes::check_no_nul("cwd", c.as_bytes()).map_err(|e| arg_error("cwd", e))?;
+                contract::bytes::check_no_nul("cwd", c.as_bytes())
+                    .map_err(|e| arg_error("cwd", e))?;
                 Ok(Some(c.into()))
             }
             None => Ok(None),

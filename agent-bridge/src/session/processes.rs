@@ -9,8 +9,8 @@ use serde_json::json;
 
 use super::{Reply, Session, label};
 use crate::process::Background;
-use crate::tools::{self, ArgError, arg_error};
 use crate::workload::Spec;
+use contract::tools::{self, ArgError, arg_error};
 
 impl Session {
     pub(super) async fn start_process(

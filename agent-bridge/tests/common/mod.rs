@@ -49,7 +49,7 @@ sys.stdout.buffer.write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBB
 }
 
 pub fn sha256(data: &[u8]) -> String {
-    agent_bridge::bytes::sha256_hex(data)
+    contract::bytes::sha256_hex(data)
 }
 
 /// Root is needed for the probe and the profiles; CI=true forbids skipping.

@@ -510,7 +510,12 @@ mod tests {
         denied.kind = Kind::SeccompDenied;
         denied.seccomp_filter = Some(true);
         let mut command = vec![exec(16, 8 * MS, "bash"), denied.clone()];
-        command.extend(lookups(16, 10, &["/usr/local/bin", "/usr/bin", "/bin"], "nope"));
+        command.extend(lookups(
+            16,
+            10,
+            &["/usr/local/bin", "/usr/bin", "/bin"],
+            "nope",
+        ));
         let a = attribute(&srt(command, 127), &status(127));
         assert_eq!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
         // nor when it went on to start a program, then exited by itself
@@ -531,7 +536,12 @@ mod tests {
         assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
         // a denial after the lookup (the program was found, then refused) wins
         let mut command = vec![exec(16, 8 * MS, "bash")];
-        command.extend(lookups(16, 10, &["/usr/local/bin", "/usr/bin", "/bin"], "nope"));
+        command.extend(lookups(
+            16,
+            10,
+            &["/usr/local/bin", "/usr/bin", "/bin"],
+            "nope",
+        ));
         denied.ts_ns = 15 * MS;
         command.push(denied);
         let a = attribute(&srt(command, 1), &status(1));

@@ -48,7 +48,7 @@ pub const MIRRORS: [&str; 3] = [
 /// The Debian packages on top of the essential set (which brings sh, bash,
 /// coreutils, findutils, grep, sed, tar, gzip, util-linux, perl-base), and
 /// what needs each: the default campaign's tests run sh, python3, gcc and
-/// Chromium inside the sandbox (agent-bridge/src/campaign/generate.rs).
+/// Chromium inside the sandbox (agent-bridge/campaign/src/generate.rs).
 pub const PACKAGES: [(&str, &str); 11] = [
     ("coreutils", "every exec step (head, sha256sum, seq, wc, …)"),
     (

@@ -24,7 +24,7 @@ use super::adapter::Adapter;
 use super::mangle::{self, Mangle, count, escaped};
 use super::spec::{Step, TestSpec};
 use super::target::{Connection, Target};
-use crate::bytes::{base64_decode, base64_encode, sha256_hex};
+use contract::bytes::{base64_decode, base64_encode, sha256_hex};
 
 /// Longest candidate printed with `printf` (its octal escapes must fit in
 /// one argument of `sh -c`, at most 128 KiB).

@@ -350,7 +350,7 @@ fn fetch_html(n: u64, seed: u8) -> String {
 
 /// The session token `/login` gives `user` (deterministic, so tests know it).
 pub fn session_token(user: &str) -> String {
-    crate::bytes::sha256_hex(format!("campaign-session:{user}").as_bytes())[..16].to_string()
+    contract::bytes::sha256_hex(format!("campaign-session:{user}").as_bytes())[..16].to_string()
 }
 
 /// The session cookie's value `/login` sets for `user`: `USER.TOKEN`.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::spec::{DOMAINS, Step, TestSpec};
-use crate::tools;
+use contract::tools;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Problem {
@@ -239,7 +239,7 @@ fn check_step(step: &Step) -> Vec<(String, String)> {
         ));
     }
     if let Some(b) = &e.stdout_base64
-        && let Err(why) = crate::bytes::base64_decode(b)
+        && let Err(why) = contract::bytes::base64_decode(b)
     {
         out.push(("expect.stdout_base64".into(), why));
     }

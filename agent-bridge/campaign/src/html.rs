@@ -523,7 +523,12 @@ fn screenshot(h: &mut String, test: &str, url: &str) {
     let (mime, data) = url
         .strip_prefix("data:")
         .and_then(|u| u.split_once(";base64,"))
-        .map(|(mime, b64)| (mime, crate::bytes::base64_decode(b64).unwrap_or_default()))
+        .map(|(mime, b64)| {
+            (
+                mime,
+                contract::bytes::base64_decode(b64).unwrap_or_default(),
+            )
+        })
         .unwrap_or(("?", Vec::new()));
     let problem = if mime != "image/png" {
         None
@@ -705,11 +710,11 @@ mod tests {
         png.extend_from_slice(b"\0\0\0\0IEND\xae\x42\x60\x82");
         let whole = format!(
             "data:image/png;base64,{}",
-            crate::bytes::base64_encode(&png)
+            contract::bytes::base64_encode(&png)
         );
         let cut_short = format!(
             "data:image/png;base64,{}",
-            crate::bytes::base64_encode(&png[..10])
+            contract::bytes::base64_encode(&png[..10])
         );
         let mut r = report(
             vec![refused("browser-1", 1, 2), refused("browser-2", 3, 4)],

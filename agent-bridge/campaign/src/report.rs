@@ -168,7 +168,10 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         let (test, mime, data) = row?;
         images.insert(
             test,
-            format!("data:{mime};base64,{}", crate::bytes::base64_encode(&data)),
+            format!(
+                "data:{mime};base64,{}",
+                contract::bytes::base64_encode(&data)
+            ),
         );
     }
     let mut layers: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();

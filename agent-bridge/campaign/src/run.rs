@@ -140,7 +140,7 @@ fn digest(tests: &[TestSpec]) -> String {
         h.update(serde_json::to_vec(t).expect("JSON"));
         h.update(b"\n");
     }
-    crate::bytes::sha256_hex(&h.finalize())
+    contract::bytes::sha256_hex(&h.finalize())
 }
 
 /// This runner's name in the DB: host, pid and start time.
@@ -930,7 +930,7 @@ fn read_bytes(r: &Value) -> Option<Vec<u8>> {
         .as_array()?
         .iter()
         .find_map(|b| b["resource"]["blob"].as_str())?;
-    crate::bytes::base64_decode(blob).ok()
+    contract::bytes::base64_decode(blob).ok()
 }
 
 /// A read through a foreign server's file tool that came back different
@@ -981,10 +981,10 @@ async fn cross_check(
     };
     let s = &r["structuredContent"];
     let printed = s["stdout"]["text"].as_str().unwrap_or_default();
-    let Ok(file) = crate::bytes::base64_decode(printed.trim()) else {
+    let Ok(file) = contract::bytes::base64_decode(printed.trim()) else {
         return;
     };
-    if !crate::bytes::sha256_hex(&file).eq_ignore_ascii_case(want) {
+    if !contract::bytes::sha256_hex(&file).eq_ignore_ascii_case(want) {
         return; // the file itself is not what the test expects
     }
     let how = super::mangle::describe(&file, got).map_or(String::new(), |m| {

@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use super::spec::{Expect, Step};
 use super::target::CallError;
-use crate::bytes::{base64_decode, sha256_hex};
-use crate::fault::InterfaceFault;
+use contract::bytes::{base64_decode, sha256_hex};
+use contract::fault::InterfaceFault;
 
 /// What one step did and how it was judged.
 #[derive(Debug, Clone, Default)]
@@ -653,7 +653,7 @@ mod tests {
     }
 
     fn payload(data: &[u8]) -> Value {
-        serde_json::to_value(crate::bytes::Payload::new(data, data.len() as u64)).unwrap()
+        serde_json::to_value(contract::bytes::Payload::new(data, data.len() as u64)).unwrap()
     }
 
     fn exec_result(stdout: &[u8], code: i32) -> Value {
@@ -742,7 +742,7 @@ mod tests {
     fn a_file_the_workload_made_is_checked_against_its_own_hash_and_format() {
         let png = super::super::generate::png(7, 5, 1);
         let read = |data: &[u8]| {
-            json!({"isError": false, "content": [{"type": "resource", "resource": {"uri": "file:///s.png", "blob": crate::bytes::base64_encode(data)}}],
+            json!({"isError": false, "content": [{"type": "resource", "resource": {"uri": "file:///s.png", "blob": contract::bytes::base64_encode(data)}}],
                 "structuredContent": {"sha256": sha256_hex(data), "size": data.len()}})
         };
         let hashed = step(
@@ -853,7 +853,7 @@ mod tests {
         let mut sent = Sent::default();
         let w = step(
             "write_file",
-            json!({"path": "/tmp/x", "content_base64": crate::bytes::base64_encode(data)}),
+            json!({"path": "/tmp/x", "content_base64": contract::bytes::base64_encode(data)}),
             json!({"sha256": sha}),
         );
         let wrote = json!({"isError": false, "structuredContent": {"sha256": sha, "written": data.len(), "size": data.len()}});
@@ -864,7 +864,7 @@ mod tests {
             json!({"path": "/tmp/x"}),
             json!({"sha256": sha}),
         );
-        let read = json!({"isError": false, "content": [{"type": "resource", "resource": {"uri": "file:///tmp/x", "blob": crate::bytes::base64_encode(&lossy)}}],
+        let read = json!({"isError": false, "content": [{"type": "resource", "resource": {"uri": "file:///tmp/x", "blob": contract::bytes::base64_encode(&lossy)}}],
             "structuredContent": {"sha256": sha, "size": data.len()}});
         let o = judge(&r, Ok(read), Duration::ZERO, &mut sent);
         assert!(!o.passed());

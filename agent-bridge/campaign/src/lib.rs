@@ -19,6 +19,7 @@
 
 pub mod adapter;
 pub mod adapter_check;
+pub mod cli;
 pub mod compare;
 pub mod db;
 pub mod egress;

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::spec::{Expect, Step};
-use crate::bytes::{Payload, base64_decode, base64_encode, sha256_hex};
+use contract::bytes::{Payload, base64_decode, base64_encode, sha256_hex};
 
 /// The campaign's step vocabulary, with the arguments each step may have.
 pub const STEPS: &[(&str, &[&str])] = &[

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::spec::{DOMAINS, Expect, ImageSize, Step, TestSpec};
 use super::upstream;
-use crate::bytes::{base64_encode, sha256_hex};
+use contract::bytes::{base64_encode, sha256_hex};
 
 /// splitmix64: small, seedable, stable across platforms and releases.
 pub struct Rng(u64);

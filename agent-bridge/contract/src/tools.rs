@@ -1,6 +1,6 @@
 //! The tools' contract: names, arguments (with their JSON Schemas) and the
 //! argument checks that name what is wrong. Implementations are in
-//! [`crate::session`].
+//! the server's `session` module.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

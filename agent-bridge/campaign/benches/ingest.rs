@@ -1,19 +1,19 @@
-//! Results ingest (`cargo bench -p agent-bridge --bench ingest`, run by
+//! Results ingest (`cargo bench -p agent-bridge-campaign --bench ingest`, run by
 //! `cargo xtask bench --only fleet`): the campaign writer's own code path
 //! (`Db::insert`) storing synthetic tests of 3 steps, into SQLite and into
 //! a PostgreSQL cluster started here, from 1 and from 4 writers (runner
 //! processes) at once, one test per transaction and 16 at a time (the
 //! writer groups tests that queue up). Prints a Markdown section.
 
-#[path = "../../xtask/src/pgcluster.rs"]
+#[path = "../../../xtask/src/pgcluster.rs"]
 #[allow(dead_code)]
 mod pgcluster;
 
 use std::time::Instant;
 
-use agent_bridge::campaign::db::{Db, Location, RunRow, TestRecord};
-use agent_bridge::campaign::triage::Triage;
-use agent_bridge::campaign::verdict::StepOutcome;
+use campaign::db::{Db, Location, RunRow, TestRecord};
+use campaign::triage::Triage;
+use campaign::verdict::StepOutcome;
 use serde_json::json;
 
 const TESTS: usize = 3000;
@@ -171,7 +171,7 @@ fn main() {
     let mib_per_k = |bytes: f64, tests: f64| bytes / tests * 1000.0 / (1 << 20) as f64;
     println!(
         "### PostgreSQL ingest\n\n\
-         `cargo bench -p agent-bridge --bench ingest`: the campaign writer's own code (`Db::insert`, one \
+         `cargo bench -p agent-bridge-campaign --bench ingest`: the campaign writer's own code (`Db::insert`, one \
          statement per row, prepared once) storing {TESTS} synthetic tests of {STEPS} steps (requests, \
          kernel attributions, a triage on every fifth) per row below; a writer is a thread with its own \
          connection, as a runner process has. PostgreSQL is a cluster the benchmark starts on loopback \
