@@ -1382,7 +1382,7 @@ fn the_runner_keeps_one_connection_for_a_sessions_calls() {
                 unreachable!()
             };
             let r = conn
-                .call("exec", args, Duration::from_secs(30))
+                .call("exec", args, Duration::from_secs(30), None)
                 .await
                 .unwrap();
             let s = r.structured_content.unwrap();

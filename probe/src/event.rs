@@ -148,7 +148,7 @@ pub struct KernelEvent {
     pub mount_noexec: Option<bool>,
     /// ENOENT on a path an earlier span of the same session wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub written_earlier: Option<crate::sessions::WrittenEarlier>,
+    pub written_earlier: Option<WrittenEarlier>,
     /// `mnt:[NNN]` of the process, when it matters (persistence).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount_ns: Option<String>,
@@ -575,6 +575,21 @@ pub fn sockaddr(b: &[u8]) -> Option<String> {
         }
         f => Some(format!("family {f}")),
     }
+}
+
+/// Where and when a path was written: attached to the ENOENT that finds it
+/// missing later.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenEarlier {
+    pub span: u64,
+    pub pid: u32,
+    pub comm: String,
+    pub syscall: String,
+    /// Wall-clock ms when it was written.
+    pub at_ms: i64,
+    /// `mnt:[NNN]` of the writer, when it could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_ns: Option<String>,
 }
 
 #[cfg(test)]

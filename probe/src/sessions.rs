@@ -8,29 +8,12 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use serde::{Deserialize, Serialize};
-
-use crate::event::{KernelEvent, Kind};
+use crate::event::{KernelEvent, Kind, WrittenEarlier};
 
 /// Paths remembered per session; the oldest are forgotten first.
 pub const MAX_PATHS_PER_SESSION: usize = 10_000;
 /// Sessions remembered; the least recently used are forgotten first.
 pub const MAX_SESSIONS: usize = 4_096;
-
-/// Where and when a path was written: attached to the ENOENT that finds it
-/// missing later.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WrittenEarlier {
-    pub span: u64,
-    pub pid: u32,
-    pub comm: String,
-    pub syscall: String,
-    /// Wall-clock ms when it was written.
-    pub at_ms: i64,
-    /// `mnt:[NNN]` of the writer, when it could be read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mount_ns: Option<String>,
-}
 
 #[derive(Default)]
 struct Session {

@@ -11,9 +11,8 @@ mod pgcluster;
 
 use std::time::Instant;
 
-use campaign::db::{Db, Location, RunRow, TestRecord};
-use campaign::triage::Triage;
-use campaign::verdict::StepOutcome;
+use campaign::db::{Db, Location, RunRow};
+use campaign::record::{Cause, Layer, Primitive, StepOutcome, TestRecord, Triage};
 use serde_json::json;
 
 const TESTS: usize = 3000;
@@ -56,8 +55,8 @@ fn record(run: &str, i: usize, writer: usize) -> TestRecord {
         domain: "files".into(),
         title: "write a file and read it back".into(),
         triage: failed.then(|| Triage {
-            layer: "sandbox",
-            primitive: "fs.readonly".into(),
+            layer: Layer::Sandbox,
+            primitive: Cause::Kernel(Primitive::FsReadonly),
             confidence: 0.95,
             explanation: "the path is on a read-only mount".into(),
             evidence: json!({"step": 2, "kernel": kernel}),

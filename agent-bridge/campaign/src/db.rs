@@ -17,8 +17,7 @@ use rusqlite::{Connection, OptionalExtension as _};
 use serde_json::Value;
 
 use super::pg::Pg;
-use super::triage::Triage;
-use super::verdict::StepOutcome;
+use super::record::{Outcome, TestRecord};
 
 /// Where results live: a SQLite file, or a PostgreSQL URL.
 #[derive(Debug, Clone, PartialEq)]
@@ -512,37 +511,6 @@ impl Db {
     }
 }
 
-/// One test's outcome, ready to store.
-#[derive(Debug, Clone)]
-pub struct TestRecord {
-    pub test_id: String,
-    pub domain: String,
-    pub title: String,
-    pub triage: Option<Triage>,
-    /// Passed, but degraded (only when `triage` is `None`).
-    pub degraded: Option<super::triage::Degraded>,
-    /// A step the target cannot express stopped the test: why.
-    pub unsupported: Option<String>,
-    pub duration_ms: f64,
-    pub runner: String,
-    pub mcp_session: Option<String>,
-    /// The target that ran it (when the run has several).
-    pub target: Option<String>,
-    /// (tool, stored request, outcome); `None` for steps not run.
-    pub steps: Vec<(String, Value, Option<StepOutcome>)>,
-}
-
-impl TestRecord {
-    pub fn outcome(&self) -> &'static str {
-        match (&self.triage, &self.degraded) {
-            _ if self.unsupported.is_some() => "unsupported",
-            (Some(_), _) => "fail",
-            (None, Some(_)) => "degraded",
-            (None, None) => "pass",
-        }
-    }
-}
-
 fn json(v: &impl serde::Serialize) -> Sql {
     Sql::Text(serde_json::to_string(v).expect("JSON"))
 }
@@ -568,13 +536,13 @@ impl Db {
                 sql(&t.test_id),
                 sql(&t.domain),
                 sql(&t.title),
-                sql(outcome),
+                sql(outcome.id()),
                 tr.map(|x| x.layer)
-                    .or(dg.and_then(|d| d.primitive.map(|_| "sandbox")))
-                    .map(sql)
+                    .or(dg.and_then(|d| d.primitive.map(|p| p.layer())))
+                    .map(|l| sql(l.id()))
                     .into(),
-                tr.map(|x| x.primitive.as_str())
-                    .or(dg.and_then(|d| d.primitive))
+                tr.map(|x| x.primitive.id())
+                    .or(dg.and_then(|d| d.primitive.map(|p| p.id())))
                     .map(sql)
                     .into(),
                 tr.map(|x| x.confidence).into(),
@@ -652,7 +620,7 @@ impl Db {
             )?;
         }
         // kept for the tests a report lists (failed or degraded) only
-        if outcome != "pass" {
+        if outcome != Outcome::Pass {
             for (i, (_, _, o)) in t.steps.iter().enumerate() {
                 if let Some((mime, data)) = o.as_ref().and_then(|o| o.artifact.as_ref()) {
                     self.execute(

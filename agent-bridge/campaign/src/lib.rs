@@ -30,6 +30,7 @@ pub mod mangle;
 pub mod otel;
 pub mod pattern;
 pub mod pg;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod shrink;

@@ -24,9 +24,8 @@ use probe::otlp::{
 };
 use serde_json::Value;
 
-use super::db::TestRecord;
+use super::record::{StepOutcome, TestRecord};
 use super::spec::{Step, TestSpec};
-use super::verdict::StepOutcome;
 
 /// The run's root span and the exporter.
 pub struct Tracer {
@@ -209,8 +208,8 @@ pub fn test_end(test: &TestSpec, record: &TestRecord) {
             kv("campaign.verdict", verdict),
         ];
         if let Some(t) = &record.triage {
-            attributes.push(kv("campaign.layer", t.layer));
-            attributes.push(kv("probe.primitive", t.primitive.as_str()));
+            attributes.push(kv("campaign.layer", t.layer.id()));
+            attributes.push(kv("probe.primitive", t.primitive.id()));
             attributes.push(kv_f64("probe.confidence", t.confidence));
             attributes.push(kv("probe.explanation", t.explanation.as_str()));
         }

@@ -19,9 +19,10 @@ use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::adapter::Adapter;
-use super::db::{Db, Location, RunRow, TestRecord};
+use super::db::{Db, Location, RunRow};
+use super::record::{CallError, InterfacePrimitive, Outcome, StepOutcome, TestRecord};
 use super::spec::TestSpec;
-use super::target::{CallError, Target};
+use super::target::{SandboxInfo, Target};
 use super::triage;
 use super::upstream::Upstream;
 use super::validate;
@@ -211,7 +212,7 @@ pub fn run(o: Options) -> anyhow::Result<Summary> {
             }
         }
     }
-    let Some((profile, injected)) = answered.first().cloned() else {
+    let Some(SandboxInfo { profile, injected }) = answered.first().cloned() else {
         bail!("none of the {} targets answers", o.targets.len());
     };
     let run = open_run(&mut db, &o, &suite.tests, profile, injected)?;
@@ -335,10 +336,7 @@ pub fn run(o: Options) -> anyhow::Result<Summary> {
 
 /// Asks a target what it is: a bridge's profile and injected fault, or
 /// (through an adapter) whether the server has every tool mapped.
-async fn inspect(
-    target: &Target,
-    adapter: Option<&Adapter>,
-) -> anyhow::Result<(Option<String>, Option<String>)> {
+async fn inspect(target: &Target, adapter: Option<&Adapter>) -> anyhow::Result<SandboxInfo> {
     let probe = tokio::time::timeout(Duration::from_secs(60), target.connect())
         .await
         .map_err(|_| anyhow::anyhow!("no answer in 60 s"))?
@@ -354,7 +352,7 @@ async fn inspect(
             Ok(tools) => {
                 let problems = super::adapter_check::problems(adapter, &tools);
                 if problems.is_empty() {
-                    Ok((None, None))
+                    Ok(SandboxInfo::default())
                 } else {
                     Err(anyhow::anyhow!(
                         "{}: the target lacks what the adapter maps:\n  {}",
@@ -762,10 +760,10 @@ fn count(counts: &mut Counts, record: &TestRecord) {
     }
     let outcome = record.outcome();
     match outcome {
-        "unsupported" => counts.unsupported += 1,
-        "pass" => counts.passed += 1,
-        "degraded" => counts.degraded += 1,
-        _ => {}
+        Outcome::Unsupported => counts.unsupported += 1,
+        Outcome::Pass => counts.passed += 1,
+        Outcome::Degraded => counts.degraded += 1,
+        Outcome::Fail => {}
     }
     let target = match &record.target {
         Some(name) => counts.targets.iter_mut().find(|t| &t.target == name),
@@ -773,7 +771,7 @@ fn count(counts: &mut Counts, record: &TestRecord) {
     };
     if let Some(t) = target {
         t.recorded += 1;
-        t.failed += usize::from(outcome == "fail");
+        t.failed += usize::from(outcome == Outcome::Fail);
     }
 }
 
@@ -791,7 +789,7 @@ pub async fn run_test(
 ) -> TestRecord {
     let started = Instant::now();
     super::otel::test_begin();
-    let mut steps: Vec<(String, Value, Option<verdict::StepOutcome>)> = test
+    let mut steps: Vec<(String, Value, Option<StepOutcome>)> = test
         .steps
         .iter()
         .map(|s| (s.tool.clone(), verdict::stored_request(s), None))
@@ -834,7 +832,7 @@ pub async fn run_test(
                     Ok(o) => o,
                     Err(why) => {
                         unsupported = Some(format!("step {i} ({}): {why}", step.tool));
-                        steps[i].2 = Some(verdict::StepOutcome {
+                        steps[i].2 = Some(StepOutcome {
                             unsupported: Some(why),
                             ..Default::default()
                         });
@@ -887,7 +885,7 @@ async fn run_step(
     step: &super::spec::Step,
     sent: &mut Sent,
     extra_wait: Duration,
-) -> Result<verdict::StepOutcome, String> {
+) -> Result<StepOutcome, String> {
     let wait = Duration::from_millis(
         step.arguments
             .get("timeout_ms")
@@ -898,7 +896,7 @@ async fn run_step(
         let args: serde_json::Map<String, Value> = step.arguments.clone().into_iter().collect();
         let t0 = Instant::now();
         let answer = conn
-            .call(&step.tool, args, wait)
+            .call(&step.tool, args, wait, super::otel::step_meta())
             .await
             .map(|r| serde_json::to_value(r).unwrap_or(Value::Null));
         return Ok(verdict::judge(step, answer, t0.elapsed(), sent));
@@ -912,6 +910,7 @@ async fn run_step(
         step,
         (prepared.tool.clone(), prepared.arguments),
         wait,
+        super::otel::step_meta(),
     )
     .await;
     let returned = answer.as_ref().ok().and_then(read_bytes);
@@ -944,7 +943,7 @@ async fn cross_check(
     adapter: &Adapter,
     step: &super::spec::Step,
     got: &[u8],
-    o: &mut verdict::StepOutcome,
+    o: &mut StepOutcome,
 ) {
     let (Some(want), Some(Value::String(path))) = (&step.expect.sha256, step.arguments.get("path"))
     else {
@@ -974,6 +973,7 @@ async fn cross_check(
         &exec,
         (p.tool, p.arguments),
         Duration::from_secs(60),
+        super::otel::step_meta(),
     )
     .await
     else {
@@ -996,7 +996,7 @@ async fn cross_check(
         got.len()
     ));
     if o.interface_primitive.is_none() {
-        o.interface_primitive = Some(("interface.bytes", 0.9));
+        o.interface_primitive = Some((InterfacePrimitive::Bytes, 0.9));
     }
 }
 
@@ -1009,12 +1009,15 @@ pub async fn send_adapted(
     step: &super::spec::Step,
     first: (String, serde_json::Map<String, Value>),
     wait: Duration,
+    meta: Option<rmcp::model::RequestMetaObject>,
 ) -> Result<Value, CallError> {
     let mut results = Vec::new();
     let (mut tool, mut arguments) = first;
     let started = Instant::now();
     loop {
-        let r = conn.call(&tool, arguments.clone(), wait).await?;
+        let r = conn
+            .call(&tool, arguments.clone(), wait, meta.clone())
+            .await?;
         let r = serde_json::to_value(r).unwrap_or(Value::Null);
         if adapter.again(&step.tool, results.len(), &r) && started.elapsed() < wait {
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -254,11 +254,11 @@ impl<'a> Oracle<'a> {
                 let p = a.prepare(step).map_err(|u| {
                     anyhow::anyhow!("the target cannot express the candidate: {}", u.0)
                 })?;
-                super::run::send_adapted(conn, a, step, (p.tool, p.arguments), wait).await
+                super::run::send_adapted(conn, a, step, (p.tool, p.arguments), wait, None).await
             }
             None => {
                 let args = step.arguments.clone().into_iter().collect();
-                conn.call(&step.tool, args, wait)
+                conn.call(&step.tool, args, wait, None)
                     .await
                     .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
             }

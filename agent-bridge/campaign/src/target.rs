@@ -8,11 +8,15 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, RequestMetaObject,
+};
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt as _};
 use serde_json::Value;
 use tokio::io::AsyncReadExt as _;
+
+use super::record::CallError;
 
 /// Largest single message the runner accepts from a bridge.
 const MAX_MESSAGE: usize = 512 << 20;
@@ -75,25 +79,13 @@ pub struct Connection {
     stderr: Arc<Mutex<Vec<u8>>>,
 }
 
-/// Why a call got no tool result.
-#[derive(Debug, Clone)]
-pub enum CallError {
-    /// The bridge answered with a JSON-RPC error.
-    Protocol(String),
-    /// The connection broke (the bridge died, the socket closed, …).
-    Transport(String),
-    /// No answer in time.
-    Timeout(Duration),
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::Protocol(m) => write!(f, "JSON-RPC error: {m}"),
-            CallError::Transport(m) => write!(f, "transport: {m}"),
-            CallError::Timeout(d) => write!(f, "no answer in {} s", d.as_secs()),
-        }
-    }
+/// What a bridge says it runs under (`sandbox_info`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxInfo {
+    /// The profile's name.
+    pub profile: Option<String>,
+    /// The fault it injects: the profile's primitive, or `interface`.
+    pub injected: Option<String>,
 }
 
 fn client_info() -> ClientConfig {
@@ -175,15 +167,17 @@ impl Target {
 }
 
 impl Connection {
+    /// Calls `tool`; `meta` is the request's `_meta` (a step span's trace
+    /// context, with --otlp: SEP-414).
     pub async fn call(
         &self,
         tool: &str,
         arguments: serde_json::Map<String, Value>,
         wait: Duration,
+        meta: Option<RequestMetaObject>,
     ) -> Result<CallToolResult, CallError> {
         let mut params = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments);
-        // the step span's trace context, with --otlp (SEP-414)
-        params.meta = super::otel::step_meta();
+        params.meta = meta;
         match tokio::time::timeout(wait, self.client.call_tool(params)).await {
             Err(_) => Err(CallError::Timeout(wait)),
             Ok(Ok(r)) => Ok(r),
@@ -208,14 +202,14 @@ impl Connection {
         }
     }
 
-    /// The bridge's `sandbox_info`: (profile name, injected fault) where
-    /// the injected fault is the profile's primitive or `interface`.
-    pub async fn sandbox(&self) -> Result<(Option<String>, Option<String>), CallError> {
+    /// The bridge's `sandbox_info`.
+    pub async fn sandbox(&self) -> Result<SandboxInfo, CallError> {
         let r = self
             .call(
                 "sandbox_info",
                 serde_json::Map::new(),
                 Duration::from_secs(30),
+                None,
             )
             .await?;
         let s = r.structured_content.unwrap_or_default();
@@ -228,7 +222,7 @@ impl Connection {
                 .filter(|p| *p != "none")
                 .map(String::from)
         };
-        Ok((profile, injected))
+        Ok(SandboxInfo { profile, injected })
     }
 
     /// Adds what a dead stdio bridge said last, or its exit status.

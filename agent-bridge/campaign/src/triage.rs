@@ -5,45 +5,9 @@
 //! of the failing step (or of an earlier step that failed unexpectedly);
 //! a failure with neither is the test's own.
 
-use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::verdict::StepOutcome;
-
-/// The primitives of the interface layer (the kernel taxonomy has the sandbox's).
-pub const INTERFACE_PRIMITIVES: [(&str, &str); 3] = [
-    (
-        "interface.transport",
-        "the bridge died, closed the connection, or did not answer in time",
-    ),
-    (
-        "interface.protocol",
-        "a JSON-RPC error, or a result without the promised structure",
-    ),
-    (
-        "interface.bytes",
-        "bytes that came back differ from what was sent or from their own digest",
-    ),
-];
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Triage {
-    pub layer: &'static str,
-    pub primitive: String,
-    pub confidence: f64,
-    pub explanation: String,
-    /// The step, the failed expectations, the interface and kernel evidence.
-    pub evidence: Value,
-}
-
-/// Why a test that passed is `degraded` (see [`degraded`]).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Degraded {
-    /// `mem.pressure` when a step stalled on memory; none for slowness alone.
-    pub primitive: Option<&'static str>,
-    /// `step N: …` for every degraded step.
-    pub explanation: String,
-}
+use super::record::{Cause, Degraded, InterfacePrimitive, Layer, Primitive, StepOutcome, Triage};
 
 /// `Some` when every step passed but one ran past its `max_duration_ms` or
 /// stalled in memory reclaim: the test finished, in a worse state than it
@@ -61,7 +25,7 @@ pub fn degraded(steps: &[StepOutcome]) -> Option<Degraded> {
         primitive: steps
             .iter()
             .any(|s| s.memory_pressure)
-            .then_some("mem.pressure"),
+            .then_some(Primitive::MemPressure),
         explanation: why.join("; "),
     })
 }
@@ -82,11 +46,13 @@ pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
         .enumerate()
         .find(|(_, s)| !s.interface.is_empty())
     {
-        let (primitive, confidence) = s.interface_primitive.unwrap_or(("interface.bytes", 0.8));
+        let (primitive, confidence) = s
+            .interface_primitive
+            .unwrap_or((InterfacePrimitive::Bytes, 0.8));
         evidence["interface_step"] = i.into();
         return Some(Triage {
-            layer: "interface",
-            primitive: primitive.into(),
+            layer: Layer::Interface,
+            primitive: Cause::Interface(primitive),
             confidence,
             explanation: format!("step {i}: {}", s.interface.join("; ")),
             evidence,
@@ -102,34 +68,37 @@ pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
             .map(|(i, s)| (i, s, 0.8)),
     );
     for (i, s, weight) in kernel {
-        if let Some((primitive, confidence, why)) = s.kernel_failure()
-            && primitive != "none"
+        if let Some(cause) = s.kernel_failure()
+            && cause.primitive != Primitive::None
         {
             if i != failed_at {
                 evidence["kernel_step"] = i.into();
                 evidence["kernel"] = s.kernel.clone().unwrap_or_default();
             }
             return Some(Triage {
-                layer: "sandbox",
-                primitive: primitive.into(),
-                confidence: confidence * weight,
-                explanation: format!("step {i}: {why}"),
+                layer: Layer::Sandbox,
+                primitive: Cause::Kernel(cause.primitive),
+                confidence: cause.confidence * weight,
+                explanation: format!("step {i}: {}", cause.explanation),
                 evidence,
             });
         }
     }
-    if let Some((primitive, confidence, why)) = failing.hidden_failure() {
+    if let Some(hidden) = failing.hidden_failure() {
         return Some(Triage {
-            layer: "sandbox",
-            primitive: primitive.into(),
-            confidence: confidence * 0.8,
-            explanation: format!("step {failed_at}: the call exited 0, but {why}"),
+            layer: Layer::Sandbox,
+            primitive: Cause::Kernel(hidden.primitive),
+            confidence: hidden.confidence * 0.8,
+            explanation: format!(
+                "step {failed_at}: the call exited 0, but {}",
+                hidden.explanation
+            ),
             evidence,
         });
     }
     Some(Triage {
-        layer: "test",
-        primitive: "none".into(),
+        layer: Layer::Test,
+        primitive: Cause::Kernel(Primitive::None),
         confidence: if failing.kernel.is_some() { 0.7 } else { 0.4 },
         explanation: format!(
             "step {failed_at}: {} (no interface or kernel evidence)",
@@ -173,7 +142,7 @@ mod tests {
     #[test]
     fn the_failing_steps_kernel_attribution_is_the_sandbox_cause() {
         let t = triage(&[ok(), failing(kernel_fail("fs.readonly"))]).unwrap();
-        assert_eq!((t.layer, t.primitive.as_str()), ("sandbox", "fs.readonly"));
+        assert_eq!((t.layer.id(), t.primitive.id()), ("sandbox", "fs.readonly"));
         assert_eq!(t.evidence["step"], 1);
     }
 
@@ -182,7 +151,7 @@ mod tests {
         let mut expected = kernel_fail("fs.missing");
         expected.expects_failure = true;
         let t = triage(&[kernel_fail("net.egress"), expected, failing(ok())]).unwrap();
-        assert_eq!((t.layer, t.primitive.as_str()), ("sandbox", "net.egress"));
+        assert_eq!((t.layer.id(), t.primitive.id()), ("sandbox", "net.egress"));
         assert!(t.confidence < 0.9);
         assert_eq!(t.evidence["kernel_step"], 0);
     }
@@ -192,7 +161,7 @@ mod tests {
         let mut expected = kernel_fail("fs.missing");
         expected.expects_failure = true;
         let t = triage(&[expected, failing(ok())]).unwrap();
-        assert_eq!((t.layer, t.primitive.as_str()), ("test", "none"));
+        assert_eq!((t.layer.id(), t.primitive.id()), ("test", "none"));
     }
 
     #[test]
@@ -200,10 +169,10 @@ mod tests {
         let mut s = failing(kernel_fail("fs.readonly"));
         s.interface
             .push("stdout: the bytes came back as `crlf` would leave them".into());
-        s.interface_primitive = Some(("interface.bytes", 0.95));
+        s.interface_primitive = Some((InterfacePrimitive::Bytes, 0.95));
         let t = triage(&[s]).unwrap();
         assert_eq!(
-            (t.layer, t.primitive.as_str()),
+            (t.layer.id(), t.primitive.id()),
             ("interface", "interface.bytes")
         );
         assert!(t.confidence >= 0.95);
@@ -214,12 +183,12 @@ mod tests {
         let s = StepOutcome {
             interface: vec!["transport: closed".into()],
             call_error: Some("transport: closed".into()),
-            interface_primitive: Some(("interface.transport", 0.95)),
+            interface_primitive: Some((InterfacePrimitive::Transport, 0.95)),
             transport_lost: true,
             ..StepOutcome::default()
         };
         let t = triage(&[ok(), s]).unwrap();
-        assert_eq!(t.primitive, "interface.transport");
+        assert_eq!(t.primitive, Cause::Interface(InterfacePrimitive::Transport));
     }
 
     #[test]
@@ -228,7 +197,7 @@ mod tests {
         s.kernel.as_mut().unwrap()["hidden_failure"] = json!({"primitive": "fs.persistence", "confidence": 0.95, "explanation": "find failed"});
         let t = triage(&[ok(), s]).unwrap();
         assert_eq!(
-            (t.layer, t.primitive.as_str()),
+            (t.layer.id(), t.primitive.id()),
             ("sandbox", "fs.persistence")
         );
         assert!(t.explanation.contains("exited 0, but find failed"));
@@ -237,7 +206,7 @@ mod tests {
     #[test]
     fn neither_evidence_means_the_test() {
         let t = triage(&[failing(StepOutcome::default())]).unwrap();
-        assert_eq!((t.layer, t.primitive.as_str()), ("test", "none"));
+        assert_eq!((t.layer.id(), t.primitive.id()), ("test", "none"));
         assert!(t.explanation.contains("expected exit code 0"));
     }
 }

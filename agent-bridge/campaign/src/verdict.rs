@@ -9,87 +9,10 @@ use std::time::Duration;
 use clap::ValueEnum as _;
 use serde_json::{Value, json};
 
+use super::record::{CallError, InterfacePrimitive, StepOutcome};
 use super::spec::{Expect, Step};
-use super::target::CallError;
 use contract::bytes::{base64_decode, sha256_hex};
 use contract::fault::InterfaceFault;
-
-/// What one step did and how it was judged.
-#[derive(Debug, Clone, Default)]
-pub struct StepOutcome {
-    /// Expectations that did not hold, each with what was expected and seen.
-    pub failures: Vec<String>,
-    /// Evidence that the interface (bridge encoding, protocol, transport) is at fault.
-    pub interface: Vec<String>,
-    /// The interface primitive the evidence points at, and how surely.
-    pub interface_primitive: Option<(&'static str, f64)>,
-    /// The call got no tool result.
-    pub call_error: Option<String>,
-    /// The connection is gone: the test cannot go on in this session.
-    pub transport_lost: bool,
-    pub is_error: Option<bool>,
-    /// The step expects a failure (an error, an absent path, a non-zero
-    /// exit, a signal): its kernel attribution is the test's intent, not a cause.
-    pub expects_failure: bool,
-    /// The probe's attribution for the call (events left out).
-    pub kernel: Option<Value>,
-    /// Why the bridge had no kernel evidence for this call, when it had none.
-    pub kernel_unavailable: Option<String>,
-    pub response_sha256: Option<String>,
-    pub response_bytes: Option<u64>,
-    pub duration_ms: f64,
-    /// Why a step that passed is degraded: it ran past its
-    /// `max_duration_ms`, or it stalled on memory reclaim.
-    pub degraded: Vec<String>,
-    /// The degradation is memory pressure (`mem.pressure`).
-    pub memory_pressure: bool,
-    /// An image the step read back (a screenshot), kept for the report.
-    pub artifact: Option<(&'static str, Vec<u8>)>,
-    /// The target cannot express the step (through its adapter): why.
-    pub unsupported: Option<String>,
-    /// Expectations the target cannot report, left out of the judgement.
-    pub unchecked: Vec<String>,
-    /// The call as the adapter sent it (`{tool, arguments}`).
-    pub target_call: Option<Value>,
-}
-
-impl StepOutcome {
-    /// Records interface evidence; the surest primitive is kept.
-    fn blame(&mut self, primitive: &'static str, confidence: f64, message: String) {
-        if self.interface_primitive.is_none_or(|(_, c)| c < confidence) {
-            self.interface_primitive = Some((primitive, confidence));
-        }
-        self.interface.push(message);
-    }
-
-    pub fn passed(&self) -> bool {
-        self.failures.is_empty()
-            && self.interface.is_empty()
-            && self.call_error.is_none()
-            && self.unsupported.is_none()
-    }
-
-    /// The kernel attribution says the call failed, and on what.
-    pub fn kernel_failure(&self) -> Option<(&str, f64, &str)> {
-        let k = self.kernel.as_ref()?;
-        (k["failed"] == Value::Bool(true)).then(|| cause(k))?
-    }
-
-    /// The call exited 0, but a child failed on a sandbox primitive (a
-    /// pipeline hid it): what the kernel saw.
-    pub fn hidden_failure(&self) -> Option<(&str, f64, &str)> {
-        cause(&self.kernel.as_ref()?["hidden_failure"])
-    }
-}
-
-/// (primitive, confidence, explanation) of an attribution-shaped object.
-fn cause(v: &Value) -> Option<(&str, f64, &str)> {
-    Some((
-        v["primitive"].as_str()?,
-        v["confidence"].as_f64().unwrap_or(0.0),
-        v["explanation"].as_str().unwrap_or(""),
-    ))
-}
 
 /// What a test's earlier steps left to compare later ones with: the bytes
 /// it sent, by sha256 (what came back is compared against them), and the
@@ -179,9 +102,9 @@ pub fn judge(
             sent.printed_sha256.push(None);
             out.transport_lost = !matches!(e, CallError::Protocol(_));
             let primitive = if out.transport_lost {
-                "interface.transport"
+                InterfacePrimitive::Transport
             } else {
-                "interface.protocol"
+                InterfacePrimitive::Protocol
             };
             out.blame(primitive, 0.95, e.to_string());
             out.call_error = Some(e.to_string());
@@ -195,7 +118,7 @@ pub fn judge(
     let Some(s) = result.get("structuredContent").filter(|s| s.is_object()) else {
         sent.printed_sha256.push(None);
         out.blame(
-            "interface.protocol",
+            InterfacePrimitive::Protocol,
             0.9,
             "the result has no structuredContent object".into(),
         );
@@ -242,7 +165,7 @@ pub fn judge(
     // a foreign server that will not carry the bytes (through its adapter's `refused`)
     if let Some(why) = s["refused"].as_str() {
         out.blame(
-            "interface.bytes",
+            InterfacePrimitive::Bytes,
             0.9,
             format!("{}: the server refused: {why}", step.tool),
         );
@@ -254,7 +177,7 @@ pub fn judge(
         // the bridge reports what it wrote: it must be what was sent
         if !is_error && s["written"].as_u64().is_some_and(|w| w != len) {
             out.blame(
-                "interface.bytes",
+                InterfacePrimitive::Bytes,
                 0.95,
                 format!(
                     "write_file sent {len} bytes (sha256 {sha}), the bridge wrote {}",
@@ -404,7 +327,7 @@ fn payloads(step: &Step, result: &Value, s: &Value, sent: &mut Sent, out: &mut S
                 let got = sha256_hex(&data);
                 if got != said {
                     out.blame(
-                        "interface.bytes",
+                        InterfacePrimitive::Bytes,
                         0.95,
                         format!(
                             "read_file: the {} bytes carried hash to {got}, the bridge says {said}",
@@ -418,12 +341,12 @@ fn payloads(step: &Step, result: &Value, s: &Value, sent: &mut Sent, out: &mut S
                 file_checks(e, &data, sent, out);
             }
             Some(Err(err)) => out.blame(
-                "interface.protocol",
+                InterfacePrimitive::Protocol,
                 0.9,
                 format!("read_file: the resource blob is not base64: {err}"),
             ),
             None => out.blame(
-                "interface.protocol",
+                InterfacePrimitive::Protocol,
                 0.9,
                 "read_file: the result carries no resource blob".into(),
             ),
@@ -450,13 +373,13 @@ fn decode_payload(name: &str, p: &Value, out: &mut StepOutcome) -> Option<Vec<u8
         (_, Value::String(b)) => match base64_decode(b) {
             Ok(d) => d,
             Err(e) => {
-                out.blame("interface.protocol", 0.9, format!("{name}: {e}"));
+                out.blame(InterfacePrimitive::Protocol, 0.9, format!("{name}: {e}"));
                 return None;
             }
         },
         _ => {
             out.blame(
-                "interface.protocol",
+                InterfacePrimitive::Protocol,
                 0.9,
                 format!("{name}: a payload without text or base64"),
             );
@@ -467,7 +390,7 @@ fn decode_payload(name: &str, p: &Value, out: &mut StepOutcome) -> Option<Vec<u8
     if p["sha256"].as_str() != Some(got.as_str()) || p["bytes"].as_u64() != Some(data.len() as u64)
     {
         out.blame(
-            "interface.bytes",
+            InterfacePrimitive::Bytes,
             0.95,
             format!(
                 "{name}: carries {} bytes hashing to {got}, but says {} bytes, sha256 {}",
@@ -491,7 +414,7 @@ fn compare_sha(what: &str, want: &str, got: &[u8], sent: &Sent, out: &mut StepOu
     ));
     if let Some(original) = sent.bytes.get(&want.to_ascii_lowercase()) {
         out.blame(
-            "interface.bytes",
+            InterfacePrimitive::Bytes,
             0.8,
             format!(
                 "{what}: {} bytes were sent, {} came back different",
@@ -582,7 +505,7 @@ fn corruption(what: &str, want: &[u8], got: &[u8], out: &mut StepOutcome) {
     for f in InterfaceFault::value_variants() {
         if f.corrupt(want.to_vec()) == got {
             out.blame(
-                "interface.bytes",
+                InterfacePrimitive::Bytes,
                 0.95,
                 format!(
                     "{what}: the bytes came back as `{}` would leave them",
@@ -596,7 +519,7 @@ fn corruption(what: &str, want: &[u8], got: &[u8], out: &mut StepOutcome) {
     // short or changed may as well be a full disk or a failed command
     match super::mangle::describe(want, got) {
         Some(m) if !matches!(m.kind.as_str(), "truncated" | "changed") => out.blame(
-            "interface.bytes",
+            InterfacePrimitive::Bytes,
             0.9,
             format!("{what}: {} ({})", m.description, m.kind),
         ),
@@ -642,6 +565,7 @@ pub fn stored_request(step: &Step) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Primitive;
     use std::collections::BTreeMap;
 
     fn step(tool: &str, args: Value, expect: Value) -> Step {
@@ -831,7 +755,7 @@ mod tests {
         );
         assert_eq!(o.failures.len(), 2, "{o:?}");
         assert!(o.interface.is_empty(), "{o:?}");
-        assert_eq!(o.kernel_failure().unwrap().0, "fs.readonly");
+        assert_eq!(o.kernel_failure().unwrap().primitive, Primitive::FsReadonly);
     }
 
     #[test]

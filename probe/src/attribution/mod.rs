@@ -556,7 +556,7 @@ mod tests {
         assert_eq!(attribute(&span(events), &outcome(0)).hidden_failure, None);
         // …except state an earlier call wrote being gone
         let mut gone = failed(10, 1, "mkdir", libc::ENOENT, "/tmp/work");
-        gone.written_earlier = Some(crate::sessions::WrittenEarlier {
+        gone.written_earlier = Some(crate::event::WrittenEarlier {
             span: 1,
             pid: 9,
             comm: "w".into(),
