@@ -10,8 +10,21 @@ use probe_abi::{EVENT_KINDS, TaskState, UringReq, slot, task};
 
 use crate::tracefs;
 
-/// The eBPF object, built by build.rs and embedded in the binary.
+/// The eBPF object, built by build.rs and embedded in the binary (empty in
+/// a build with `AYA_BUILD_SKIP=1`, for checks and lints only).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
+
+/// The embedded object, or why there is none.
+fn object() -> Result<&'static [u8], LoadError> {
+    if EBPF_OBJECT.is_empty() {
+        return Err(LoadError::Load(
+            "this probe was built with AYA_BUILD_SKIP=1 and has no eBPF programs: \
+             rebuild it without that variable (`cargo xtask setup` installs the eBPF toolchain)"
+                .into(),
+        ));
+    }
+    Ok(EBPF_OBJECT)
+}
 
 /// (program name in the object, tracepoint category, tracepoint name, required).
 /// The two syscall programs are BTF tracepoints (raw tracepoints typed by
@@ -151,7 +164,7 @@ fn effective_caps() -> u64 {
 pub fn attach_floor() -> Result<Ebpf, LoadError> {
     let btf = kernel_btf()?;
     let mut ebpf = EbpfLoader::new()
-        .load(EBPF_OBJECT)
+        .load(object()?)
         .map_err(|e| LoadError::Load(error_chain(&e)))?;
     for (prog, name) in [("floor_enter", "sys_enter"), ("floor_exit", "sys_exit")] {
         let what = format!("raw_syscalls:{name}");
@@ -227,7 +240,7 @@ impl Probe {
             .override_global("PIDNS_INO", &ns_ino, true)
             .override_global("TASK_PID_OFFSET", &pid_at, true)
             .override_global("TASK_TGID_OFFSET", &tgid_at, true)
-            .load(EBPF_OBJECT)
+            .load(object()?)
             .map_err(|e| match e {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
                     if io_error.raw_os_error() == Some(libc::EPERM) =>

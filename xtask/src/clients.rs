@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
 
-use crate::{KillOnDrop, quiet_ok, run};
+use crate::{KillOnDrop, install_step, quiet_ok, run};
 
 const PYTHON_MCP: &str = "mcp==2.3.0";
 /// 0.1.15+ needs Node 22; the machine has Node 20.
@@ -27,22 +27,28 @@ fn conformance_dir() -> PathBuf {
 pub fn install() -> anyhow::Result<()> {
     let python = venv().join("bin/python");
     if !quiet_ok(Command::new(&python).args(["-c", "import mcp"])) {
-        eprintln!(
-            "xtask: installing the MCP Python SDK ({PYTHON_MCP}) in {}",
-            venv().display()
-        );
-        run(Command::new("python3").args(["-m", "venv"]).arg(venv()))?;
-        run(Command::new(venv().join("bin/pip")).args(["install", "--quiet", PYTHON_MCP]))?;
+        let what = format!("installing the MCP Python SDK ({PYTHON_MCP})");
+        install_step::run(
+            "creating a Python venv",
+            Command::new("python3").args(["-m", "venv"]).arg(venv()),
+        )?;
+        install_step::run(
+            &what,
+            Command::new(venv().join("bin/pip")).args(["install", PYTHON_MCP]),
+        )?;
     }
     install_foreign()?;
     let suite = conformance_dir().join("node_modules/.bin/conformance");
     if !suite.exists() {
-        eprintln!("xtask: installing the MCP conformance suite ({CONFORMANCE})");
         std::fs::create_dir_all(conformance_dir())?;
-        run(Command::new("npm")
-            .args(["install", "--no-audit", "--no-fund", "--prefix"])
-            .arg(conformance_dir())
-            .arg(CONFORMANCE))?;
+        let what = format!("installing the MCP conformance suite ({CONFORMANCE})");
+        install_step::run(
+            &what,
+            Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--prefix"])
+                .arg(conformance_dir())
+                .arg(CONFORMANCE),
+        )?;
     }
     Ok(())
 }
@@ -73,18 +79,18 @@ pub fn npm_ci_pinned(name: &str, pinned: &Path, dir: &Path) -> anyhow::Result<()
     if installed.as_ref() == Some(&lock) && dir.join("node_modules").is_dir() {
         return Ok(());
     }
-    eprintln!(
-        "xtask: installing {name} (pinned by its package-lock.json) in {}",
-        dir.display()
-    );
     std::fs::create_dir_all(dir)?;
     for f in ["package.json", "package-lock.json"] {
         std::fs::copy(pinned.join(f), dir.join(f))?;
     }
-    run(Command::new("npm")
-        .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
-        .env("PUPPETEER_SKIP_DOWNLOAD", "1")
-        .current_dir(dir))
+    let what = format!("installing {name} (pinned by its package-lock.json)");
+    install_step::run(
+        &what,
+        Command::new("npm")
+            .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
+            .env("PUPPETEER_SKIP_DOWNLOAD", "1")
+            .current_dir(dir),
+    )
 }
 
 /// Round trips through the Python SDK over stdio and HTTP.

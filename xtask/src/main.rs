@@ -16,6 +16,7 @@ mod demo;
 mod dist;
 mod foreign;
 mod image;
+mod install_step;
 #[allow(dead_code)] // shared with the tests, which use all of it
 mod pgcluster;
 mod runtimes;
@@ -350,30 +351,23 @@ pub fn ensure_debian(packages: &[(&str, &str)]) -> anyhow::Result<()> {
         return Ok(());
     }
     let list = missing.join(" ");
-    eprintln!("xtask: installing Debian packages: {list}");
+    let what = format!("installing Debian packages: {list}");
     let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
+        let mut cmd = Command::new("apt-get");
+        cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        cmd
     };
     let mut install = vec!["install", "-y", "--no-install-recommends"];
     install.extend(&missing);
-    if apt(&install).map(|s| s.success()).unwrap_or(false) {
+    if install_step::run(&what, &mut apt(&install)).is_ok() {
         return Ok(());
     }
-    let _ = apt(&["update"]);
-    match apt(&install) {
-        Ok(s) if s.success() => Ok(()),
-        Ok(s) => bail!(
-            "{list}: not installed, and `apt-get install {list}` failed ({s}); \
-             install the Debian package(s) by hand or fix the apt sources"
-        ),
-        Err(e) => bail!(
-            "{list}: not installed, and apt-get cannot be run ({e}); \
-             install the Debian package(s) by hand"
-        ),
-    }
+    install_step::run("apt-get update", &mut apt(&["update"]))?;
+    install_step::run(&what, &mut apt(&install)).with_context(|| {
+        format!(
+            "{list}: not installed; install the Debian package(s) by hand or fix the apt sources"
+        )
+    })
 }
 
 fn is_root() -> bool {
@@ -385,6 +379,12 @@ fn is_root() -> bool {
 }
 
 fn test(args: &[String]) -> anyhow::Result<()> {
+    // lints, on the build a machine without the eBPF toolchain gets
+    // (AYA_BUILD_SKIP=1: no pinned nightly, no bpf-linker called)
+    run(Command::new("cargo")
+        .args(["clippy", "--all-targets", "--", "-D", "warnings"])
+        .env("AYA_BUILD_SKIP", "1")
+        .env("CARGO_TARGET_DIR", workspace_root().join("target/no-ebpf")))?;
     // default-members: every crate but probe-ebpf, which only builds for BPF
     run(Command::new("cargo").args(["test", "--lib", "--bins"]))?;
     run(Command::new("cargo").args(["test", "-p", "probe", "--test", "docs"]))?;

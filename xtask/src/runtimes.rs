@@ -8,9 +8,8 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Instant;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 
 use crate::image::{MIRRORS, SUITE, sha256_hex};
 use crate::{ensure_debian, workspace_root};
@@ -101,39 +100,16 @@ fn rootfs() -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(runtimes_dir())?;
     let tmp = rootfs.with_extension("tmp");
     let _ = std::fs::remove_dir_all(&tmp);
-    let log = runtimes_dir().join("mmdebstrap.log");
-    eprintln!(
-        "xtask: building the containers' root filesystem with mmdebstrap (about 30 s); log: {}",
-        log.display()
-    );
-    let started = Instant::now();
-    let out = std::fs::File::create(&log)?;
-    let status = Command::new("mmdebstrap")
-        .args(["--mode=root", "--format=directory"])
-        .args(ROOTFS_ARGS)
-        .arg(SUITE)
-        .arg(&tmp)
-        .args(MIRRORS)
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .status()
-        .context("starting mmdebstrap")?;
-    if !status.success() {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(15).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        bail!(
-            "mmdebstrap failed ({status}); the end of {}:\n{}",
-            log.display(),
-            tail.join("\n")
-        );
-    }
+    crate::install_step::run(
+        "building the containers' root filesystem with mmdebstrap (about 30 s)",
+        Command::new("mmdebstrap")
+            .args(["--mode=root", "--format=directory"])
+            .args(ROOTFS_ARGS)
+            .arg(SUITE)
+            .arg(&tmp)
+            .args(MIRRORS),
+    )?;
     std::fs::write(tmp.join(".complete"), recipe)?;
     std::fs::rename(&tmp, &rootfs)?;
-    eprintln!(
-        "xtask: containers' root filesystem built in {:.0} s: {}",
-        started.elapsed().as_secs_f64(),
-        rootfs.display()
-    );
     Ok(rootfs)
 }

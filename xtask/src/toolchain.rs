@@ -43,28 +43,31 @@ impl Pin {
     /// are missing, then checks that the pair matches.
     pub fn ensure(&self) -> anyhow::Result<()> {
         if !self.has_rust_src() {
-            eprintln!("xtask: installing {} with rust-src", self.nightly);
-            crate::run(Command::new("rustup").args([
-                "toolchain",
-                "install",
-                &self.nightly,
-                "--profile",
-                "minimal",
-                "--component",
-                "rust-src",
-            ]))?;
+            let what = format!("installing {} with rust-src", self.nightly);
+            crate::install_step::run(
+                &what,
+                Command::new("rustup").args([
+                    "toolchain",
+                    "install",
+                    &self.nightly,
+                    "--profile",
+                    "minimal",
+                    "--component",
+                    "rust-src",
+                ]),
+            )?;
         }
         if self.installed_linker().as_deref() != Some(self.bpf_linker.as_str()) {
-            eprintln!(
-                "xtask: installing bpf-linker {} (about 90 s)",
-                self.bpf_linker
-            );
-            crate::run(Command::new("cargo").args([
-                "install",
-                "--locked",
-                "--force",
-                &format!("bpf-linker@{}", self.bpf_linker),
-            ]))?;
+            let what = format!("installing bpf-linker {} (about 90 s)", self.bpf_linker);
+            crate::install_step::run(
+                &what,
+                Command::new("cargo").args([
+                    "install",
+                    "--locked",
+                    "--force",
+                    &format!("bpf-linker@{}", self.bpf_linker),
+                ]),
+            )?;
         }
         self.check()
     }
