@@ -759,7 +759,7 @@ async fn main() {
     let mut exec_p50: Vec<(&str, f64)> = Vec::new();
     let mut alone_rates: Vec<(&str, Alone)> = Vec::new();
     let mut peaks: Vec<f64> = Vec::new();
-    // issue 17: (transport, p50 ratio, p99 ratio) against the direct spawn
+    // the targets: (transport, p50 ratio, p99 ratio) against the direct spawn
     let mut exec_ratios: Vec<(&str, f64, f64)> = Vec::new();
     let mut concurrent: Option<f64> = None;
     // the bare client's p50 ratios (for reference)
@@ -1016,7 +1016,7 @@ async fn main() {
 /// 150 MB/s by its medians; whether its cold first transfers do is said.
 fn verdicts(exec_p50: &[(&str, f64)], alone: &[(&str, Alone)], peaks: &[f64]) -> String {
     let mark = |ok: bool| if ok { "met" } else { "**missed**" };
-    let mut out = String::from("\n| target (issue 4) | this run | |\n|---|---|---|\n");
+    let mut out = String::from("\n| target | this run | |\n|---|---|---|\n");
     for (name, p50) in exec_p50 {
         out.push_str(&format!(
             "| exec `true` p50 ≤ 5 ms, probe attached, {name} | {p50:.2} ms | {} |\n",
@@ -1047,7 +1047,7 @@ fn verdicts(exec_p50: &[(&str, f64)], alone: &[(&str, Alone)], peaks: &[f64]) ->
     out
 }
 
-/// 8 concurrent HTTP sessions before issue 17's work, calls/s (same
+/// 8 concurrent HTTP sessions before the HTTP server was reworked, calls/s (same
 /// machine): the reference its 1.5× target is measured against.
 const CONCURRENT_BEFORE: f64 = 254.0;
 
@@ -1059,7 +1059,7 @@ fn exec_verdicts(
     concurrent: Option<f64>,
 ) -> String {
     let mark = |ok: bool| if ok { "met" } else { "**missed**" };
-    let mut out = String::from("\n| target (issue 17) | this run | |\n|---|---|---|\n");
+    let mut out = String::from("\n| target | this run | |\n|---|---|---|\n");
     for (name, p50) in bare {
         out.push_str(&format!(
             "| (for reference, not the target's measure) exec `true` p50, probe attached, {name}, bare client | {p50:.2}× | |\n"
@@ -1078,7 +1078,7 @@ fn exec_verdicts(
     if let Some(rate) = concurrent {
         let ratio = rate / CONCURRENT_BEFORE;
         out.push_str(&format!(
-            "| 8 concurrent http sessions ≥ 1.5× the {CONCURRENT_BEFORE:.0} calls/s before issue 17 | {rate:.0} calls/s ({ratio:.2}×) | {} |\n",
+            "| 8 concurrent http sessions ≥ 1.5× the {CONCURRENT_BEFORE:.0} calls/s before the HTTP server was reworked | {rate:.0} calls/s ({ratio:.2}×) | {} |\n",
             mark(ratio >= 1.5)
         ));
     }

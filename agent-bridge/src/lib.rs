@@ -1,12 +1,22 @@
-//! agent-bridge: the MCP server for the sandbox.
+//! agent-bridge: the MCP server for the sandbox, and the proxy that puts
+//! kernel evidence on another MCP server's calls. The wire contract they
+//! share with the campaign is the `contract` crate; the campaign is the
+//! `campaign` crate.
 //!
-//! Layout (data flows down): [`server`] speaks MCP and hands each call to
-//! its [`session`], which checks arguments ([`contract::tools`]) and runs workloads
-//! ([`workload`], [`process`] for background ones) under the profile
-//! ([`profile`] → [`sandbox`], [`cgroup`]) with a probe span ([`kernel`]).
-//! File tools run in a child too ([`worker`]). Payloads are described by
-//! [`contract::bytes`]; [`contract::fault`] corrupts them on purpose when asked. [`big_alloc`]
-//! keeps freed big buffers mapped for a moment, for the next transfer.
+//! Layout (data flows down this list):
+//! - [`server`] speaks MCP (rmcp) over [`stdio`] or Streamable HTTP
+//!   ([`http_answer`] answers a call as one JSON document) and hands each
+//!   call to its [`session`], which checks arguments (`contract::tools`).
+//! - [`workload`] starts a command under the session's [`profile`]:
+//!   [`launch`] clones it without copying the bridge, [`attach`] puts it in
+//!   its call's [`cgroup`] and probe span between fork and exec, [`sandbox`]
+//!   applies the profile there; [`process`] keeps background ones.
+//! - File tools run in a child too: [`worker`], exec'd by [`self_exec`].
+//! - [`kernel`] asks the probe daemon for each call's attribution.
+//! - [`results`] stores an outside agent's `record_result` outcomes.
+//! - [`proxy`]: any stdio MCP server behind the bridge, one span per call.
+//! - [`big_alloc`]: the global allocator that keeps freed big buffers
+//!   mapped for a moment, for the next transfer.
 
 pub mod attach;
 pub mod big_alloc;

@@ -3,16 +3,23 @@
 //!
 //! Layout (data flows down this list, never back up):
 //! - [`loader`]: checks the machine, loads and attaches the embedded eBPF
-//!   programs ([`tracefs`] supplies tracepoint offsets).
-//! - [`spawn`]: starts a workload attached to its span before it execs.
+//!   programs ([`tracefs`] and [`btf`] supply tracepoint and struct offsets).
+//! - [`spawn`]: starts a workload attached to its span before it execs;
+//!   [`proctree`] and [`cgroup`] let a span follow a running tree or a cgroup.
 //! - [`event`]: decodes ring-buffer records into [`event::KernelEvent`]s.
-//! - [`spans`]: collects a span's events and process facts, bounded.
+//! - [`spans`]: collects a span's events and process facts, bounded;
+//!   [`sessions`] remembers what a session wrote (for `fs.persistence`).
 //! - [`attribution`]: picks the decisive event and the [`primitive`].
 //! - [`report`]: renders an attribution for people.
 //! - [`trace`]: `probe trace`, all of the above for one command.
+//! - [`daemon`]: `probe run`, the same for many spans, over the control
+//!   [`protocol`] (its [`client`]s: `probe span`, agent-bridge), configured by
+//!   [`config`], storing evidence in [`store`] (SQLite) and exporting spans
+//!   over [`otlp`] ([`otlp_receiver`]: a local receiver for tests).
 //!
-//! Supporting tables: [`primitive`] (the taxonomy and its rules),
-//! [`syscalls`] (names and classes), [`mounts`] (mountinfo lookups).
+//! Supporting: [`primitive`] (the taxonomy and its rules), [`syscalls`]
+//! (names and classes), [`mounts`] (mountinfo lookups), [`fault`] (seccomp
+//! filters that inject faults), [`clock`] (wall and monotonic time).
 
 pub mod attribution;
 pub mod btf;

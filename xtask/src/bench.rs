@@ -534,7 +534,7 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
             strace / base
         )?;
     }
-    writeln!(out, "\n## Targets (issue 2)\n")?;
+    writeln!(out, "\n## Targets\n")?;
     let (gb, gp, gu) = (
         rows[0].base.best,
         rows[0].probe.best,
@@ -607,7 +607,7 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
         rss_kib as f64 / 1024.0,
         target(rss_kib <= 64 * 1024)
     )?;
-    // issue 17: distinct failures against the unprobed run, the traced
+    // the targets: distinct failures against the unprobed run, the traced
     // getppid against the empty programs
     let (d, g) = (&rows[2], &rows[0]);
     let (d_best, d_median) = (d.probe.best / d.base.best, d.probe.median / d.base.median);
@@ -616,7 +616,7 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
         .iter()
         .find(|a| a.0 == "open-distinct")
         .map_or(u64::MAX, |a| a.5);
-    writeln!(out, "\n| target (issue 17) | this run | |\n|---|---|---|")?;
+    writeln!(out, "\n| target | this run | |\n|---|---|---|")?;
     writeln!(
         out,
         "| failing open, a new path each time, ≤ 1.5× best round | {d_best:.2}× | {} |",

@@ -1,12 +1,19 @@
-//! The campaign: generated tests across ten domains, run against a bridge.
+//! The campaign: generated tests across ten domains, run against
+//! agent-bridge or any other MCP server (through an adapter). A client of
+//! MCP servers: it needs from the bridge only the wire contract
+//! (`contract`).
 //!
+//! Layout:
 //! - [`spec`]: the test format (one JSON file per test) and its schema.
 //! - [`validate`]: loading test files, with every problem explained.
 //! - [`generate`]: the deterministic default suite; [`upstream`]: the local
 //!   "internet" its network and browser tests reach; [`egress`]: the guard
 //!   rail against tests that name hosts off this machine.
 //! - [`target`]: one MCP session with the bridge under test; [`adapter`]:
-//!   the campaign's steps on another server's tools.
+//!   the campaign's steps on another server's tools ([`adapter_check`]:
+//!   does the server have every tool the adapter maps).
+//! - [`record`]: the records the stages hand each other (a step's outcome,
+//!   a call error, a triage, a test record) and the typed causes; a leaf.
 //! - [`verdict`]: one step's result against its expectations.
 //! - [`triage`]: a failed test's layer and primitive.
 //! - [`db`]: results in SQLite or ([`pg`]) PostgreSQL; [`run`]: workers,
@@ -16,6 +23,9 @@
 //! - [`mangle`]: how bytes that came back differ from the bytes sent;
 //!   [`shrink`]: the smallest input that still comes back mangled.
 //! - [`pattern`]: an explanation with its pids, ports and digests as placeholders.
+//! - [`otel`]: run, test and step spans over OTLP, the step's trace
+//!   context on its call.
+//! - [`cli`]: `agent-bridge campaign …`, the command line over all of this.
 
 pub mod adapter;
 pub mod adapter_check;
