@@ -230,8 +230,15 @@ impl Client {
         attribution(self.call(end_request(span_id, exit, timed_out_ms))?)
     }
 
+    /// The daemon's status as it sent it (JSON), for callers that pass it on.
     pub fn status(&mut self) -> Result<Value, ClientError> {
         Ok(self.call(json!({"op": "status"}))?["status"].take())
+    }
+
+    /// The daemon's status, typed.
+    pub fn daemon_status(&mut self) -> Result<crate::status::DaemonStatus, ClientError> {
+        serde_json::from_value(self.status()?)
+            .map_err(|e| ClientError::Protocol(format!("status: {e}")))
     }
 
     pub fn query(&mut self, filter: Value) -> Result<Vec<SpanRow>, ClientError> {

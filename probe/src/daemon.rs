@@ -38,6 +38,9 @@ use crate::otlp::{CallMeta, Exporter, OtlpConfig, TraceParent};
 use crate::protocol::{self, ErrorBody, ErrorCode, MAX_LINE, Request};
 use crate::sessions::Sessions;
 use crate::spans::SpanEvidence;
+use crate::status::{
+    DaemonStatus, DbStatus, Features, OtlpStatus, PidNamespaceId, RetentionRemoved, StatusDrops,
+};
 use crate::store::{RetentionPolicy, SpanFilter, Store, StoredSpan};
 use crate::trace::READ_INTERVAL;
 
@@ -94,7 +97,7 @@ enum Command {
         reply: Reply<Attribution>,
     },
     Status {
-        reply: oneshot::Sender<Value>,
+        reply: oneshot::Sender<DaemonStatus>,
     },
     Subscribe {
         span: Option<u64>,
@@ -697,11 +700,12 @@ impl Core {
         }
     }
 
-    fn status(&self) -> Value {
+    fn status(&self) -> DaemonStatus {
         let drops = self.probe.drops();
-        let kernel_drops: serde_json::Map<String, Value> = probe_abi::EventKind::ALL
+        let untracked = drops[probe_abi::EventKind::TaskUntracked as usize];
+        let kernel_by_kind = probe_abi::EventKind::ALL
             .iter()
-            .map(|k| (format!("{k:?}"), Value::from(drops[*k as usize])))
+            .map(|k| (format!("{k:?}"), drops[*k as usize]))
             .collect();
         let rss_kib = std::fs::read_to_string("/proc/self/status")
             .ok()
@@ -718,57 +722,59 @@ impl Core {
                 .map(|m| m.len())
                 .unwrap_or(0);
         let s = &self.store_stats;
-        json!({
-            "protocol": protocol::PROTOCOL_VERSION,
-            "version": env!("CARGO_PKG_VERSION"),
-            "pid": std::process::id(),
-            // pids in requests and evidence are this namespace's (null: the host's)
-            "pid_namespace": self.probe.pid_namespace().map(|ns| json!({"dev": ns.dev, "inode": ns.ino})),
-            "uptime_s": self.started.elapsed().as_secs(),
-            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-            "features": {
-                "btf": Path::new("/sys/kernel/btf/vmlinux").exists(),
-                "ring_buffer": true,
-                "raw_tracepoints": true,
-                "kprobes": Path::new("/sys/kernel/tracing/kprobe_events").exists(),
-            },
-            "programs": self.probe.attached,
-            "missing_optional": self.probe.missing,
-            "events_total": self.events_total,
-            "events_per_sec": (self.rate.2 * 10.0).round() / 10.0,
-            "late_events": self.late_events,
-            "decode_errors": self.decode_errors,
-            "drops": {
-                // records the ring buffer had no room for
-                "kernel_total": drops.iter().sum::<u64>() - drops[probe_abi::EventKind::TaskUntracked as usize],
-                // children that could not be traced at all (task map full): whole subtrees unseen
-                "untracked_children": drops[probe_abi::EventKind::TaskUntracked as usize],
-                "kernel_by_kind": kernel_drops,
-                "retention_events_total": self.retention_drops_total,
-            },
-            "open_spans": self.spans.len(),
-            "spans_ended": self.spans_ended,
-            "tracked_tasks": self.probe.tracked_tasks(),
-            "sessions_remembered": self.sessions.len(),
-            // OpenTelemetry export (null when off)
-            "otlp": self.otlp.as_ref().map(|e| {
-                let mut v = e.status();
-                v["invalid_traceparents"] = self.invalid_traceparents.into();
-                v
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        DaemonStatus {
+            protocol: protocol::PROTOCOL_VERSION,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            pid: std::process::id(),
+            pid_namespace: self.probe.pid_namespace().map(|ns| PidNamespaceId {
+                dev: ns.dev,
+                inode: ns.ino,
             }),
-            "rss_kib": rss_kib,
-            "db": {
-                "path": self.config.db,
-                "size_bytes": db_size,
-                "store_queue": s.queued.load(Ordering::Relaxed).saturating_sub(s.written.load(Ordering::Relaxed) + s.errors.load(Ordering::Relaxed)),
-                "stored_spans": s.written.load(Ordering::Relaxed),
-                "store_errors": s.errors.load(Ordering::Relaxed),
-                "retention_removed": {
-                    "spans": s.retention_spans.load(Ordering::Relaxed),
-                    "events": s.retention_events.load(Ordering::Relaxed),
+            uptime_s: self.started.elapsed().as_secs(),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            features: Features {
+                btf: Path::new("/sys/kernel/btf/vmlinux").exists(),
+                ring_buffer: true,
+                raw_tracepoints: true,
+                kprobes: Path::new("/sys/kernel/tracing/kprobe_events").exists(),
+            },
+            programs: self.probe.attached.clone(),
+            missing_optional: self.probe.missing.clone(),
+            events_total: self.events_total,
+            events_per_sec: (self.rate.2 * 10.0).round() / 10.0,
+            late_events: self.late_events,
+            decode_errors: self.decode_errors,
+            drops: StatusDrops {
+                kernel_total: drops.iter().sum::<u64>() - untracked,
+                untracked_children: untracked,
+                kernel_by_kind,
+                retention_events_total: self.retention_drops_total,
+            },
+            open_spans: self.spans.len(),
+            spans_ended: self.spans_ended,
+            tracked_tasks: self.probe.tracked_tasks(),
+            sessions_remembered: self.sessions.len(),
+            otlp: self.otlp.as_ref().map(|e| OtlpStatus {
+                invalid_traceparents: self.invalid_traceparents,
+                ..e.status()
+            }),
+            rss_kib,
+            db: DbStatus {
+                path: self.config.db.clone(),
+                size_bytes: db_size,
+                store_queue: load(&s.queued).saturating_sub(load(&s.written) + load(&s.errors)),
+                stored_spans: load(&s.written),
+                store_errors: load(&s.errors),
+                retention_removed: RetentionRemoved {
+                    spans: load(&s.retention_spans),
+                    events: load(&s.retention_events),
                 },
             },
-        })
+        }
     }
 }
 

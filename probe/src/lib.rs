@@ -13,7 +13,8 @@
 //! - [`report`]: renders an attribution for people.
 //! - [`trace`]: `probe trace`, all of the above for one command.
 //! - [`daemon`]: `probe run`, the same for many spans, over the control
-//!   [`protocol`] (its [`client`]s: `probe span`, agent-bridge), configured by
+//!   [`protocol`] (its [`client`]s: `probe span`, agent-bridge; its
+//!   [`status`]), configured by
 //!   [`config`], storing evidence in [`store`] (SQLite) and exporting spans
 //!   over [`otlp`] ([`otlp_receiver`]: a local receiver for tests).
 //!
@@ -41,6 +42,7 @@ pub mod report;
 pub mod sessions;
 pub mod spans;
 pub mod spawn;
+pub mod status;
 pub mod store;
 pub mod syscalls;
 pub mod trace;

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use serde_json::Value;
 
 use probe::attribution::{Attribution, ExitStatus};
 use probe::client::Client;
@@ -399,11 +398,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command,
         ),
         Cmd::Status { socket, json } => {
-            let status = Client::connect(&socket)?.status()?;
+            let status = Client::connect(&socket)?.daemon_status()?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
-                print!("{}", render_status(&status));
+                print!("{}", status.render());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -703,84 +702,6 @@ fn render_spans(rows: &[SpanRow]) -> String {
         );
     }
     out
-}
-
-fn render_status(s: &Value) -> String {
-    let programs: Vec<&str> = s["programs"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let mib = |v: &Value| v.as_f64().unwrap_or(0.0) / 1024.0 / 1024.0;
-    format!(
-        "probe daemon   pid {}, up {}s, protocol {}, version {}\n\
-         pids           {}\n\
-         kernel         {} (btf: {}, kprobes: {})\n\
-         programs       {} attached: {}{}\n\
-         events         {} total, {}/s, {} late (after their span ended), {} undecodable\n\
-         drops          kernel {} (ring buffer full), retention {} (per-span cap), {} children untraced (task map full)\n\
-         spans          {} open, {} ended; {} threads traced; {} sessions remembered\n\
-         db             {} — {:.1} MiB, queue {}, stored {}, errors {}, retention removed {} spans / {} events\n\
-         memory         RSS {:.1} MiB\n\
-         otlp           {}\n",
-        s["pid"],
-        s["uptime_s"],
-        s["protocol"],
-        s["version"].as_str().unwrap_or("?"),
-        match s["pid_namespace"]["inode"].as_u64() {
-            Some(ino) =>
-                format!("of PID namespace pid:[{ino}] (the sandbox's; the kernel's are translated)"),
-            None => "of the host's PID namespace".to_owned(),
-        },
-        s["kernel"].as_str().unwrap_or("?"),
-        s["features"]["btf"],
-        s["features"]["kprobes"],
-        programs.len(),
-        programs.join(", "),
-        match s["missing_optional"].as_array() {
-            Some(m) if !m.is_empty() => format!(
-                " (missing optional: {})",
-                m.iter()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            _ => String::new(),
-        },
-        s["events_total"],
-        s["events_per_sec"],
-        s["late_events"],
-        s["decode_errors"],
-        s["drops"]["kernel_total"],
-        s["drops"]["retention_events_total"],
-        s["drops"]["untracked_children"],
-        s["open_spans"],
-        s["spans_ended"],
-        s["tracked_tasks"],
-        s["sessions_remembered"],
-        s["db"]["path"].as_str().unwrap_or("?"),
-        mib(&s["db"]["size_bytes"]),
-        s["db"]["store_queue"],
-        s["db"]["stored_spans"],
-        s["db"]["store_errors"],
-        s["db"]["retention_removed"]["spans"],
-        s["db"]["retention_removed"]["events"],
-        s["rss_kib"].as_f64().unwrap_or(0.0) / 1024.0,
-        match s["otlp"].as_object() {
-            None => "off".to_owned(),
-            Some(o) => format!(
-                "{} — exported {}, dropped {} (queue full) / {} (export failed), queued {}{}",
-                o["endpoint"].as_str().unwrap_or("?"),
-                o["exported"],
-                o["dropped_queue_full"],
-                o["dropped_export_failed"],
-                o["queued"],
-                match o["last_error"].as_str() {
-                    Some(e) => format!("; last error: {e}"),
-                    None => String::new(),
-                }
-            ),
-        },
-    )
 }
 
 #[cfg(test)]

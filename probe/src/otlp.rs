@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use prost::Message as _;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 pub use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -657,23 +657,24 @@ impl Exporter {
     }
 
     /// The `otlp` block of `probe status`.
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> crate::status::OtlpStatus {
         let s = &self.shared.stats;
         let queued = {
             let q = lock(&self.shared.queue);
             q.spans.len() + q.in_flight
         };
-        json!({
-            "endpoint": self.shared.config.endpoint,
-            "exported": s.exported.load(Ordering::Relaxed),
-            "dropped_queue_full": s.dropped_queue_full.load(Ordering::Relaxed),
-            "dropped_export_failed": s.dropped_export_failed.load(Ordering::Relaxed),
-            "queued": queued,
-            "queue_capacity": self.shared.config.queue_capacity,
-            "batches": s.batches.load(Ordering::Relaxed),
-            "bytes_sent": s.bytes.load(Ordering::Relaxed),
-            "last_error": *lock(&s.last_error),
-        })
+        crate::status::OtlpStatus {
+            endpoint: self.shared.config.endpoint.clone(),
+            exported: s.exported.load(Ordering::Relaxed),
+            dropped_queue_full: s.dropped_queue_full.load(Ordering::Relaxed),
+            dropped_export_failed: s.dropped_export_failed.load(Ordering::Relaxed),
+            queued,
+            queue_capacity: self.shared.config.queue_capacity,
+            batches: s.batches.load(Ordering::Relaxed),
+            bytes_sent: s.bytes.load(Ordering::Relaxed),
+            last_error: lock(&s.last_error).clone(),
+            invalid_traceparents: 0,
+        }
     }
 
     /// Stops the thread after exporting what is queued (each request
@@ -945,9 +946,9 @@ mod tests {
         assert!(accepted >= 4);
         assert!(e.flush(Duration::from_secs(5)));
         let s = e.status();
-        assert_eq!(s["dropped_queue_full"].as_u64().unwrap(), 10 - accepted);
-        assert_eq!(s["dropped_export_failed"].as_u64().unwrap(), accepted);
-        assert_eq!(s["exported"], 0);
-        assert!(s["last_error"].as_str().is_some());
+        assert_eq!(s.dropped_queue_full, 10 - accepted);
+        assert_eq!(s.dropped_export_failed, accepted);
+        assert_eq!(s.exported, 0);
+        assert!(s.last_error.is_some());
     }
 }

@@ -1,0 +1,168 @@
+//! The daemon's status (`{"op": "status"}`, `probe status`): one struct the
+//! daemon fills and serializes, and clients deserialize and render. The JSON
+//! field names are a contract (docs/PROTOCOL.md).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DaemonStatus {
+    pub protocol: u32,
+    pub version: String,
+    pub pid: u32,
+    /// The PID namespace pids in requests and evidence belong to (`None`:
+    /// the host's).
+    pub pid_namespace: Option<PidNamespaceId>,
+    pub uptime_s: u64,
+    pub kernel: String,
+    pub features: Features,
+    pub programs: Vec<String>,
+    pub missing_optional: Vec<String>,
+    pub events_total: u64,
+    pub events_per_sec: f64,
+    pub late_events: u64,
+    pub decode_errors: u64,
+    pub drops: StatusDrops,
+    pub open_spans: usize,
+    pub spans_ended: u64,
+    pub tracked_tasks: usize,
+    pub sessions_remembered: usize,
+    /// OpenTelemetry export (`None` when off).
+    pub otlp: Option<OtlpStatus>,
+    pub rss_kib: Option<u64>,
+    pub db: DbStatus,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PidNamespaceId {
+    pub dev: u64,
+    pub inode: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Features {
+    pub btf: bool,
+    pub ring_buffer: bool,
+    pub raw_tracepoints: bool,
+    pub kprobes: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusDrops {
+    /// Records the ring buffer had no room for.
+    pub kernel_total: u64,
+    /// Children that could not be traced at all (task map full): whole
+    /// subtrees unseen.
+    pub untracked_children: u64,
+    pub kernel_by_kind: BTreeMap<String, u64>,
+    pub retention_events_total: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OtlpStatus {
+    pub endpoint: String,
+    pub exported: u64,
+    pub dropped_queue_full: u64,
+    pub dropped_export_failed: u64,
+    pub queued: usize,
+    pub queue_capacity: usize,
+    pub batches: u64,
+    pub bytes_sent: u64,
+    pub last_error: Option<String>,
+    /// `traceparent`s in requests that did not parse (spans exported without a parent).
+    #[serde(default)]
+    pub invalid_traceparents: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DbStatus {
+    pub path: PathBuf,
+    pub size_bytes: u64,
+    pub store_queue: u64,
+    pub stored_spans: u64,
+    pub store_errors: u64,
+    pub retention_removed: RetentionRemoved,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RetentionRemoved {
+    pub spans: u64,
+    pub events: u64,
+}
+
+impl DaemonStatus {
+    /// The status for people: one line per part.
+    pub fn render(&self) -> String {
+        let mib = |bytes: u64| bytes as f64 / 1024.0 / 1024.0;
+        let pids = match self.pid_namespace {
+            Some(ns) => format!(
+                "of PID namespace pid:[{}] (the sandbox's; the kernel's are translated)",
+                ns.inode
+            ),
+            None => "of the host's PID namespace".to_owned(),
+        };
+        let missing = if self.missing_optional.is_empty() {
+            String::new()
+        } else {
+            format!(" (missing optional: {})", self.missing_optional.join(", "))
+        };
+        let otlp = match &self.otlp {
+            None => "off".to_owned(),
+            Some(o) => format!(
+                "{} — exported {}, dropped {} (queue full) / {} (export failed), queued {}{}",
+                o.endpoint,
+                o.exported,
+                o.dropped_queue_full,
+                o.dropped_export_failed,
+                o.queued,
+                match &o.last_error {
+                    Some(e) => format!("; last error: {e}"),
+                    None => String::new(),
+                }
+            ),
+        };
+        let (d, db) = (&self.drops, &self.db);
+        format!(
+            "probe daemon   pid {}, up {}s, protocol {}, version {}\n\
+             pids           {pids}\n\
+             kernel         {} (btf: {}, kprobes: {})\n\
+             programs       {} attached: {}{missing}\n\
+             events         {} total, {}/s, {} late (after their span ended), {} undecodable\n\
+             drops          kernel {} (ring buffer full), retention {} (per-span cap), {} children untraced (task map full)\n\
+             spans          {} open, {} ended; {} threads traced; {} sessions remembered\n\
+             db             {} — {:.1} MiB, queue {}, stored {}, errors {}, retention removed {} spans / {} events\n\
+             memory         RSS {:.1} MiB\n\
+             otlp           {otlp}\n",
+            self.pid,
+            self.uptime_s,
+            self.protocol,
+            self.version,
+            self.kernel,
+            self.features.btf,
+            self.features.kprobes,
+            self.programs.len(),
+            self.programs.join(", "),
+            self.events_total,
+            self.events_per_sec,
+            self.late_events,
+            self.decode_errors,
+            d.kernel_total,
+            d.retention_events_total,
+            d.untracked_children,
+            self.open_spans,
+            self.spans_ended,
+            self.tracked_tasks,
+            self.sessions_remembered,
+            db.path.display(),
+            mib(db.size_bytes),
+            db.store_queue,
+            db.stored_spans,
+            db.store_errors,
+            db.retention_removed.spans,
+            db.retention_removed.events,
+            self.rss_kib.unwrap_or(0) as f64 / 1024.0,
+        )
+    }
+}
