@@ -138,7 +138,7 @@ impl TryFrom<SizeRepr> for Size {
     fn try_from(r: SizeRepr) -> Result<Size, String> {
         match r {
             SizeRepr::Int(n) => Ok(Size(n)),
-            SizeRepr::Str(s) => parse_size(&s).map(Size),
+            SizeRepr::Str(s) => contract::units::parse_size(&s).map(Size),
         }
     }
 }
@@ -147,30 +147,6 @@ impl From<Size> for u64 {
     fn from(s: Size) -> u64 {
         s.0
     }
-}
-
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, ""),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 64K, 512M, 2G)"))?;
-    let mult = match unit
-        .trim()
-        .to_ascii_uppercase()
-        .trim_end_matches(['B', 'I'])
-    {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        _ => return Err(format!("`{s}`: unknown unit (use K, M or G)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 /// setrlimit's resource argument: glibc's `__rlimit_resource_t`, a plain
@@ -329,16 +305,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
-        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
-        assert_eq!(parse_size("512KiB").unwrap(), 512 << 10);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("5T").unwrap_err().contains("unit"));
     }
 
     #[test]

@@ -256,27 +256,18 @@ impl TraceParent {
     }
 }
 
+/// Exactly `N` bytes of lowercase hex (W3C trace context allows no other).
 fn hex_exact<const N: usize>(s: &str) -> Option<[u8; N]> {
-    let b = s.as_bytes();
-    if b.len() != 2 * N {
+    if s.bytes().any(|c| c.is_ascii_uppercase()) {
         return None;
     }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
     let mut out = [0u8; N];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = digit(b[2 * i])? << 4 | digit(b[2 * i + 1])?;
-    }
+    hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
 }
 
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+/// Lowercase hex (the `hex` crate's).
+pub use hex::encode as hex;
 
 /// Random ids (not all zero), from a generator seeded by the kernel.
 pub fn random_id<const N: usize>() -> [u8; N] {

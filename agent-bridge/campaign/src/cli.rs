@@ -196,8 +196,8 @@ pub struct RunArgs {
     /// counts as not answering (the test is recorded as
     /// interface.transport and the target is checked; a dead one is marked
     /// down and its share of the tests goes to the others).
-    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
-    pub target_timeout: f64,
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = contract::units::parse_seconds)]
+    pub target_timeout: Duration,
     /// Concurrent workers in all, shared out over the targets; each has its own MCP sessions.
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
@@ -537,16 +537,10 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
     if let Some(file) = &a.targets {
         targets.extend(run::read_targets(file)?);
     }
-    let target_timeout = Duration::try_from_secs_f64(a.target_timeout).map_err(|_| {
-        anyhow::anyhow!(
-            "--target-timeout: {} is not a number of seconds",
-            a.target_timeout
-        )
-    })?;
     let opts = run::Options {
         suite: a.suite,
         targets,
-        target_timeout,
+        target_timeout: a.target_timeout,
         workers: a.workers,
         db: a.db,
         run: a.run,
@@ -574,12 +568,11 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         );
         eprintln!(
             "otlp: {} span(s) exported to {}, {} dropped (queue full), {} dropped (export failed){}",
-            o["exported"],
-            o["endpoint"].as_str().unwrap_or("?"),
-            o["dropped_queue_full"],
-            o["dropped_export_failed"],
-            o["last_error"]
-                .as_str()
+            o.exported,
+            o.endpoint,
+            o.dropped_queue_full,
+            o.dropped_export_failed,
+            o.last_error
                 .map(|e| format!("; last error: {e}"))
                 .unwrap_or_default()
         );

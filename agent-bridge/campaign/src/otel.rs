@@ -24,6 +24,8 @@ use probe::otlp::{
 };
 use serde_json::Value;
 
+use probe::status::OtlpStatus;
+
 use super::record::{StepOutcome, TestRecord};
 use super::spec::{Step, TestSpec};
 
@@ -140,7 +142,7 @@ impl Tracer {
     /// Ends the run span (`summary`: the runner's summary as JSON) and
     /// exports what is queued, waiting at most `timeout`. The exporter's
     /// counts (`exported`, `dropped_*`, `last_error`).
-    pub fn finish(&self, summary: &Value, timeout: Duration) -> Value {
+    pub fn finish(&self, summary: &Value, timeout: Duration) -> OtlpStatus {
         let mut attributes = vec![kv("campaign.runner.pid", std::process::id().to_string())];
         for (key, field) in [
             ("campaign.run", "run"),
@@ -168,7 +170,7 @@ impl Tracer {
     }
 
     /// The exporter's counts so far.
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> OtlpStatus {
         self.exporter.status()
     }
 }

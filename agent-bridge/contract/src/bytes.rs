@@ -46,17 +46,7 @@ impl Payload {
 }
 
 pub fn sha256_hex(data: &[u8]) -> String {
-    hex(&Sha256::digest(data))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    hex::encode(Sha256::digest(data))
 }
 
 /// Standard base64 with padding (SIMD: a read_file answer encodes up to 64 MiB).

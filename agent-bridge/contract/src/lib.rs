@@ -5,8 +5,10 @@
 //! its length and sha256); [`tools`] names the tools, their arguments with
 //! JSON Schemas, and the checks that say which argument is wrong; [`fault`]
 //! is the interface faults a server can inject on purpose so a campaign can
-//! prove it places them in the interface layer.
+//! prove it places them in the interface layer; [`units`] reads sizes and
+//! durations as people write them (flags and profile files alike).
 
 pub mod bytes;
 pub mod fault;
 pub mod tools;
+pub mod units;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use agent_bridge::profile::Profile;
 use agent_bridge::server;
 use anyhow::Context as _;
+use contract::units::{parse_seconds, parse_size};
 
 use super::{GuardArgs, run_dir, shutdown_on_signals};
 
@@ -49,14 +50,14 @@ pub struct ProxyArgs {
     #[command(flatten)]
     pub guard: GuardArgs,
     /// Largest message either way: a client's line or HTTP body, or a server's line (e.g. 96M).
-    #[arg(long, default_value = "96M", value_name = "SIZE")]
-    pub max_message: String,
+    #[arg(long, default_value = "96M", value_name = "SIZE", value_parser = parse_size)]
+    pub max_message: u64,
     /// Seconds the server may take to answer initialize.
-    #[arg(long, default_value_t = 30.0, value_name = "S")]
-    pub init_timeout: f64,
+    #[arg(long, default_value = "30", value_name = "S", value_parser = parse_seconds)]
+    pub init_timeout: Duration,
     /// Seconds the server may take to answer any other request.
-    #[arg(long, default_value_t = 600.0, value_name = "S")]
-    pub call_timeout: f64,
+    #[arg(long, default_value = "600", value_name = "S", value_parser = parse_seconds)]
+    pub call_timeout: Duration,
     /// The foreign server's command line.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -65,13 +66,7 @@ pub struct ProxyArgs {
 pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     use agent_bridge::proxy;
     let profile = Profile::load(&args.profile).map_err(anyhow::Error::msg)?;
-    let max_message = agent_bridge::profile::parse_size(&args.max_message)
-        .map_err(anyhow::Error::msg)
-        .context("--max-message")? as usize;
-    let seconds = |s: f64, flag: &str| {
-        Duration::try_from_secs_f64(s)
-            .map_err(|_| anyhow::anyhow!("{flag}: {s} is not a number of seconds"))
-    };
+    let max_message = usize::try_from(args.max_message).context("--max-message")?;
     agent_bridge::cgroup::sweep_stale();
     let run_dir = run_dir();
     let opts = Arc::new(proxy::Options {
@@ -79,8 +74,8 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         profile,
         probe_socket: Some(args.probe_socket),
         max_message,
-        init_timeout: seconds(args.init_timeout, "--init-timeout")?,
-        call_timeout: seconds(args.call_timeout, "--call-timeout")?,
+        init_timeout: args.init_timeout,
+        call_timeout: args.call_timeout,
         run_dir: run_dir.clone(),
     });
     let shutdown = shutdown_on_signals();

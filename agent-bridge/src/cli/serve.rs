@@ -10,6 +10,7 @@ use agent_bridge::server::{self, HttpOptions};
 use agent_bridge::session::Config;
 use anyhow::Context as _;
 use contract::fault::InterfaceFault;
+use contract::units::parse_size;
 
 use super::{GuardArgs, run_dir, shutdown_on_signals};
 
@@ -49,8 +50,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub guard: GuardArgs,
     /// Largest request: HTTP body, or one stdio message (e.g. 96M).
-    #[arg(long, default_value = "96M", value_name = "SIZE")]
-    pub max_body: String,
+    #[arg(long, default_value = "96M", value_name = "SIZE", value_parser = parse_size)]
+    pub max_body: u64,
     /// Threads for the protocol side (parsing, routing, waiting on workloads).
     /// One is fastest per call on a small machine: no wake-ups across threads.
     /// Raise it when several sessions move large files at once, so one
@@ -62,9 +63,7 @@ pub struct ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile).map_err(anyhow::Error::msg)?;
-    let max_body = agent_bridge::profile::parse_size(&args.max_body)
-        .map_err(anyhow::Error::msg)
-        .context("--max-body")? as usize;
+    let max_body = usize::try_from(args.max_body).context("--max-body")?;
     agent_bridge::big_alloc::spawn_release_thread().context("cannot start a thread")?;
     let swept = agent_bridge::cgroup::sweep_stale();
     if swept > 0 {
