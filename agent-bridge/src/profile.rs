@@ -166,33 +166,61 @@ pub const RLIMITS: &[(&str, RlimitResource)] = &[
     ("nproc", libc::RLIMIT_NPROC),
 ];
 
+/// Why a profile cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("no built-in profile or file named `{name}` (built-in: {built_in})")]
+    NotFound { name: String, built_in: String },
+    #[error("cannot read profile {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A problem in the file at `path`.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        source: Box<ProfileError>,
+    },
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    /// A value the format accepts but a sandbox cannot apply.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl Profile {
     /// A built-in name, or a path to a TOML file.
-    pub fn load(name_or_file: &str) -> Result<Profile, String> {
+    pub fn load(name_or_file: &str) -> Result<Profile, ProfileError> {
         if let Some((name, text)) = BUILT_IN.iter().find(|(n, _)| *n == name_or_file) {
             return Profile::parse(name, text);
         }
         let path = Path::new(name_or_file);
         if !path.exists() {
             let names: Vec<&str> = BUILT_IN.iter().map(|(n, _)| *n).collect();
-            return Err(format!(
-                "no built-in profile or file named `{name_or_file}` (built-in: {})",
-                names.join(", ")
-            ));
+            return Err(ProfileError::NotFound {
+                name: name_or_file.to_owned(),
+                built_in: names.join(", "),
+            });
         }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read profile {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         let name = path.file_stem().map_or_else(
             || name_or_file.to_owned(),
             |s| s.to_string_lossy().into_owned(),
         );
-        Profile::parse(&name, &text).map_err(|e| format!("{}: {e}", path.display()))
+        Profile::parse(&name, &text).map_err(|e| ProfileError::InFile {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })
     }
 
-    pub fn parse(name: &str, text: &str) -> Result<Profile, String> {
-        let mut p: Profile = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(name: &str, text: &str) -> Result<Profile, ProfileError> {
+        let mut p: Profile = toml::from_str(text)?;
         p.name = name.to_owned();
-        p.validate()?;
+        p.validate().map_err(ProfileError::Invalid)?;
         Ok(p)
     }
 
@@ -309,23 +337,33 @@ mod tests {
 
     #[test]
     fn bad_profiles_say_what_is_wrong() {
-        let e = Profile::parse("x", "read_only = [\"tmp\"]").unwrap_err();
+        let e = Profile::parse("x", "read_only = [\"tmp\"]")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("absolute"), "{e}");
-        let e = Profile::parse("x", "readonly = [\"/tmp\"]").unwrap_err();
+        let e = Profile::parse("x", "readonly = [\"/tmp\"]")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown field"), "{e}");
         let e = Profile::parse(
             "x",
             "[[seccomp]]\naction = \"errno\"\nsyscalls = [\"nosuch\"]",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("nosuch"), "{e}");
-        let e = Profile::parse("x", "[rlimits]\nstack = 1").unwrap_err();
+        let e = Profile::parse("x", "[rlimits]\nstack = 1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("stack"), "{e}");
-        let e = Profile::parse("x", "memory_limit = \"lots\"").unwrap_err();
+        let e = Profile::parse("x", "memory_limit = \"lots\"")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("lots"), "{e}");
         assert!(
             Profile::load("no-such-profile")
                 .unwrap_err()
+                .to_string()
                 .contains("built-in: clean")
         );
     }

@@ -249,8 +249,8 @@ impl TraceParent {
     pub fn format(&self) -> String {
         format!(
             "00-{}-{}-{:02x}",
-            hex(&self.trace_id),
-            hex(&self.parent_id),
+            hex(self.trace_id),
+            hex(self.parent_id),
             self.flags
         )
     }
@@ -854,8 +854,8 @@ mod tests {
     fn traceparent_is_validated() {
         let t =
             TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
-        assert_eq!(hex(&t.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
-        assert_eq!(hex(&t.parent_id), "00f067aa0ba902b7");
+        assert_eq!(hex(t.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(hex(t.parent_id), "00f067aa0ba902b7");
         assert_eq!(t.flags, 1);
         assert_eq!(
             t.format(),

@@ -572,15 +572,37 @@ fn clear(expect: &mut Expect, what: &str) {
     }
 }
 
+/// Why an adapter file cannot be used; every error names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The field at fault and what is wrong with it.
+    #[error("{}: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+}
+
 impl Adapter {
     /// Loads and checks an adapter; every error names the file and field.
-    pub fn load(path: &Path) -> Result<Adapter, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-        Adapter::parse(path, &text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Adapter, AdapterError> {
+        let text = std::fs::read_to_string(path).map_err(|source| AdapterError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Adapter::parse(path, &text)
     }
 
-    pub fn parse(path: &Path, text: &str) -> Result<Adapter, String> {
+    pub fn parse(path: &Path, text: &str) -> Result<Adapter, AdapterError> {
+        Adapter::parse_text(path, text).map_err(|reason| AdapterError::Invalid {
+            path: path.to_owned(),
+            reason,
+        })
+    }
+
+    fn parse_text(path: &Path, text: &str) -> Result<Adapter, String> {
         let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
         let mut steps = BTreeMap::new();
         for (name, s) in file.steps {
@@ -1185,7 +1207,7 @@ mod tests {
     use super::*;
 
     fn adapter(text: &str) -> Result<Adapter, String> {
-        Adapter::parse(Path::new("a.toml"), text)
+        Adapter::parse(Path::new("a.toml"), text).map_err(|e| e.to_string())
     }
 
     fn step(tool: &str, args: Value, expect: Value) -> Step {

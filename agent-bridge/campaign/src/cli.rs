@@ -439,7 +439,7 @@ fn campaign_shrink(
         .with_context(|| format!("the suite {} has no test {test}", row.suite))?;
     let adapter = match (adapter, &row.adapter) {
         (Some(file), recorded) => {
-            let a = Adapter::load(file).map_err(anyhow::Error::msg)?;
+            let a = Adapter::load(file)?;
             if let Some(r) = recorded
                 && !r.contains(&a.digest[..16])
             {
@@ -506,10 +506,10 @@ fn adapter_check(
     json: bool,
 ) -> anyhow::Result<bool> {
     use crate::{adapter::Adapter, adapter_check};
-    let adapter = Adapter::load(file).map_err(anyhow::Error::msg)?;
+    let adapter = Adapter::load(file)?;
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let tools = rt.block_on(async {
-        let conn = target.connect().await.map_err(anyhow::Error::msg)?;
+        let conn = target.connect().await?;
         let tools = conn.list_tools().await;
         conn.close().await;
         tools.map_err(|e| anyhow::anyhow!("tools/list: {e}"))
@@ -530,8 +530,7 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         .adapter
         .as_deref()
         .map(crate::adapter::Adapter::load)
-        .transpose()
-        .map_err(anyhow::Error::msg)?
+        .transpose()?
         .map(std::sync::Arc::new);
     let mut targets = a.target;
     if let Some(file) = &a.targets {

@@ -340,7 +340,6 @@ async fn inspect(target: &Target, adapter: Option<&Adapter>) -> anyhow::Result<S
     let probe = tokio::time::timeout(Duration::from_secs(60), target.connect())
         .await
         .map_err(|_| anyhow::anyhow!("no answer in 60 s"))?
-        .map_err(anyhow::Error::msg)
         .with_context(|| format!("the target {target} does not answer"))?;
     let answer = match adapter {
         None => probe
@@ -604,7 +603,7 @@ async fn execute(
 async fn alive(target: &Target) -> Result<(), String> {
     match tokio::time::timeout(Duration::from_secs(10), target.connect()).await {
         Err(_) => Err("no answer to a new session in 10 s".into()),
-        Ok(Err(e)) => Err(e),
+        Ok(Err(e)) => Err(e.to_string()),
         Ok(Ok(c)) => {
             c.close().await;
             Ok(())
@@ -802,14 +801,13 @@ pub async fn run_test(
     let patience = Duration::from_secs(30) + extra_wait;
     let open = match kept.as_mut().and_then(|k| k.take()) {
         Some(c) => Ok(c),
-        None => tokio::time::timeout(patience, target.connect())
-            .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "no answer to initialize in {} s",
-                    patience.as_secs()
-                ))
-            }),
+        None => match tokio::time::timeout(patience, target.connect()).await {
+            Ok(connected) => connected.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "no answer to initialize in {} s",
+                patience.as_secs()
+            )),
+        },
     };
     match open {
         Err(e) => {

@@ -245,7 +245,7 @@ impl<'a> Oracle<'a> {
     /// bridge's shape.
     async fn send(&mut self, step: &Step) -> anyhow::Result<Value> {
         if self.conn.is_none() {
-            self.conn = Some(self.target.connect().await.map_err(anyhow::Error::msg)?);
+            self.conn = Some(self.target.connect().await?);
         }
         let conn = self.conn.as_ref().expect("connected");
         let wait = Duration::from_secs(60);

@@ -95,9 +95,27 @@ fn client_info() -> ClientConfig {
     )
 }
 
+/// Why a session with a target could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot start `{command}`: {source}")]
+    Start {
+        command: String,
+        source: std::io::Error,
+    },
+    /// The server did not complete `initialize`; `stderr` is the end of
+    /// what a stdio server printed.
+    #[error("MCP handshake with {target} failed: {reason}{}", if stderr.is_empty() { String::new() } else { format!("; stderr: {stderr}") })]
+    Handshake {
+        target: String,
+        reason: String,
+        stderr: String,
+    },
+}
+
 impl Target {
     /// Opens a session (starting the bridge for a stdio target).
-    pub async fn connect(&self) -> Result<Connection, String> {
+    pub async fn connect(&self) -> Result<Connection, ConnectError> {
         match self {
             Target::Stdio(cmd) => {
                 let mut child = tokio::process::Command::new("sh")
@@ -107,7 +125,10 @@ impl Target {
                     .stderr(Stdio::piped())
                     .kill_on_drop(true)
                     .spawn()
-                    .map_err(|e| format!("cannot start `{cmd}`: {e}"))?;
+                    .map_err(|source| ConnectError::Start {
+                        command: cmd.clone(),
+                        source,
+                    })?;
                 let stderr = Arc::new(Mutex::new(Vec::new()));
                 let mut pipe = child.stderr.take().expect("piped");
                 let tail = stderr.clone();
@@ -130,10 +151,11 @@ impl Target {
                     Err(e) => {
                         let _ = child.kill().await;
                         let tail = String::from_utf8_lossy(&stderr.lock().unwrap()).into_owned();
-                        return Err(format!(
-                            "MCP handshake with `{cmd}` failed: {e}; stderr: {}",
-                            tail.trim()
-                        ));
+                        return Err(ConnectError::Handshake {
+                            target: format!("`{cmd}`"),
+                            reason: e.to_string(),
+                            stderr: tail.trim().to_owned(),
+                        });
                     }
                 };
                 Ok(Connection {
@@ -152,10 +174,15 @@ impl Target {
                     config = config.auth_header(token);
                 }
                 let transport = StreamableHttpClientTransport::with_client(http_client(), config);
-                let client = client_info()
-                    .serve(transport)
-                    .await
-                    .map_err(|e| format!("MCP handshake with {url} failed: {e}"))?;
+                let client =
+                    client_info()
+                        .serve(transport)
+                        .await
+                        .map_err(|e| ConnectError::Handshake {
+                            target: url.clone(),
+                            reason: e.to_string(),
+                            stderr: String::new(),
+                        })?;
                 Ok(Connection {
                     client,
                     child: None,

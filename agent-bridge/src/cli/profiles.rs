@@ -19,7 +19,7 @@ pub fn run(name: Option<String>, json: bool) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    let p = Profile::load(&name).map_err(anyhow::Error::msg)?;
+    let p = Profile::load(&name)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&p)?);
     } else if let Some((_, text)) = BUILT_IN.iter().find(|(n, _)| *n == name) {

@@ -65,7 +65,7 @@ pub struct ProxyArgs {
 
 pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     use agent_bridge::proxy;
-    let profile = Profile::load(&args.profile).map_err(anyhow::Error::msg)?;
+    let profile = Profile::load(&args.profile)?;
     let max_message = usize::try_from(args.max_message).context("--max-message")?;
     agent_bridge::cgroup::sweep_stale();
     let run_dir = run_dir();

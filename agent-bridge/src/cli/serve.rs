@@ -62,7 +62,7 @@ pub struct ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let profile = Profile::load(&args.profile).map_err(anyhow::Error::msg)?;
+    let profile = Profile::load(&args.profile)?;
     let max_body = usize::try_from(args.max_body).context("--max-body")?;
     agent_bridge::big_alloc::spawn_release_thread().context("cannot start a thread")?;
     let swept = agent_bridge::cgroup::sweep_stale();
