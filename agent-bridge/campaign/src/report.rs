@@ -12,6 +12,7 @@ use rusqlite::Connection;
 use serde::Serialize;
 
 use super::db::{self, RunRow};
+use super::record::{Layer, Outcome, Primitive};
 use super::spec::DOMAINS;
 
 #[derive(Debug, Serialize)]
@@ -149,9 +150,9 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         domains.insert(d, o);
     }
     let targets = targets(conn, run)?;
-    let failures = tests_with(conn, &run.id, "fail")?;
-    let degraded_tests = tests_with(conn, &run.id, "degraded")?;
-    let unsupported_tests = tests_with(conn, &run.id, "unsupported")?;
+    let failures = tests_with(conn, &run.id, Outcome::Fail)?;
+    let degraded_tests = tests_with(conn, &run.id, Outcome::Degraded)?;
+    let unsupported_tests = tests_with(conn, &run.id, Outcome::Unsupported)?;
     let mut images = BTreeMap::new();
     let mut stmt = conn.prepare(
         "SELECT a.test_id, a.mime, a.data FROM campaign_artifacts a JOIN campaign_tests t
@@ -294,15 +295,15 @@ fn targets(conn: &Connection, run: &RunRow) -> anyhow::Result<Vec<TargetOutcomes
     Ok(all)
 }
 
-/// The tests of `run` with `outcome` (`fail`, `degraded` or `unsupported`).
-fn tests_with(conn: &Connection, run: &str, outcome: &str) -> anyhow::Result<Vec<Failure>> {
+/// The tests of `run` with `outcome` (fail, degraded or unsupported).
+fn tests_with(conn: &Connection, run: &str, outcome: Outcome) -> anyhow::Result<Vec<Failure>> {
     let mut stmt = conn.prepare(
         "SELECT t.test_id, domain, title, layer, primitive, confidence, explanation, evidence,
                 (SELECT cause FROM campaign_shrinks s
                   WHERE s.run = t.run AND s.test_id = t.test_id ORDER BY step LIMIT 1)
          FROM campaign_tests t WHERE t.run = ?1 AND outcome = ?2 ORDER BY t.test_id",
     )?;
-    let rows = stmt.query_map([run, outcome], |r| {
+    let rows = stmt.query_map([run, outcome.id()], |r| {
         Ok(Failure {
             test_id: r.get(0)?,
             domain: r.get(1)?,
@@ -311,10 +312,13 @@ fn tests_with(conn: &Connection, run: &str, outcome: &str) -> anyhow::Result<Vec
             // has one only when memory pressure slowed it
             layer: r
                 .get::<_, Option<String>>(3)?
-                .unwrap_or_else(|| if outcome == "degraded" { "-" } else { "test" }.into()),
+                .unwrap_or_else(|| match outcome {
+                    Outcome::Degraded => "-".into(),
+                    _ => Layer::Test.id().into(),
+                }),
             primitive: r
                 .get::<_, Option<String>>(4)?
-                .unwrap_or_else(|| "none".into()),
+                .unwrap_or_else(|| Primitive::None.id().into()),
             confidence: r.get::<_, Option<f64>>(5)?.unwrap_or(0.0),
             explanation: r.get::<_, Option<String>>(6)?.unwrap_or_default(),
             evidence: r
