@@ -1,5 +1,5 @@
 -- Test outcomes an outside agent records through the bridge's
--- `record_result` tool. The campaign runner (issue 5) builds on this table.
+-- `record_result` tool. The campaign runner builds on this table.
 CREATE TABLE recorded_results (
     run         TEXT NOT NULL,
     test_id     TEXT NOT NULL,
