@@ -21,15 +21,22 @@ pub fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u32> {
     types.find_member(types.struct_named(name)?, member, 0)
 }
 
-/// The kernel's offsets of `task_struct.pid` and `task_struct.tgid`.
-pub fn task_id_offsets() -> Option<(u32, u32)> {
+/// Where `task_struct.pid` and `task_struct.tgid` sit, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskIdOffsets {
+    pub pid: u32,
+    pub tgid: u32,
+}
+
+/// The running kernel's [`TaskIdOffsets`].
+pub fn task_id_offsets() -> Option<TaskIdOffsets> {
     let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
     let types = Types::parse(&btf)?;
     let task = types.struct_named("task_struct")?;
-    Some((
-        types.find_member(task, "pid", 0)?,
-        types.find_member(task, "tgid", 0)?,
-    ))
+    Some(TaskIdOffsets {
+        pid: types.find_member(task, "pid", 0)?,
+        tgid: types.find_member(task, "tgid", 0)?,
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -207,7 +214,8 @@ mod tests {
     #[test]
     fn this_kernels_task_ids_sit_side_by_side() {
         // pid_t pid; pid_t tgid; in every kernel since 2.6
-        let (pid, tgid) = task_id_offsets().expect("kernel BTF with task_struct.pid and .tgid");
+        let TaskIdOffsets { pid, tgid } =
+            task_id_offsets().expect("kernel BTF with task_struct.pid and .tgid");
         assert_eq!(tgid, pid + 4);
         assert!(pid > 0 && pid % 4 == 0);
     }

@@ -228,7 +228,7 @@ impl Probe {
         let (ns_dev, ns_ino) = pidns.map_or((0, 0), |ns| (ns.dev, ns.ino));
         // 0 (not found) makes the programs call bpf_get_current_pid_tgid
         let (pid_at, tgid_at) = crate::btf::task_id_offsets()
-            .map_or((0u64, 0u64), |(p, t)| (u64::from(p), u64::from(t)));
+            .map_or((0u64, 0u64), |o| (u64::from(o.pid), u64::from(o.tgid)));
         // RECORD is indexed by CPU number
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| {
             LoadError::Load(format!("reading the possible CPUs from {path}: {e}"))

@@ -214,7 +214,7 @@ pub struct RunArgs {
     pub label: Option<String>,
     /// Run only shard I of N (1-based), e.g. 2/4.
     #[arg(long, value_name = "I/N", value_parser = crate::run::parse_shard)]
-    pub shard: Option<(usize, usize)>,
+    pub shard: Option<crate::run::Shard>,
     /// Continue RUN: run only the tests it has not recorded.
     #[arg(long, value_name = "RUN")]
     pub resume: Option<String>,
@@ -457,7 +457,10 @@ fn campaign_shrink(
         Some(t) => t,
         None => row.target.parse().map_err(anyhow::Error::msg)?,
     };
-    let (channel, original) = shrink::channel_of(spec, step)?;
+    let shrink::StepBytes {
+        channel,
+        bytes: original,
+    } = shrink::channel_of(spec, step)?;
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let finding = rt.block_on(async {
         let mut oracle = shrink::Oracle::new(&target, adapter.as_ref(), channel, max_calls);

@@ -39,7 +39,7 @@ pub struct Options {
     pub run: Option<String>,
     pub label: Option<String>,
     /// (i, n): this process runs the tests whose index is i-1 modulo n.
-    pub shard: Option<(usize, usize)>,
+    pub shard: Option<Shard>,
     /// Continue this run: only tests without a row are run.
     pub resume: Option<String>,
     /// Print the plain progress lines even on a terminal.
@@ -99,8 +99,22 @@ pub struct TargetSummary {
     pub down: Option<String>,
 }
 
-/// Parses `i/n` (1-based).
-pub fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+/// Shard `index` of `count` (1-based): the tests whose position is
+/// `index - 1` modulo `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Shard {
+    pub fn holds(self, position: usize) -> bool {
+        position % self.count == self.index - 1
+    }
+}
+
+/// Parses `I/N` (1-based).
+pub fn parse_shard(s: &str) -> Result<Shard, String> {
     let (i, n) = s
         .split_once('/')
         .ok_or_else(|| format!("`{s}`: a shard is I/N, e.g. 2/4"))?;
@@ -115,7 +129,7 @@ pub fn parse_shard(s: &str) -> Result<(usize, usize), String> {
     if n == 0 || i == 0 || i > n {
         return Err(format!("`{s}`: need 1 <= I <= N"));
     }
-    Ok((i, n))
+    Ok(Shard { index: i, count: n })
 }
 
 /// Reads `--targets FILE`: one target per line; blank lines and `#`
@@ -237,7 +251,7 @@ pub fn run(o: Options) -> anyhow::Result<Summary> {
                 .tests
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| o.shard.is_none_or(|(k, n)| i % n == k - 1))
+                .filter(|(i, _)| o.shard.is_none_or(|s| s.holds(*i)))
                 .filter(|(_, t)| !done.contains(&t.id))
                 .map(|(_, t)| t.clone())
                 .collect(),
@@ -1102,6 +1116,30 @@ impl Progress {
     fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_the_suite_without_overlap() {
+        let s = parse_shard("2/4").unwrap();
+        assert_eq!(s, Shard { index: 2, count: 4 });
+        let held: Vec<usize> = (0..10).filter(|&i| s.holds(i)).collect();
+        assert_eq!(held, [1, 5, 9]);
+        let every: usize = (1..=4)
+            .map(|k| {
+                (0..10)
+                    .filter(|&i| Shard { index: k, count: 4 }.holds(i))
+                    .count()
+            })
+            .sum();
+        assert_eq!(every, 10);
+        for bad in ["0/4", "5/4", "2", "a/4", "1/0"] {
+            assert!(parse_shard(bad).is_err(), "{bad}");
         }
     }
 }

@@ -64,8 +64,15 @@ fn as_escaped<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&b.escape_ascii().to_string())
 }
 
+/// The bytes a step carries, and the channel they travel on.
+#[derive(Debug, Clone)]
+pub struct StepBytes {
+    pub channel: Channel,
+    pub bytes: Vec<u8>,
+}
+
 /// The bytes a step carries and where, from the test's steps.
-pub fn channel_of(test: &TestSpec, step: usize) -> anyhow::Result<(Channel, Vec<u8>)> {
+pub fn channel_of(test: &TestSpec, step: usize) -> anyhow::Result<StepBytes> {
     let s = test
         .steps
         .get(step)
@@ -84,7 +91,10 @@ pub fn channel_of(test: &TestSpec, step: usize) -> anyhow::Result<(Channel, Vec<
             .then(|| s.arguments.get("command").and_then(Value::as_str))
             .flatten()
             .map(String::from);
-        return Ok((Channel::Stdout { original }, want));
+        return Ok(StepBytes {
+            channel: Channel::Stdout { original },
+            bytes: want,
+        });
     }
     // a write whose bytes came back wrong: the read of the same file that follows
     if s.tool == "write_file"
@@ -117,13 +127,13 @@ pub fn channel_of(test: &TestSpec, step: usize) -> anyhow::Result<(Channel, Vec<
                     .with_context(|| {
                         format!("step {step}: the write_file that sent the bytes has no text path")
                     })?;
-                return Ok((
-                    Channel::File {
+                return Ok(StepBytes {
+                    channel: Channel::File {
                         path: path.to_string(),
                         as_text,
                     },
                     bytes,
-                ));
+                });
             }
         }
         bail!("step {step} reads bytes no earlier write_file of the test sent: nothing to shrink");

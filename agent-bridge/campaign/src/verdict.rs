@@ -448,10 +448,10 @@ fn file_checks(e: &Expect, data: &[u8], sent: &Sent, out: &mut StepOutcome) {
             out.artifact = Some(("image/png", data.to_vec()));
         }
         match png_size(data) {
-            Some((w, h)) if (w, h) == (want.width, want.height) => {}
-            Some((w, h)) => out.failures.push(format!(
-                "expected a {}x{} PNG, got {w}x{h}",
-                want.width, want.height
+            Some(got) if (got.width, got.height) == (want.width, want.height) => {}
+            Some(got) => out.failures.push(format!(
+                "expected a {}x{} PNG, got {}x{}",
+                want.width, want.height, got.width, got.height
             )),
             None => out.failures.push(format!(
                 "expected a PNG, the bytes start {}",
@@ -476,13 +476,23 @@ fn file_checks(e: &Expect, data: &[u8], sent: &Sent, out: &mut StepOutcome) {
 /// The largest image kept for the report.
 const MAX_ARTIFACT: usize = 4 << 20;
 
-/// (width, height) of a PNG: its signature, then IHDR as the first chunk.
-pub fn png_size(d: &[u8]) -> Option<(u32, u32)> {
+/// An image's size in pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageSize {
+    pub width: u32,
+    pub height: u32,
+}
+
+/// The size of a PNG: its signature, then IHDR as the first chunk.
+pub fn png_size(d: &[u8]) -> Option<ImageSize> {
     if d.len() < 24 || &d[..8] != b"\x89PNG\r\n\x1a\n" || &d[12..16] != b"IHDR" {
         return None;
     }
     let be = |i: usize| u32::from_be_bytes([d[i], d[i + 1], d[i + 2], d[i + 3]]);
-    Some((be(16), be(20)))
+    Some(ImageSize {
+        width: be(16),
+        height: be(20),
+    })
 }
 
 /// The page count of a PDF: `%PDF-` header, then its page objects
