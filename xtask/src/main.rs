@@ -362,10 +362,12 @@ pub fn ensure_debian(packages: &[(&str, &str)]) -> anyhow::Result<()> {
     if install_step::run(&what, &mut apt(&install)).is_ok() {
         return Ok(());
     }
-    install_step::run("apt-get update", &mut apt(&["update"]))?;
+    // the second try may work without it (a mirror that answers again)
+    let _ = install_step::run("apt-get update", &mut apt(&["update"]));
     install_step::run(&what, &mut apt(&install)).with_context(|| {
         format!(
-            "{list}: not installed; install the Debian package(s) by hand or fix the apt sources"
+            "{list}: not installed, and `apt-get install {list}` failed: \
+             install the Debian package(s) by hand or fix the apt sources"
         )
     })
 }
