@@ -48,7 +48,20 @@ fn suite(dir: &Path, count: usize, base: &str, domains: &[&str]) -> PathBuf {
 }
 
 fn run(suite: &Path, target: &str, adapter: &str, db: &Path, name: &str) -> Value {
-    serde_json::from_str(&ok(&[
+    run_with(suite, target, adapter, db, name, true)
+}
+
+/// `run`, with one session per worker (`--reuse-sessions`) or one per test
+/// (a browser's page ids count from 1 in each).
+fn run_with(
+    suite: &Path,
+    target: &str,
+    adapter: &str,
+    db: &Path,
+    name: &str,
+    reuse_sessions: bool,
+) -> Value {
+    let mut args = vec![
         "run",
         "--suite",
         suite.to_str().unwrap(),
@@ -62,11 +75,13 @@ fn run(suite: &Path, target: &str, adapter: &str, db: &Path, name: &str) -> Valu
         name,
         "--workers",
         "4",
-        "--reuse-sessions",
         "--no-bar",
         "--json",
-    ]))
-    .unwrap()
+    ];
+    if reuse_sessions {
+        args.push("--reuse-sessions");
+    }
+    serde_json::from_str(&ok(&args)).unwrap()
 }
 
 fn count(db: &Path, sql: &str) -> i64 {
@@ -292,4 +307,96 @@ fn server_filesystem_runs_what_it_can_and_the_rest_is_unsupported() {
     );
     assert_eq!(with, 16);
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// `count` browser-vocabulary tests (`campaign generate --browser-tools`).
+fn browser_suite(dir: &Path, count: usize, heavy_mib: u64) -> PathBuf {
+    let out = dir.join(format!("browser-{heavy_mib}"));
+    ok(&[
+        "generate",
+        "--browser-tools",
+        "--count",
+        &count.to_string(),
+        "--heavy-mib",
+        &heavy_mib.to_string(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    out
+}
+
+/// The browser MCP servers agents drive (Debian's chromium under them),
+/// through the proxy with the probe: clean, each passes every browser step
+/// it can express and the rest is unsupported, with kernel evidence on
+/// every step; under a memory limit, a tab the OOM killer took is
+/// `sandbox/mem.oom` with the victim and its cgroup named.
+#[test]
+fn browser_servers_through_the_proxy_pass_clean_and_name_a_tab_the_oom_killer_took() {
+    if !root() {
+        return;
+    }
+    installed("playwright-mcp");
+    installed("chrome-devtools-mcp");
+    let dir = tempfile::tempdir().unwrap();
+    let suite = browser_suite(dir.path(), 12, 16);
+    for (server, unsupported) in [("playwright-mcp", 0), ("chrome-devtools-mcp", 2)] {
+        let db = dir.path().join(format!("{server}.db"));
+        let launcher = format!("{ADAPTERS}/{server}.sh {}", state(server).display());
+        let adapter = format!("{ADAPTERS}/{server}.toml");
+        let s = run_with(
+            &suite,
+            &proxied("clean", &launcher),
+            &adapter,
+            &db,
+            "clean",
+            false,
+        );
+        let all = explanations(&db, "clean");
+        assert_eq!(s["recorded"], 12, "{server}: {s}");
+        assert_eq!(s["unsupported"], unsupported, "{server}: {s}\n{all}");
+        assert_eq!(s["passed"], 12 - unsupported, "{server}: {s}\n{all}");
+        assert_eq!(s["steps_without_kernel"], 0, "{server}: {s}");
+        if unsupported > 0 {
+            assert!(
+                all.contains("browser_fill") || all.contains("browser_click"),
+                "{all}"
+            );
+        }
+    }
+    // 8 frames of 64 MiB in one renderer, in 700 MiB for server and browser
+    let heavy = browser_suite(dir.path(), 6, 64);
+    let profile = dir.path().join("browser-700m.toml");
+    std::fs::write(
+        &profile,
+        "description = \"700 MiB for a browser MCP server and its browser\"\nmemory_limit = \"700M\"\n",
+    )
+    .unwrap();
+    let db = dir.path().join("memory.db");
+    let launcher = format!(
+        "{ADAPTERS}/playwright-mcp.sh {}",
+        state("playwright-mcp-memory").display()
+    );
+    let s = run_with(
+        &heavy,
+        &proxied(profile.to_str().unwrap(), &launcher),
+        &format!("{ADAPTERS}/playwright-mcp.toml"),
+        &db,
+        "memory",
+        false,
+    );
+    let all = explanations(&db, "memory");
+    assert_eq!(s["recorded"], 6, "{s}");
+    // the light tests still pass; the tab-heavy one lost its tab
+    assert_eq!(s["passed"], 5, "{s}\n{all}");
+    let heavy_test = all
+        .lines()
+        .find(|l| l.starts_with("browser-tools-0006"))
+        .unwrap_or_else(|| panic!("the tab-heavy test passed:\n{all}"));
+    assert!(
+        heavy_test.contains("sandbox/mem.oom")
+            && heavy_test.contains("chromium (pid ")
+            && heavy_test.contains("was killed by the OOM killer at ")
+            && heavy_test.contains("(memory limit 700 MiB)"),
+        "{heavy_test}"
+    );
 }

@@ -297,6 +297,43 @@ async fn memory_limit() {
     .await;
 }
 
+/// A child the OOM killer took inside a call that exited 0 (a browser's
+/// tab, in small): the call "succeeded", the evidence must not say
+/// "nothing failed".
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_limit_names_an_oom_kill_inside_a_call_that_exited_0() {
+    if !root() {
+        return;
+    }
+    let r = under(
+        "memory-limit",
+        &["python3 -c 'b = bytearray(300 << 20)'; echo the shell went on"],
+    )
+    .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_primitive("memory-limit", &r, "none");
+    let k = &r["kernel"];
+    assert_eq!(k["hidden_failure"]["primitive"], "mem.oom", "{k}");
+    let why = k["hidden_failure"]["explanation"].as_str().unwrap();
+    assert!(
+        why.starts_with("python3 (pid ") && why.contains("was killed by the OOM killer at "),
+        "{why}"
+    );
+    // where the limit was: the call's own cgroup, 64 MiB
+    assert!(
+        why.contains(" in cgroup /") && why.contains("(memory limit 64 MiB)"),
+        "{why}"
+    );
+    assert!(
+        k["explanation"]
+            .as_str()
+            .unwrap()
+            .starts_with("exited 0, but python3"),
+        "{k}"
+    );
+    assert_eq!(k["decisive"]["kind"], "oom_victim", "{k}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn address_space() {
     check(

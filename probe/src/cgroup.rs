@@ -73,6 +73,43 @@ pub fn v2_root() -> Option<PathBuf> {
     })
 }
 
+/// The memory cgroup a process is in: its path (the `memory` line of
+/// /proc/PID/cgroup on a v1 or hybrid host, else the v2 `0::` line) and
+/// that cgroup's limit in KiB (`None` when unlimited or unreadable);
+/// `None` in the root cgroup, which has no limit to name. Read while an
+/// OOM victim is still being killed, to say where the limit was.
+pub fn memory_of(pid: u32) -> Option<(String, Option<u64>)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let line = |want: &dyn Fn(&str) -> bool| {
+        text.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+            want(controllers).then(|| path.to_string())
+        })
+    };
+    let (path, limit) = match line(&|c| c.split(',').any(|c| c == "memory")) {
+        Some(path) => {
+            let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+            (path, dir.join("memory.limit_in_bytes"))
+        }
+        None => {
+            let path = line(&|c| c.is_empty())?;
+            let dir = v2_root()?.join(path.trim_start_matches('/'));
+            (path, dir.join("memory.max"))
+        }
+    };
+    if path == "/" {
+        return None;
+    }
+    // "max" (v2) or a page-rounded 2^63 (v1) when there is no limit
+    let limit = std::fs::read_to_string(limit)
+        .ok()
+        .and_then(|m| m.trim().parse::<u64>().ok())
+        .filter(|&bytes| bytes < 1 << 62)
+        .map(|bytes| bytes / 1024);
+    Some((path, limit))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +134,50 @@ mod tests {
         // this test's own thread is somewhere in the hierarchy; the root
         // lists its direct members (possibly none), and reads
         cg.threads().expect("cgroup.threads reads");
+    }
+
+    #[test]
+    fn a_live_process_has_a_memory_cgroup_path() {
+        // a process in a memory cgroup of its own, with a limit
+        let Some(mem) = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"]
+            .iter()
+            .map(Path::new)
+            .find(|p| p.join("cgroup.procs").exists() && p.join("memory.stat").exists())
+        else {
+            eprintln!("SKIPPED: no memory controller mounted");
+            return;
+        };
+        if !nix::unistd::Uid::effective().is_root() {
+            assert!(
+                !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+                "CI runs as root: making a memory cgroup needs it"
+            );
+            eprintln!("SKIPPED: making a memory cgroup needs root");
+            return;
+        }
+        let dir = mem.join(format!("probe-memory-of-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let limit = if dir.join("memory.max").exists() {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        std::fs::write(dir.join(limit), "268435456").unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+        let got = memory_of(child.id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        let (path, max) = got.expect("the child's memory cgroup reads");
+        assert!(
+            path.ends_with(&format!("probe-memory-of-{}", std::process::id())),
+            "{path}"
+        );
+        assert_eq!(max, Some(256 * 1024));
+        assert!(memory_of(u32::MAX).is_none());
     }
 }

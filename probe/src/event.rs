@@ -167,6 +167,12 @@ pub struct KernelEvent {
     /// `uring_*`: the io_uring operation (`IORING_OP_OPENAT`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_uring_op: Option<Cow<'static, str>>,
+    /// `oom_victim`: the victim's cgroup v2 path, read while it was being killed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// `oom_victim`: that cgroup's `memory.max` in KiB (absent: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max_kb: Option<u64>,
 }
 
 /// `si_code` of a SIGSYS raised by seccomp.
@@ -207,6 +213,8 @@ impl KernelEvent {
             memcg: None,
             via: None,
             io_uring_op: None,
+            cgroup: None,
+            memory_max_kb: None,
         }
     }
 

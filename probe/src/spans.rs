@@ -209,6 +209,27 @@ impl SpanEvidence {
             }
             Kind::OomVictim => {
                 self.processes.entry(ev.pid).or_default().oom_killed = true;
+                // where the limit was: the victim's cgroup, or (once it is
+                // reaped; events arrive in batches) its nearest living
+                // ancestor's in the span, which shares it but for nesting
+                if ev.cgroup.is_none() {
+                    let mut pid = Some(ev.pid);
+                    let mut found = None;
+                    for _ in 0..64 {
+                        let Some(p) = pid else { break };
+                        found = crate::cgroup::memory_of(p);
+                        if found.is_some() {
+                            break;
+                        }
+                        pid = self.processes.get(&p).and_then(|i| i.parent);
+                    }
+                    if let Some((path, max)) =
+                        found.or_else(|| self.root_pid.and_then(crate::cgroup::memory_of))
+                    {
+                        ev.cgroup = Some(path);
+                        ev.memory_max_kb = max;
+                    }
+                }
             }
             Kind::FileWrite => {
                 if let (Some(fd), Some(path)) = (ev.ret, &ev.path) {

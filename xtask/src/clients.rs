@@ -57,7 +57,13 @@ pub fn install() -> anyhow::Result<()> {
 /// pinned by `agent-bridge/adapters/npm/NAME/package-lock.json`, installed
 /// into `target/foreign/NAME` (where the adapters' launchers look).
 /// `--ignore-scripts`: desktop-commander's install script sends telemetry.
-pub const FOREIGN: [&str; 2] = ["desktop-commander", "server-filesystem"];
+/// The two browser servers run Debian's chromium: no browser is downloaded.
+pub const FOREIGN: [&str; 4] = [
+    "desktop-commander",
+    "server-filesystem",
+    "playwright-mcp",
+    "chrome-devtools-mcp",
+];
 
 pub fn install_foreign() -> anyhow::Result<()> {
     let root = crate::workspace_root();
@@ -89,6 +95,8 @@ pub fn npm_ci_pinned(name: &str, pinned: &Path, dir: &Path) -> anyhow::Result<()
         Command::new("npm")
             .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
             .env("PUPPETEER_SKIP_DOWNLOAD", "1")
+            .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+            .env("CHROME_DEVTOOLS_MCP_NO_UPDATE_CHECKS", "1")
             .current_dir(dir),
     )
 }

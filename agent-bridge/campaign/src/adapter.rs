@@ -62,6 +62,16 @@ pub const STEPS: &[(&str, &[&str])] = &[
     ),
     ("write_stdin", &["id", "text", "data_base64", "close"]),
     ("kill_process", &["id", "signal"]),
+    // the browser's steps: one browser per session, its tabs kept between steps
+    ("browser_open", &["url"]),
+    ("browser_text", &[]),
+    ("browser_eval", &["script"]),
+    ("browser_screenshot", &["format"]),
+    ("browser_click", &["selector"]),
+    ("browser_fill", &["selector", "text"]),
+    ("browser_tabs", &[]),
+    ("browser_new_tab", &["url"]),
+    ("browser_close_tab", &["index"]),
 ];
 
 /// Values a result reader can produce, and what each is for.
@@ -78,6 +88,9 @@ const FIELDS: &[&str] = &[
     "error",     // the call failed (the text that says so) though isError is false
     "id",        // integer: a background process's id
     "refused", // the target refused the call for a reason of its own (e.g. "cannot read binary files")
+    "page_text", // text: a page's text, or a browser's list of tabs
+    "title",   // text: a page's title
+    "value",   // JSON text: the value a script in the page returned
 ];
 
 const FILTERS: &str = "text, base64, sh, dirname, interpreter, default:VALUE, map:FROM=TO,…,*=TO";
@@ -548,6 +561,10 @@ fn needs(step: &str, expect: &Expect) -> Vec<(&'static str, &'static str)> {
         "bytes",
     );
     need(expect.png.is_some(), "png", "bytes");
+    need(expect.text_contains.is_some(), "text_contains", "page_text");
+    need(expect.text_lacks.is_some(), "text_lacks", "page_text");
+    need(expect.title.is_some(), "title", "title");
+    need(expect.value_json.is_some(), "value_json", "value");
     need(expect.pdf_pages.is_some(), "pdf_pages", "bytes");
     out
 }
@@ -568,6 +585,10 @@ fn clear(expect: &mut Expect, what: &str) {
         "sha256_from_step" => expect.sha256_from_step = None,
         "png" => expect.png = None,
         "pdf_pages" => expect.pdf_pages = None,
+        "text_contains" => expect.text_contains = None,
+        "text_lacks" => expect.text_lacks = None,
+        "title" => expect.title = None,
+        "value_json" => expect.value_json = None,
         _ => {}
     }
 }

@@ -29,6 +29,22 @@ pub enum CampaignCommand {
         /// Campaigns that run at the same time on one machine need different bases.
         #[arg(long, default_value = crate::generate::DEFAULT_BASE, value_name = "DIR")]
         base: String,
+        /// Only this domain's tests (ids numbered as in the whole suite).
+        #[arg(long, value_name = "DOMAIN", value_parser = clap::builder::PossibleValuesParser::new(crate::spec::DOMAINS))]
+        domain: Option<String>,
+        /// Browser tests in the browser vocabulary (browser_open, browser_eval,
+        /// browser_screenshot, …) instead of the suite: for browser MCP servers
+        /// (@playwright/mcp, chrome-devtools-mcp) through their adapters.
+        #[arg(long, conflicts_with = "domain")]
+        browser_tools: bool,
+        /// With --browser-tools: MiB each of the 8 frames of a tab-heavy page holds.
+        #[arg(
+            long,
+            default_value_t = 16,
+            value_name = "MIB",
+            requires = "browser_tools"
+        )]
+        heavy_mib: u64,
     },
     /// Check test files (e.g. ones a coding agent wrote): every problem with file, field and reason.
     ///
@@ -46,6 +62,18 @@ pub enum CampaignCommand {
     },
     /// Print the JSON Schema of a test file.
     Schema,
+    /// Serve the campaign's local upstream (the pages, bytes, login and
+    /// tab-heavy pages tests open) on its own, until Ctrl-C: for sessions
+    /// driven by hand, e.g. a browser MCP server pointed at /page/3.
+    #[command(
+        after_help = "Example:\n  agent-bridge campaign upstream --host 127.66.0.1\n  \
+        # then open http://127.66.0.1:PORT/page/3, /form/3, /tabs/8?mib=16, /canvas/7?w=640&h=360"
+    )]
+    Upstream {
+        /// The address to listen on (an address of this machine).
+        #[arg(long, default_value_t = crate::upstream::UPSTREAM_HOST, value_name = "IPV4")]
+        host: std::net::Ipv4Addr,
+    },
     /// Run a suite against a bridge; every step's outcome goes into a SQLite DB.
     #[command(after_help = "Examples:\n  \
         agent-bridge campaign run --suite suite --target stdio:'agent-bridge serve --stdio' --db results.db\n  \
@@ -338,6 +366,19 @@ pub fn main(cmd: CampaignCommand) -> ExitCode {
                 Err(e) => report(Err(e)),
             }
         }
+        CampaignCommand::Upstream { host } => report((|| {
+            let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
+            rt.block_on(async {
+                let up = crate::upstream::Upstream::start(host)
+                    .await
+                    .with_context(|| format!("starting the upstream on {host}"))?;
+                println!("upstream: {}", up.describe());
+                tokio::signal::ctrl_c()
+                    .await
+                    .context("waiting for Ctrl-C")?;
+                anyhow::Ok(())
+            })
+        })()),
         CampaignCommand::Schema => {
             println!(
                 "{}",
@@ -350,8 +391,18 @@ pub fn main(cmd: CampaignCommand) -> ExitCode {
             seed,
             out,
             base,
+            domain,
+            browser_tools,
+            heavy_mib,
         } => {
-            let tests = generate::suite(count, seed, &base);
+            let tests = if browser_tools {
+                generate::browser_tools_suite(count, seed, heavy_mib)
+            } else {
+                let mut tests = generate::suite(count, seed, &base);
+                tests.retain(|t| domain.as_ref().is_none_or(|d| &t.domain == d));
+                tests
+            };
+            let count = tests.len();
             report(
                 generate::write_suite(&out, &tests)
                     .with_context(|| format!("writing {}", out.display()))

@@ -1113,6 +1113,162 @@ pub fn suite(count: usize, seed: u64, base: &str) -> Vec<TestSpec> {
         .collect()
 }
 
+/// A browser step of the vocabulary (docs/ADAPTERS.md), answered by a
+/// browser MCP server through its adapter.
+fn browse(tool: &str, arguments: Value, expect: Expect) -> Step {
+    let arguments = match arguments {
+        Value::Object(m) => m.into_iter().collect(),
+        _ => BTreeMap::new(),
+    };
+    Step {
+        tool: tool.into(),
+        arguments,
+        expect,
+    }
+}
+
+/// The browser as agents drive it, in the browser vocabulary: pages of the
+/// local upstream opened, read, scripted, captured, filled and clicked, tabs
+/// opened and closed, and tab-heavy pages (`heavy_mib` MiB per frame, 8
+/// frames) that a memory limit takes tabs from. `count` tests, ids
+/// `browser-tools-NNNN`, from `seed`; they need no files and no commands,
+/// so a browser server with nothing else runs every one it can express.
+pub fn browser_tools_suite(count: usize, seed: u64, heavy_mib: u64) -> Vec<TestSpec> {
+    let mut rng = Rng::new(seed);
+    let page = |n: u64| format!("{{{{upstream.http}}}}/page/{n}");
+    (0..count)
+        .map(|i| {
+            let n = rng.below(900) + 1;
+            let (title, steps) = match i % 6 {
+                0 => {
+                    let words = crate::upstream::page_words(n)[..3].join(" ");
+                    (
+                        format!("open page {n}: its title and text"),
+                        vec![browse(
+                            "browser_open",
+                            json!({"url": page(n)}),
+                            Expect {
+                                title: Some(format!("page {n}")),
+                                text_contains: Some(words),
+                                ..Expect::default()
+                            },
+                        )],
+                    )
+                }
+                1 => (
+                    format!("a script in page {n} counts its links"),
+                    vec![
+                        browse("browser_open", json!({"url": page(n)}), Expect::default()),
+                        browse(
+                            "browser_eval",
+                            json!({"script": "() => document.querySelectorAll('a').length"}),
+                            Expect {
+                                value_json: Some(json!(crate::upstream::page_links(n))),
+                                ..Expect::default()
+                            },
+                        ),
+                    ],
+                ),
+                2 => (
+                    format!("a 1280x720 screenshot of a page with canvas {n}"),
+                    vec![
+                        browse(
+                            "browser_open",
+                            // noise on a quarter of the window: a PNG of about 0.7 MB
+                            json!({"url": format!("{{{{upstream.http}}}}/canvas/{n}?w=640&h=360")}),
+                            Expect::default(),
+                        ),
+                        browse(
+                            "browser_screenshot",
+                            json!({"format": "png"}),
+                            Expect {
+                                png: Some(ImageSize {
+                                    width: 1280,
+                                    height: 720,
+                                }),
+                                ..Expect::default()
+                            },
+                        ),
+                    ],
+                ),
+                3 => {
+                    let name = format!("agent-{n}");
+                    (
+                        format!("fill and submit form {n}"),
+                        vec![
+                            browse(
+                                "browser_open",
+                                json!({"url": format!("{{{{upstream.http}}}}/form/{n}")}),
+                                Expect::default(),
+                            ),
+                            browse(
+                                "browser_fill",
+                                json!({"selector": "#name", "text": name}),
+                                Expect::default(),
+                            ),
+                            browse("browser_click", json!({"selector": "#go"}), Expect::default()),
+                            browse(
+                                "browser_text",
+                                json!({}),
+                                Expect {
+                                    text_contains: Some(format!("hello {name}")),
+                                    ..Expect::default()
+                                },
+                            ),
+                        ],
+                    )
+                }
+                4 => {
+                    let other = n + 1000;
+                    let listed = |has: bool| Expect {
+                        text_contains: has.then(|| format!("/page/{other}")),
+                        text_lacks: (!has).then(|| format!("/page/{other}")),
+                        ..Expect::default()
+                    };
+                    (
+                        format!("open page {other} in a second tab, list the tabs, close it"),
+                        vec![
+                            browse("browser_open", json!({"url": page(n)}), Expect::default()),
+                            browse("browser_new_tab", json!({"url": page(other)}), Expect::default()),
+                            browse("browser_tabs", json!({}), listed(true)),
+                            browse("browser_close_tab", json!({"index": 1}), Expect::default()),
+                            browse("browser_tabs", json!({}), listed(false)),
+                        ],
+                    )
+                }
+                _ => {
+                    let frames = 8;
+                    (
+                        format!("a page of {frames} frames of {heavy_mib} MiB each"),
+                        vec![
+                            browse(
+                                "browser_open",
+                                json!({"url": format!("{{{{upstream.http}}}}/tabs/{frames}?mib={heavy_mib}")}),
+                                Expect::default(),
+                            ),
+                            browse(
+                                "browser_eval",
+                                json!({"script": "() => new Promise(r => { const o = document.getElementById('o'); const done = () => o.textContent.startsWith('frames loaded'); if (done()) return r(o.textContent); new MutationObserver(() => done() && r(o.textContent)).observe(o, {childList: true}); setTimeout(() => r(o.textContent), 45000); })"}),
+                                Expect {
+                                    value_json: Some(json!(format!("frames loaded {frames}"))),
+                                    ..Expect::default()
+                                },
+                            ),
+                        ],
+                    )
+                }
+            };
+            TestSpec {
+                id: format!("browser-tools-{:04}", i + 1),
+                domain: "browser".into(),
+                title,
+                requires: vec!["a browser MCP server".into()],
+                steps,
+            }
+        })
+        .collect()
+}
+
 /// Writes `tests` as `DIR/ID.json`, pretty-printed with a trailing newline.
 pub fn write_suite(dir: &std::path::Path, tests: &[TestSpec]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -1156,6 +1312,46 @@ mod tests {
         assert!(
             loaded.tests == tests,
             "the files do not read back as written"
+        );
+    }
+
+    #[test]
+    fn browser_tools_tests_use_only_browser_steps_reach_only_the_upstream_and_validate() {
+        let tests = browser_tools_suite(24, 5, 16);
+        assert_eq!(tests, browser_tools_suite(24, 5, 16));
+        let dir = tempfile::tempdir().unwrap();
+        write_suite(dir.path(), &tests).unwrap();
+        let loaded = super::super::validate::load_dir(dir.path()).unwrap();
+        assert_eq!(
+            loaded.problems,
+            vec![],
+            "generated browser tests must validate"
+        );
+        assert_eq!(
+            loaded.egress_problems(&[]),
+            vec![],
+            "only the upstream is named"
+        );
+        let tools: HashSet<&str> = tests
+            .iter()
+            .flat_map(|t| t.steps.iter().map(|s| s.tool.as_str()))
+            .collect();
+        // every step of the browser vocabulary is exercised, and nothing else
+        let browser: HashSet<&str> = super::super::adapter::STEPS
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| n.starts_with("browser_"))
+            .collect();
+        assert_eq!(tools, browser);
+        let heavy = tests
+            .iter()
+            .find(|t| t.title.contains("frames of 16 MiB"))
+            .unwrap();
+        assert!(
+            heavy.steps[0].arguments["url"]
+                .as_str()
+                .unwrap()
+                .ends_with("/tabs/8?mib=16")
         );
     }
 

@@ -147,18 +147,33 @@ pub struct Degraded {
 /// Why a call got no tool result.
 #[derive(Debug, Clone)]
 pub enum CallError {
-    /// The bridge answered with a JSON-RPC error.
-    Protocol(String),
+    /// The bridge answered with a JSON-RPC error; `kernel` is the probe's
+    /// evidence it carried (`error.data["probe/kernel"]`, which the proxy
+    /// adds when the server died on the call).
+    Protocol {
+        message: String,
+        kernel: Option<serde_json::Value>,
+    },
     /// The connection broke (the bridge died, the socket closed, …).
     Transport(String),
     /// No answer in time.
     Timeout(Duration),
 }
 
+impl CallError {
+    /// A JSON-RPC error of the caller's own making (an adapter's), with no evidence.
+    pub fn protocol(message: String) -> CallError {
+        CallError::Protocol {
+            message,
+            kernel: None,
+        }
+    }
+}
+
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CallError::Protocol(m) => write!(f, "JSON-RPC error: {m}"),
+            CallError::Protocol { message, .. } => write!(f, "JSON-RPC error: {message}"),
             CallError::Transport(m) => write!(f, "transport: {m}"),
             CallError::Timeout(d) => write!(f, "no answer in {} s", d.as_secs()),
         }
@@ -192,8 +207,10 @@ pub struct StepOutcome {
     /// Why a step that passed is degraded: it ran past its
     /// `max_duration_ms`, or it stalled on memory reclaim.
     pub degraded: Vec<String>,
-    /// The degradation is memory pressure (`mem.pressure`).
-    pub memory_pressure: bool,
+    /// The degradation is the kernel's: memory pressure (`mem.pressure`),
+    /// or a process of the call the OOM killer took while the call
+    /// "succeeded" (`mem.oom`: a browser tab).
+    pub degraded_on: Option<Primitive>,
     /// An image the step read back (a screenshot), kept for the report.
     pub artifact: Option<(&'static str, Vec<u8>)>,
     /// The target cannot express the step (through its adapter): why.

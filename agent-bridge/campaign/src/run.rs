@@ -1040,7 +1040,7 @@ pub async fn send_adapted(
             Some(Ok(next)) => (tool, arguments) = next,
             // a value the next call needs is not in the answer
             Some(Err(e)) => {
-                return Err(CallError::Protocol(format!(
+                return Err(CallError::protocol(format!(
                     "adapter: the {tool} answer lacks what the next call needs: {}",
                     e.0
                 )));

@@ -40,7 +40,11 @@ pub struct TestSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Step {
-    /// An agent-bridge tool: exec, run_code, write_file, read_file, list_dir, stat, …
+    /// A step of the vocabulary: exec, run_code, write_file, read_file,
+    /// list_dir, stat, the background process tools, and the browser's:
+    /// browser_open, browser_text, browser_eval, browser_screenshot,
+    /// browser_click, browser_fill, browser_tabs, browser_new_tab,
+    /// browser_close_tab (see docs/ADAPTERS.md).
     pub tool: String,
     /// The tool's arguments, as sent.
     pub arguments: BTreeMap<String, Value>,
@@ -99,6 +103,19 @@ pub struct Expect {
     /// read_file: the bytes are a PDF (`%PDF-` header) with this many pages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pdf_pages: Option<u32>,
+    /// browser steps: the page's text (or the tab list's, for
+    /// `browser_tabs`) contains this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_contains: Option<String>,
+    /// browser steps: the page's (or the tab list's) text does not contain this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_lacks: Option<String>,
+    /// browser_open: the page's title is exactly this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// browser_eval: the script's value, as JSON (`42`, `"Page 3"`, `[1,2]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_json: Option<Value>,
     /// The call takes at most this long, end to end. Longer is not a
     /// failure: a test that passes but ran past it is `degraded`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

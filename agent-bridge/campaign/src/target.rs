@@ -193,6 +193,16 @@ impl Target {
     }
 }
 
+/// A JSON-RPC error answer, with the kernel evidence it carries.
+fn protocol_error(e: rmcp::ErrorData) -> CallError {
+    CallError::Protocol {
+        message: format!("{} (code {})", e.message, e.code.0),
+        kernel: e
+            .data
+            .and_then(|mut d| d.get_mut("probe/kernel").map(Value::take)),
+    }
+}
+
 impl Connection {
     /// Calls `tool`; `meta` is the request's `_meta` (a step span's trace
     /// context, with --otlp: SEP-414).
@@ -208,10 +218,7 @@ impl Connection {
         match tokio::time::timeout(wait, self.client.call_tool(params)).await {
             Err(_) => Err(CallError::Timeout(wait)),
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(rmcp::ServiceError::McpError(e))) => Err(CallError::Protocol(format!(
-                "{} (code {})",
-                e.message, e.code.0
-            ))),
+            Ok(Err(rmcp::ServiceError::McpError(e))) => Err(protocol_error(e)),
             Ok(Err(e)) => Err(CallError::Transport(self.explain(e.to_string()))),
         }
     }
@@ -221,10 +228,7 @@ impl Connection {
         match tokio::time::timeout(Duration::from_secs(30), self.client.list_all_tools()).await {
             Err(_) => Err(CallError::Timeout(Duration::from_secs(30))),
             Ok(Ok(tools)) => Ok(tools),
-            Ok(Err(rmcp::ServiceError::McpError(e))) => Err(CallError::Protocol(format!(
-                "{} (code {})",
-                e.message, e.code.0
-            ))),
+            Ok(Err(rmcp::ServiceError::McpError(e))) => Err(protocol_error(e)),
             Ok(Err(e)) => Err(CallError::Transport(self.explain(e.to_string()))),
         }
     }

@@ -22,10 +22,7 @@ pub fn degraded(steps: &[StepOutcome]) -> Option<Degraded> {
         .flat_map(|(i, s)| s.degraded.iter().map(move |d| format!("step {i}: {d}")))
         .collect();
     (!why.is_empty()).then(|| Degraded {
-        primitive: steps
-            .iter()
-            .any(|s| s.memory_pressure)
-            .then_some(Primitive::MemPressure),
+        primitive: steps.iter().find_map(|s| s.degraded_on),
         explanation: why.join("; "),
     })
 }

@@ -251,6 +251,17 @@ pub fn page_html(n: u64) -> String {
     )
 }
 
+/// `/form/N`: a field and a button for a browser to fill and click; the
+/// click writes `hello VALUE` into `#out`.
+pub fn form_html(n: u64) -> String {
+    format!(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>form {n}</title></head><body>\
+         <h1>form {n}</h1><label for=\"name\">Name</label><input id=\"name\" name=\"name\">\
+         <button id=\"go\" type=\"button\" onclick=\"document.getElementById('out').textContent = \
+         'hello ' + document.getElementById('name').value\">Greet</button><p id=\"out\">waiting</p></body></html>\n"
+    )
+}
+
 /// `/tab/I?mib=M`: one tab's page, as heavy as a real one: it fills M MiB
 /// of its own memory (touching every page, as images and scripts would)
 /// and downloads M MiB more that the browser keeps in its disk cache (page
@@ -413,6 +424,10 @@ fn router() -> Router {
         .route(
             "/page/{n}",
             get(|Path(n): Path<u64>| async move { html(page_html(n)) }),
+        )
+        .route(
+            "/form/{n}",
+            get(|Path(n): Path<u64>| async move { html(form_html(n)) }),
         )
         .route("/tab/{i}", get(tab))
         .route("/tabs/{n}", get(tabs))

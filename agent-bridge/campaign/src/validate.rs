@@ -185,6 +185,10 @@ fn check_step(step: &Step) -> Vec<(String, String)> {
             ));
         }
     }
+    if step.tool.starts_with("browser_") {
+        out.extend(browser_arguments(step));
+        return out;
+    }
     let known: Vec<String> = tools::all().iter().map(|t| t.name.to_string()).collect();
     if !known.contains(&step.tool) {
         out.push((
@@ -256,6 +260,58 @@ fn check_step(step: &Step) -> Vec<(String, String)> {
     out
 }
 
+/// A browser step's arguments: the vocabulary's names, the ones it needs,
+/// as text (an index as a number).
+fn browser_arguments(step: &Step) -> Vec<(String, String)> {
+    let Some((_, known)) = super::adapter::STEPS.iter().find(|(n, _)| *n == step.tool) else {
+        let browser: Vec<&str> = super::adapter::STEPS
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| n.starts_with("browser_"))
+            .collect();
+        return vec![(
+            "tool".into(),
+            format!(
+                "`{}` is not a browser step ({})",
+                step.tool,
+                browser.join(", ")
+            ),
+        )];
+    };
+    let mut out = Vec::new();
+    for (name, v) in &step.arguments {
+        let ok = match name.as_str() {
+            "index" => v.is_u64(),
+            "format" => matches!(v.as_str(), Some("png" | "jpeg")),
+            _ => v.is_string(),
+        };
+        if !known.contains(&name.as_str()) {
+            out.push((
+                format!("arguments.{name}"),
+                format!("not an argument of {} ({})", step.tool, known.join(", ")),
+            ));
+        } else if !ok {
+            out.push((
+                format!("arguments.{name}"),
+                "expected text (`index`: a number; `format`: png or jpeg)".into(),
+            ));
+        }
+    }
+    let needed: &[&str] = match step.tool.as_str() {
+        "browser_open" | "browser_new_tab" => &["url"],
+        "browser_eval" => &["script"],
+        "browser_click" => &["selector"],
+        "browser_fill" => &["selector", "text"],
+        _ => &[],
+    };
+    for n in needed {
+        if !step.arguments.contains_key(*n) {
+            out.push((format!("arguments.{n}"), format!("{} needs it", step.tool)));
+        }
+    }
+    out
+}
+
 /// The tool's own argument parsing, as the bridge will do it.
 fn arguments_parse(
     tool: &str,
@@ -295,6 +351,39 @@ mod tests {
                 .map(|p| format!("{}: {}", p.field, p.reason))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn browser_steps_are_checked_against_the_vocabulary() {
+        let bad = problems(
+            "b.json",
+            r#"{"id":"b","domain":"browser","title":"t","steps":[
+                {"tool":"browser_open","arguments":{}},
+                {"tool":"browser_fly","arguments":{}},
+                {"tool":"browser_close_tab","arguments":{"index":"one"}},
+                {"tool":"browser_eval","arguments":{"script":"() => 1","code":"x"}}]}"#,
+        );
+        let all = bad.join("\n");
+        assert!(
+            all.contains("arguments.url: browser_open needs it"),
+            "{all}"
+        );
+        assert!(all.contains("`browser_fly` is not a browser step"), "{all}");
+        assert!(
+            all.contains("arguments.index: expected text (`index`: a number"),
+            "{all}"
+        );
+        assert!(
+            all.contains("arguments.code: not an argument of browser_eval (script)"),
+            "{all}"
+        );
+        let good = problems(
+            "g.json",
+            r#"{"id":"g","domain":"browser","title":"t","steps":[
+                {"tool":"browser_open","arguments":{"url":"{{upstream.http}}/page/1"},"expect":{"title":"page 1"}},
+                {"tool":"browser_close_tab","arguments":{"index":1}}]}"#,
+        );
+        assert_eq!(good, Vec::<String>::new());
     }
 
     #[test]

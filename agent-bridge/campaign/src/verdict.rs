@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::ValueEnum as _;
 use serde_json::{Value, json};
 
-use super::record::{CallError, InterfacePrimitive, StepOutcome};
+use super::record::{CallError, InterfacePrimitive, Primitive, StepOutcome};
 use super::spec::{Expect, Step};
 use contract::bytes::{base64_decode, sha256_hex};
 use contract::fault::InterfaceFault;
@@ -100,14 +100,29 @@ pub fn judge(
         Ok(r) => r,
         Err(e) => {
             sent.printed_sha256.push(None);
-            out.transport_lost = !matches!(e, CallError::Protocol(_));
+            out.transport_lost = !matches!(e, CallError::Protocol { .. });
+            out.call_error = Some(e.to_string());
+            let kernel = match &e {
+                CallError::Protocol { kernel, .. } => kernel.as_ref(),
+                _ => None,
+            };
+            keep_kernel(&mut out, kernel);
+            // the server died on the call, and the kernel says why (the
+            // proxy's evidence on its error): the sandbox's failure, not
+            // the interface's
+            if out
+                .kernel_failure()
+                .is_some_and(|c| c.primitive != Primitive::None)
+            {
+                out.failures.push(e.to_string());
+                return out;
+            }
             let primitive = if out.transport_lost {
                 InterfacePrimitive::Transport
             } else {
                 InterfacePrimitive::Protocol
             };
             out.blame(primitive, 0.95, e.to_string());
-            out.call_error = Some(e.to_string());
             return out;
         }
     };
@@ -117,6 +132,7 @@ pub fn judge(
     out.is_error = Some(result["isError"] == Value::Bool(true));
     let Some(s) = result.get("structuredContent").filter(|s| s.is_object()) else {
         sent.printed_sha256.push(None);
+        keep_kernel(&mut out, result["_meta"].get("probe/kernel"));
         out.blame(
             InterfacePrimitive::Protocol,
             0.9,
@@ -124,24 +140,7 @@ pub fn judge(
         );
         return out;
     };
-    match s.get("kernel") {
-        Some(k) if k["available"] == Value::Bool(true) => {
-            let mut k = k.clone();
-            if let Some(o) = k.as_object_mut() {
-                let events = o.remove("events");
-                if let Some(Value::Array(events)) = events {
-                    let kept = around_decisive(events, o.get("decisive").unwrap_or(&Value::Null));
-                    o.insert("events".into(), Value::Array(kept));
-                }
-            }
-            out.kernel = Some(k);
-        }
-        Some(k) => {
-            let reason = k["reason"].as_str().unwrap_or("no reason given");
-            out.kernel_unavailable = Some(reason.to_string());
-        }
-        None => {}
-    }
+    keep_kernel(&mut out, s.get("kernel"));
     let e = &step.expect;
     let is_error = out.is_error == Some(true);
     let message = || s["error"]["message"].as_str().unwrap_or("").to_string();
@@ -198,6 +197,37 @@ pub fn judge(
     out
 }
 
+/// Keeps the probe's attribution of the call (its events cut to those
+/// around the decisive one), or why there is none: a step without kernel
+/// evidence is counted as one, whatever the reason.
+fn keep_kernel(out: &mut StepOutcome, kernel: Option<&Value>) {
+    match kernel {
+        Some(k) if k["available"] == Value::Bool(true) => {
+            let mut k = k.clone();
+            if let Some(o) = k.as_object_mut() {
+                let events = o.remove("events");
+                if let Some(Value::Array(events)) = events {
+                    let kept = around_decisive(events, o.get("decisive").unwrap_or(&Value::Null));
+                    o.insert("events".into(), Value::Array(kept));
+                }
+            }
+            out.kernel = Some(k);
+        }
+        Some(k) => {
+            let reason = k["reason"].as_str().unwrap_or("no reason given");
+            out.kernel_unavailable = Some(reason.to_string());
+        }
+        None => {
+            out.kernel_unavailable = Some(match &out.call_error {
+                Some(e) => format!("the call got no result and no evidence ({e})"),
+                None => "the answer carries no kernel evidence (run the server behind \
+                         `agent-bridge proxy`)"
+                    .into(),
+            });
+        }
+    }
+}
+
 /// Notes what slowed a step down: past its `max_duration_ms`, or stalled
 /// in memory reclaim (the probe's `memory.reclaim_ms` for the call).
 fn degradation(e: &Expect, out: &mut StepOutcome) {
@@ -209,13 +239,23 @@ fn degradation(e: &Expect, out: &mut StepOutcome) {
             out.duration_ms
         ));
     }
+    // a process of the call the OOM killer took while the call succeeded
+    // (a browser's tab): never "nothing failed"
+    if let Some(death) = out
+        .hidden_failure()
+        .filter(|h| h.primitive == Primitive::MemOom)
+    {
+        out.degraded_on = Some(Primitive::MemOom);
+        out.degraded
+            .push(format!("the call succeeded, but {}", death.explanation));
+    }
     let reclaim = out
         .kernel
         .as_ref()
         .and_then(|k| k["memory"]["reclaim_ms"].as_f64())
         .unwrap_or(0.0);
     if reclaim >= RECLAIM_MIN_MS && reclaim >= out.duration_ms * RECLAIM_SHARE {
-        out.memory_pressure = true;
+        out.degraded_on.get_or_insert(Primitive::MemPressure);
         out.degraded.push(format!(
             "memory pressure: {reclaim:.0} ms of its {:.0} ms stalled in memory reclaim ({:.0}%)",
             out.duration_ms,
@@ -314,6 +354,21 @@ fn payloads(step: &Step, result: &Value, s: &Value, sent: &mut Sent, out: &mut S
             preview(want.as_bytes()),
             preview(stderr.as_deref().unwrap_or_default())
         ));
+    }
+    browser_checks(e, s, out);
+    if step.tool == "browser_screenshot" && out.is_error == Some(false) && e.png.is_some() {
+        // the image the server returned, as the adapter carried it
+        let blob = result["content"].as_array().and_then(|c| {
+            c.iter()
+                .find_map(|b| b["resource"]["blob"].as_str())
+                .map(base64_decode)
+        });
+        match blob {
+            Some(Ok(data)) => file_checks(e, &data, sent, out),
+            _ => out
+                .failures
+                .push("browser_screenshot: the result carries no image".into()),
+        }
     }
     if step.tool == "read_file" && out.is_error == Some(false) {
         let blob = result["content"].as_array().and_then(|c| {
@@ -469,6 +524,52 @@ fn file_checks(e: &Expect, data: &[u8], sent: &Sent, out: &mut StepOutcome) {
                 "expected a PDF, the bytes start {}",
                 preview(&data[..data.len().min(16)])
             )),
+        }
+    }
+}
+
+/// What a browser step expects of the page: its text, its title, the
+/// value a script computed.
+fn browser_checks(e: &Expect, s: &Value, out: &mut StepOutcome) {
+    let text = s["page_text"].as_str();
+    if let Some(want) = &e.text_contains {
+        match text {
+            Some(t) if t.contains(want.as_str()) => {}
+            Some(t) => out.failures.push(format!(
+                "the page's text does not contain {want:?}: got {}",
+                preview(t.as_bytes())
+            )),
+            None => out.failures.push(format!(
+                "expected text containing {want:?}, the result has none"
+            )),
+        }
+    }
+    if let Some(want) = &e.text_lacks
+        && let Some(t) = text.filter(|t| t.contains(want.as_str()))
+    {
+        out.failures.push(format!(
+            "the text still contains {want:?}: {}",
+            preview(t.as_bytes())
+        ));
+    }
+    if let Some(want) = &e.title
+        && s["title"].as_str().map(str::trim) != Some(want.as_str())
+    {
+        out.failures
+            .push(format!("expected the title {want:?}, got {}", s["title"]));
+    }
+    if let Some(want) = &e.value_json {
+        // servers print the value as JSON text (`42`, `"Page 3"`)
+        let got = match &s["value"] {
+            Value::String(t) => serde_json::from_str::<Value>(t.trim()).ok(),
+            Value::Null => None,
+            v => Some(v.clone()),
+        };
+        if got.as_ref() != Some(want) {
+            out.failures.push(format!(
+                "expected the script's value {want}, got {}",
+                s["value"]
+            ));
         }
     }
 }
@@ -642,6 +743,136 @@ mod tests {
     }
 
     #[test]
+    fn a_tab_the_oom_killer_took_in_a_call_that_passed_is_degraded_on_mem_oom() {
+        let s = step("exec", json!({"argv": ["x"]}), json!({"exit_code": 0}));
+        let mut r = exec_result(b"", 0);
+        r["structuredContent"]["kernel"] = json!({"available": true, "failed": false,
+            "primitive": "none", "explanation": "exited 0, but …",
+            "hidden_failure": {"primitive": "mem.oom", "confidence": 0.9,
+                "explanation": "chromium (pid 12) was killed by the OOM killer at 300 MiB anon RSS"}});
+        let o = judge(
+            &s,
+            Ok(r.clone()),
+            Duration::from_millis(900),
+            &mut Sent::default(),
+        );
+        assert!(o.passed(), "{o:?}");
+        assert_eq!(o.degraded_on, Some(Primitive::MemOom));
+        assert_eq!(
+            o.degraded,
+            vec![
+                "the call succeeded, but chromium (pid 12) was killed by the OOM killer at 300 MiB anon RSS"
+            ]
+        );
+        let d = crate::triage::degraded(&[o]).expect("degraded");
+        assert_eq!(d.primitive, Some(Primitive::MemOom));
+        // a hidden failure that is not a memory death leaves a pass a pass
+        r["structuredContent"]["kernel"]["hidden_failure"]["primitive"] = json!("fs.missing");
+        let o = judge(&s, Ok(r), Duration::from_millis(900), &mut Sent::default());
+        assert!(o.passed() && o.degraded.is_empty(), "{o:?}");
+    }
+
+    #[test]
+    fn browser_expectations_hold_or_say_what_the_page_had() {
+        let s = step(
+            "browser_eval",
+            json!({"script": "() => 1"}),
+            json!({"value_json": "frames loaded 8", "title": "8 tabs", "text_contains": "frames"}),
+        );
+        let answer = |value: &str, title: &str, text: &str| {
+            json!({"isError": false, "content": [],
+                "structuredContent": {"value": value, "title": title, "page_text": text}})
+        };
+        let o = judge(
+            &s,
+            Ok(answer("\"frames loaded 8\"", " 8 tabs", "frames loaded 8")),
+            Duration::ZERO,
+            &mut Sent::default(),
+        );
+        assert!(o.passed(), "{o:?}");
+        let o = judge(
+            &s,
+            Ok(answer("\"loading\"", "about:blank", "")),
+            Duration::ZERO,
+            &mut Sent::default(),
+        );
+        assert_eq!(o.failures.len(), 3, "{o:?}");
+        assert!(
+            o.failures[0].contains("does not contain \"frames\""),
+            "{o:?}"
+        );
+        assert!(
+            o.failures[2].contains("expected the script's value \"frames loaded 8\""),
+            "{o:?}"
+        );
+        let lacks = step("browser_tabs", json!({}), json!({"text_lacks": "/page/9"}));
+        let o = judge(
+            &lacks,
+            Ok(answer("", "", "- 1: [page 9](http://h/page/9)")),
+            Duration::ZERO,
+            &mut Sent::default(),
+        );
+        assert!(o.failures[0].contains("still contains"), "{o:?}");
+    }
+
+    #[test]
+    fn a_json_rpc_error_with_the_proxys_kernel_evidence_is_triaged_on_it() {
+        let s = step("exec", json!({"argv": ["x"]}), json!({"exit_code": 0}));
+        let died = CallError::Protocol {
+            message: "the server exited during the call (code -32603)".into(),
+            kernel: Some(
+                json!({"available": true, "failed": true, "primitive": "mem.oom",
+                "layer": "sandbox", "confidence": 0.97,
+                "explanation": "node (pid 40) was killed by the OOM killer at 900 MiB anon RSS"}),
+            ),
+        };
+        let o = judge(&s, Err(died), Duration::ZERO, &mut Sent::default());
+        assert!(!o.passed());
+        assert!(o.interface.is_empty(), "the kernel explains it: {o:?}");
+        assert_eq!(o.kernel_unavailable, None);
+        let t = crate::triage::triage(&[o]).expect("failed");
+        assert_eq!(t.layer, crate::record::Layer::Sandbox);
+        assert_eq!(t.primitive, crate::record::Cause::Kernel(Primitive::MemOom));
+        // an error whose evidence says nothing failed stays the interface's,
+        // and one with no evidence is counted as a step without it
+        let plain = CallError::Protocol {
+            message: "unknown tool (code -32602)".into(),
+            kernel: Some(json!({"available": true, "failed": false, "primitive": "none"})),
+        };
+        let o = judge(&s, Err(plain), Duration::ZERO, &mut Sent::default());
+        assert_eq!(
+            o.interface_primitive.map(|p| p.0),
+            Some(InterfacePrimitive::Protocol)
+        );
+        let o = judge(
+            &s,
+            Err(CallError::protocol("bad".into())),
+            Duration::ZERO,
+            &mut Sent::default(),
+        );
+        assert!(
+            o.kernel_unavailable
+                .as_deref()
+                .unwrap()
+                .contains("no evidence"),
+            "{o:?}"
+        );
+        let mut r = exec_result(b"", 0);
+        r["structuredContent"]
+            .as_object_mut()
+            .unwrap()
+            .remove("kernel");
+        let o = judge(&s, Ok(r), Duration::ZERO, &mut Sent::default());
+        assert!(
+            o.kernel_unavailable
+                .as_deref()
+                .unwrap()
+                .contains("agent-bridge proxy"),
+            "{o:?}"
+        );
+    }
+
+    #[test]
     fn a_slow_or_reclaiming_step_is_degraded_not_failed() {
         let s = step(
             "exec",
@@ -659,7 +890,7 @@ mod tests {
             o.degraded,
             vec!["took 250 ms, more than max_duration_ms 100"]
         );
-        assert!(!o.memory_pressure);
+        assert_eq!(o.degraded_on, None);
         // 120 ms of 1 s in reclaim: memory pressure; 20 ms is routine
         for (reclaim, pressure) in [(120.0, true), (20.0, false)] {
             let mut r = exec_result(b"", 0);
@@ -667,7 +898,7 @@ mod tests {
             let s = step("exec", json!({"argv": ["x"]}), json!({"exit_code": 0}));
             let o = judge(&s, Ok(r), Duration::from_millis(1000), &mut Sent::default());
             assert!(o.passed());
-            assert_eq!(o.memory_pressure, pressure, "{reclaim} ms");
+            assert_eq!(o.degraded_on.is_some(), pressure, "{reclaim} ms");
             assert_eq!(o.degraded.len(), usize::from(pressure));
         }
     }
@@ -829,7 +1060,7 @@ mod tests {
         let s = step("exec", json!({"argv": ["x"]}), json!({}));
         let o = judge(
             &s,
-            Err(CallError::Protocol("bad".into())),
+            Err(CallError::protocol("bad".into())),
             Duration::ZERO,
             &mut Sent::default(),
         );

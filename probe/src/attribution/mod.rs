@@ -144,10 +144,11 @@ struct Verdict {
 /// Attributes a finished span.
 pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     let failed = !outcome.exit.success() || outcome.timed_out.is_some();
+    let memory_death = (!failed).then(|| memory_death(span, outcome)).flatten();
     let verdict = if failed {
         failure_verdict(span, outcome)
     } else {
-        success_verdict(span)
+        success_verdict(span, memory_death.as_ref())
     };
     let mut verdict = verdict;
     if let Some(note) = uring_seccomp_note(span) {
@@ -157,7 +158,7 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     let hidden_failure = if failed {
         None
     } else {
-        hidden_failure(span, outcome)
+        memory_death.or_else(|| hidden_failure(span, outcome))
     };
     let events = if outcome.all_events {
         span.events.iter().cloned().collect()
@@ -277,7 +278,59 @@ fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailur
     })
 }
 
-fn success_verdict(span: &SpanEvidence) -> Verdict {
+/// The OOM killer took a process of a span that exited 0 (a browser's
+/// renderer: the tab is gone, the browser lives on), or the span stalled a
+/// fifth of its time or more in memory reclaim. Never "nothing failed":
+/// the caller decides from its result whether the call failed or is
+/// degraded; this says why.
+fn memory_death(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure> {
+    let reclaim_ms = span.reclaim_ns as f64 / 1e6;
+    let reclaim = if reclaim_ms >= 1.0 {
+        format!(", after {reclaim_ms:.0} ms of memory reclaim")
+    } else {
+        String::new()
+    };
+    if let Some(oom) = span.events.iter().find(|e| e.kind == Kind::OomVictim) {
+        let more = span
+            .events
+            .iter()
+            .filter(|e| e.kind == Kind::OomVictim)
+            .count()
+            - 1;
+        let more = match more {
+            0 => String::new(),
+            n => format!(" ({n} more process(es) of the span were OOM-killed too)"),
+        };
+        return Some(HiddenFailure {
+            primitive: Primitive::MemOom,
+            confidence: 0.9,
+            explanation: format!("{}{reclaim}{more}", rank::oom_sentence(oom)),
+        });
+    }
+    let duration = outcome.duration_ns.max(1);
+    (span.reclaim_ns * 5 > duration && reclaim_ms >= rank::RECLAIM_MIN_MS).then(|| HiddenFailure {
+        primitive: Primitive::MemPressure,
+        confidence: 0.6,
+        explanation: format!(
+            "it stalled {reclaim_ms:.0} ms ({:.0}% of its time) in memory reclaim",
+            span.reclaim_ns as f64 * 100.0 / duration as f64
+        ),
+    })
+}
+
+fn success_verdict(span: &SpanEvidence, memory_death: Option<&HiddenFailure>) -> Verdict {
+    if let Some(death) = memory_death {
+        return Verdict {
+            primitive: Primitive::None,
+            confidence: 0.9,
+            explanation: format!("exited 0, but {}", death.explanation),
+            decisive: span
+                .events
+                .iter()
+                .find(|e| e.kind == Kind::OomVictim)
+                .cloned(),
+        };
+    }
     let denied = span
         .events
         .iter()
@@ -631,6 +684,54 @@ mod tests {
             "python3 (pid 10) was killed by the OOM killer at 512 MiB anon RSS"
         );
         assert_eq!(a.exit.shell_code(), 137);
+    }
+
+    #[test]
+    fn a_tab_the_oom_killer_took_inside_a_call_that_exited_0_is_never_nothing_failed() {
+        // the browser lives on and exits 0; its renderer did not
+        let mut oom = ev(Kind::OomVictim, 12, 5 * MS);
+        oom.comm = "chromium".into();
+        oom.anon_rss_kb = Some(300 * 1024);
+        oom.cgroup = Some("/agent-bridge/call-7".into());
+        oom.memory_max_kb = Some(512 * 1024);
+        let mut s = span(vec![oom, exit(10, 9 * MS, 0)]);
+        s.reclaim_ns = 640 * MS;
+        let o = Outcome {
+            duration_ns: 2000 * MS,
+            ..outcome(0)
+        };
+        let a = attribute(&s, &o);
+        assert!(!a.failed);
+        assert_eq!(a.primitive, Primitive::None);
+        let hidden = a
+            .hidden_failure
+            .expect("the OOM kill is the hidden failure");
+        assert_eq!(hidden.primitive, Primitive::MemOom);
+        assert_eq!(
+            hidden.explanation,
+            "chromium (pid 12) was killed by the OOM killer at 300 MiB anon RSS in cgroup \
+             /agent-bridge/call-7 (memory limit 512 MiB), after 640 ms of memory reclaim"
+        );
+        assert!(
+            a.explanation.starts_with("exited 0, but chromium (pid 12)"),
+            "{}",
+            a.explanation
+        );
+        assert_eq!(a.decisive.map(|d| d.kind), Some(Kind::OomVictim));
+        // heavy reclaim alone: mem.pressure; a little: nothing
+        let mut s = span(vec![exit(10, 9 * MS, 0)]);
+        s.reclaim_ns = 600 * MS;
+        let hidden = attribute(&s, &o)
+            .hidden_failure
+            .expect("reclaim is the hidden failure");
+        assert_eq!(hidden.primitive, Primitive::MemPressure);
+        assert!(
+            hidden.explanation.contains("600 ms (30% of its time)"),
+            "{}",
+            hidden.explanation
+        );
+        s.reclaim_ns = 30 * MS;
+        assert_eq!(attribute(&s, &o).hidden_failure, None);
     }
 
     #[test]

@@ -30,7 +30,7 @@
 //! the container); a check whose failure its parent looked at before
 //! starting the next program (srt's `rg` scan).
 
-use crate::event::{Kind, SYS_SECCOMP};
+use crate::event::{KernelEvent, Kind, SYS_SECCOMP};
 use crate::primitive::Primitive;
 use crate::spans::SpanEvidence;
 
@@ -71,10 +71,6 @@ fn who(span: &SpanEvidence, pid: u32) -> String {
 
 fn oom_kill(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
     let oom = span.events.iter().find(|e| e.kind == Kind::OomVictim)?;
-    let rss = oom
-        .anon_rss_kb
-        .map(|kb| format!(" at {} MiB anon RSS", kb / 1024))
-        .unwrap_or_default();
     let then = outcome
         .timed_out
         .map(|limit| {
@@ -87,12 +83,28 @@ fn oom_kill(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
     Some(Verdict {
         primitive: Primitive::MemOom,
         confidence: 0.97,
-        explanation: format!(
-            "{} (pid {}) was killed by the OOM killer{rss}{then}",
-            oom.comm, oom.pid
-        ),
+        explanation: format!("{}{then}", oom_sentence(oom)),
         decisive: Some(oom.clone()),
     })
+}
+
+/// "chromium (pid 12) was killed by the OOM killer at 300 MiB anon RSS in
+/// /agent-bridge/call-3 (memory limit 512 MiB)": the victim, its RSS, and where
+/// the limit was, as far as they are known.
+pub(super) fn oom_sentence(oom: &KernelEvent) -> String {
+    let rss = oom
+        .anon_rss_kb
+        .map(|kb| format!(" at {} MiB anon RSS", kb / 1024))
+        .unwrap_or_default();
+    let cgroup = match (&oom.cgroup, oom.memory_max_kb) {
+        (Some(path), Some(max)) => format!(" in cgroup {path} (memory limit {} MiB)", max / 1024),
+        (Some(path), None) => format!(" in cgroup {path}"),
+        (None, _) => String::new(),
+    };
+    format!(
+        "{} (pid {}) was killed by the OOM killer{rss}{cgroup}",
+        oom.comm, oom.pid
+    )
 }
 
 fn caller_timeout(outcome: &Outcome) -> Option<Verdict> {
@@ -344,6 +356,9 @@ fn failure_off_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -
             && !lineage.coped.contains(&ev.pid)
     })
 }
+
+/// Less reclaim than this is routine, whatever its share of a short span.
+pub(super) const RECLAIM_MIN_MS: f64 = 50.0;
 
 /// The failed span spent a fifth of its time or more in memory reclaim.
 fn memory_pressure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
