@@ -400,3 +400,81 @@ fn browser_servers_through_the_proxy_pass_clean_and_name_a_tab_the_oom_killer_to
         "{heavy_test}"
     );
 }
+
+/// A navigation to a loopback port nothing listens on: the server says
+/// `net::ERR_CONNECTION_REFUSED` (Playwright as a tool error,
+/// chrome-devtools-mcp in text its adapter reads as one) while Chromium's
+/// network service lives on; the call's kernel evidence is `net.egress`,
+/// naming the address, not "nothing failed".
+#[test]
+fn a_browser_servers_refused_navigation_is_net_egress() {
+    if !root() {
+        return;
+    }
+    installed("playwright-mcp");
+    installed("chrome-devtools-mcp");
+    let dir = tempfile::tempdir().unwrap();
+    // a port of the upstream's address that was free a moment ago
+    let port = std::net::TcpListener::bind("127.66.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let suite = dir.path().join("refused");
+    std::fs::create_dir_all(&suite).unwrap();
+    let url = format!("http://{{{{upstream.host}}}}:{port}/");
+    std::fs::write(
+        suite.join("browser-refused.json"),
+        serde_json::json!({"id": "browser-refused", "domain": "browser", "title": "a closed port",
+            "steps": [{"tool": "browser_open", "arguments": {"url": url}, "expect": {"is_error": true}}]})
+        .to_string(),
+    )
+    .unwrap();
+    for server in ["playwright-mcp", "chrome-devtools-mcp"] {
+        let db = dir.path().join(format!("{server}.db"));
+        let launcher = format!("{ADAPTERS}/{server}.sh {}", state(server).display());
+        let adapter = format!("{ADAPTERS}/{server}.toml");
+        let s = run_with(
+            &suite,
+            &proxied("clean", &launcher),
+            &adapter,
+            &db,
+            "refused",
+            false,
+        );
+        assert_eq!(
+            s["passed"],
+            1,
+            "{server}: {s}\n{}",
+            explanations(&db, "refused")
+        );
+        let (primitive, kernel): (Option<String>, String) = rusqlite::Connection::open(&db)
+            .unwrap()
+            .query_row(
+                "SELECT kernel_primitive, kernel FROM campaign_steps WHERE run = 'refused' AND step = 0",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        let k: Value = serde_json::from_str(&kernel).unwrap();
+        if server == "playwright-mcp" {
+            // a tool error: the call failed, on net.egress
+            assert_eq!(
+                primitive.as_deref(),
+                Some("net.egress"),
+                "{server}: {kernel}"
+            );
+        } else {
+            // not a tool error to the server: the call "succeeded", and hid it
+            assert_eq!(primitive.as_deref(), Some("none"), "{server}: {kernel}");
+            assert_eq!(
+                k["hidden_failure"]["primitive"], "net.egress",
+                "{server}: {kernel}"
+            );
+        }
+        assert!(
+            kernel.contains(&format!("127.66.0.1:{port}")),
+            "{server}: {kernel}"
+        );
+    }
+}

@@ -168,8 +168,8 @@ fn exists_outside(ev: &KernelEvent) -> bool {
 }
 
 /// Paths a program looks up while searching (modules, libraries, locales,
-/// interpreter start-up files): their absence is how the search works, not
-/// a failure.
+/// interpreter start-up files, a shell glob that matched nothing): their
+/// absence is how the search works, not a failure.
 pub fn is_search_noise(path: &str) -> bool {
     const COMPONENTS: [&str; 14] = [
         "__pycache__",
@@ -213,6 +213,10 @@ pub fn is_search_noise(path: &str) -> bool {
         || name.ends_with(".so")
         || name.contains(".so.")
         || (name.starts_with("python3") && name.ends_with(".zip"))
+        // a shell glob that matched nothing, passed on as written: the
+        // script's own check (`ls /usr/share/chromium/extensions/*` in
+        // Debian's chromium wrapper)
+        || name.contains('*')
 }
 
 /// A failure a process that exited 0 most likely reported to its parent

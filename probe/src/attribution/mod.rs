@@ -840,6 +840,38 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_connection_a_live_helper_reported_is_why_a_servers_call_failed() {
+        // a browser MCP server's navigation: the tool call is an error, the
+        // server (10) and Chromium's network service (11) live on, and the
+        // service's connect was refused (learnt by SO_ERROR)
+        let mut fork = ev(Kind::Fork, 10, 0);
+        fork.child_pid = Some(11);
+        fork.thread = Some(false);
+        let mut refused = failed(11, 3 * MS, "connect", libc::ECONNREFUSED, "");
+        refused.addr = Some("127.66.0.1:18799".into());
+        refused.via = Some("getsockopt(SO_ERROR)".into());
+        let a = attribute(&span(vec![fork.clone(), refused]), &outcome(1));
+        assert!(a.failed);
+        assert_eq!(a.primitive, Primitive::NetEgress, "{}", a.explanation);
+        assert!(
+            a.explanation.contains("127.66.0.1:18799"),
+            "{}",
+            a.explanation
+        );
+        assert!(
+            a.explanation
+                .ends_with("which the failing call most likely reported"),
+            "{}",
+            a.explanation
+        );
+        // a unix socket refused is no such report: nothing the kernel saw
+        let mut unix = failed(11, 4 * MS, "connect", libc::ECONNREFUSED, "");
+        unix.addr = Some("unix:/run/dbus/system_bus_socket".into());
+        let a = attribute(&span(vec![fork, unix]), &outcome(1));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+    }
+
+    #[test]
     fn a_refused_connection_a_child_reported_is_the_hidden_failure_of_a_call_that_exited_0() {
         // Chromium: the network service's connect is refused, it reports the
         // error page to the browser, and every process exits 0
@@ -1006,6 +1038,7 @@ mod tests {
             "<string>",
             "/etc/localtime",
             "/etc/suid-debug",
+            "/usr/share/chromium/extensions/*",
         ] {
             assert!(is_search_noise(p), "{p}");
         }

@@ -20,7 +20,11 @@
 //!    loaded, so the PDF the next program opens was never written).
 //! 8. [`failure_off_path`]: the strongest failure of another process that
 //!    exited non-zero.
-//! 9. [`memory_pressure`], then [`no_kernel_cause`].
+//! 9. [`reported_elsewhere`]: a refused connection, a full disk or a
+//!    read-only filesystem that a process still running reported rather
+//!    than failed on: a browser MCP server whose navigation failed while
+//!    Chromium's network service lives on.
+//! 10. [`memory_pressure`], then [`no_kernel_cause`].
 //!
 //! Never a cause, at any stage ([`Lineage`]): a kill of a helper by the
 //! process that started it, by the kernel at PID-namespace teardown, or by
@@ -55,6 +59,7 @@ pub(super) fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict
                 .map(|v| failure_reported_before(span, outcome, &lineage, &v).unwrap_or(v))
         })
         .or_else(|| failure_off_path(span, outcome, &lineage))
+        .or_else(|| reported_elsewhere(span, outcome, &lineage))
         .or_else(|| memory_pressure(span, outcome))
         .unwrap_or_else(|| no_kernel_cause(span, outcome, &lineage))
 }
@@ -354,6 +359,33 @@ fn failure_off_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -
             && !lineage.survived(ev)
             && !lineage.stopped.contains_key(&ev.pid)
             && !lineage.coped.contains(&ev.pid)
+    })
+}
+
+/// The call failed and nothing on its path did, but a process of the span
+/// that is still running met a failure no program makes on purpose
+/// ([`reported_failure`]) and reported it instead of failing: the server's
+/// process lives, its helper's connect was refused.
+fn reported_elsewhere(
+    span: &SpanEvidence,
+    outcome: &Outcome,
+    lineage: &Lineage,
+) -> Option<Verdict> {
+    let v = strongest_failure(span, outcome, |ev, primitive, _| {
+        // still running when the call ended: it told someone (one that
+        // exited 0 coped, and its parent failed for reasons of its own)
+        reported_failure(ev, primitive)
+            && span.processes.get(&ev.pid).is_none_or(|p| !p.exited)
+            && !lineage.survived(ev)
+            && !lineage.stopped.contains_key(&ev.pid)
+    })?;
+    Some(Verdict {
+        confidence: v.confidence * 0.8,
+        explanation: format!(
+            "{}, which the failing call most likely reported",
+            v.explanation
+        ),
+        ..v
     })
 }
 
