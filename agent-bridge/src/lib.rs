@@ -10,7 +10,8 @@
 //! - [`workload`] starts a command under the session's [`profile`]:
 //!   [`launch`] clones it without copying the bridge, [`attach`] puts it in
 //!   its call's [`cgroup`] and probe span between fork and exec, [`sandbox`]
-//!   applies the profile there; [`process`] keeps background ones.
+//!   applies the profile there; [`process`] keeps background ones; a
+//!   session's browser is one too, driven over [`cdp`].
 //! - File tools run in a child too: [`worker`], exec'd by [`self_exec`].
 //! - [`kernel`] asks the probe daemon for each call's attribution.
 //! - [`results`] stores an outside agent's `record_result` outcomes.
@@ -20,6 +21,7 @@
 
 pub mod attach;
 pub mod big_alloc;
+pub mod cdp;
 pub mod cgroup;
 pub mod http_answer;
 pub mod kernel;

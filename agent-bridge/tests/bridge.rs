@@ -326,6 +326,18 @@ async fn bad_arguments_name_the_argument_and_the_server_stays_up() {
         ),
         ("poll_process", json!({"id": 999}), "id", "no process 999"),
         (
+            "browser_screenshot",
+            json!({"format": "gif"}),
+            "format",
+            "png or jpeg",
+        ),
+        (
+            "browser_close_tab",
+            json!({"index": "one"}),
+            "index",
+            "invalid type",
+        ),
+        (
             "kill_process",
             json!({"id": 1, "signal": "SIGWHATEVER"}),
             "id",

@@ -325,13 +325,15 @@ fn browser_suite(dir: &Path, count: usize, heavy_mib: u64) -> PathBuf {
     out
 }
 
-/// The browser MCP servers agents drive (Debian's chromium under them),
-/// through the proxy with the probe: clean, each passes every browser step
-/// it can express and the rest is unsupported, with kernel evidence on
-/// every step; under a memory limit, a tab the OOM killer took is
-/// `sandbox/mem.oom` with the victim and its cgroup named.
+/// The browser as agents drive it: agent-bridge's own browser tools (its
+/// identity adapter) and the browser MCP servers agents use (Debian's
+/// chromium under them, through the proxy), the same suite meaning the
+/// same thing. Clean, each passes every browser step it can express and
+/// the rest is unsupported, with kernel evidence on every step; under a
+/// memory limit, a tab the OOM killer took is `sandbox/mem.oom` with the
+/// victim and its cgroup named.
 #[test]
-fn browser_servers_through_the_proxy_pass_clean_and_name_a_tab_the_oom_killer_took() {
+fn browser_servers_pass_clean_and_name_a_tab_the_oom_killer_took() {
     if !root() {
         return;
     }
@@ -339,18 +341,26 @@ fn browser_servers_through_the_proxy_pass_clean_and_name_a_tab_the_oom_killer_to
     installed("chrome-devtools-mcp");
     let dir = tempfile::tempdir().unwrap();
     let suite = browser_suite(dir.path(), 12, 16);
-    for (server, unsupported) in [("playwright-mcp", 0), ("chrome-devtools-mcp", 2)] {
+    let bridge = format!(
+        "stdio:{BRIDGE} serve --stdio --probe-socket {}",
+        probe_socket().display()
+    );
+    let foreign = |server: &str, profile: &str, state_name: &str| {
+        let launcher = format!("{ADAPTERS}/{server}.sh {}", state(state_name).display());
+        proxied(profile, &launcher)
+    };
+    for (server, unsupported) in [
+        ("agent-bridge", 0),
+        ("playwright-mcp", 0),
+        ("chrome-devtools-mcp", 2),
+    ] {
         let db = dir.path().join(format!("{server}.db"));
-        let launcher = format!("{ADAPTERS}/{server}.sh {}", state(server).display());
+        let target = match server {
+            "agent-bridge" => bridge.clone(),
+            _ => foreign(server, "clean", server),
+        };
         let adapter = format!("{ADAPTERS}/{server}.toml");
-        let s = run_with(
-            &suite,
-            &proxied("clean", &launcher),
-            &adapter,
-            &db,
-            "clean",
-            false,
-        );
+        let s = run_with(&suite, &target, &adapter, &db, "clean", false);
         let all = explanations(&db, "clean");
         assert_eq!(s["recorded"], 12, "{server}: {s}");
         assert_eq!(s["unsupported"], unsupported, "{server}: {s}\n{all}");
@@ -363,42 +373,40 @@ fn browser_servers_through_the_proxy_pass_clean_and_name_a_tab_the_oom_killer_to
             );
         }
     }
-    // 8 frames of 64 MiB in one renderer, in 700 MiB for server and browser
+    // 8 frames of 64 MiB in one renderer: 600 MiB for agent-bridge's
+    // browser, 700 MiB for Playwright's server and its browser
     let heavy = browser_suite(dir.path(), 6, 64);
-    let profile = dir.path().join("browser-700m.toml");
-    std::fs::write(
-        &profile,
-        "description = \"700 MiB for a browser MCP server and its browser\"\nmemory_limit = \"700M\"\n",
-    )
-    .unwrap();
-    let db = dir.path().join("memory.db");
-    let launcher = format!(
-        "{ADAPTERS}/playwright-mcp.sh {}",
-        state("playwright-mcp-memory").display()
-    );
-    let s = run_with(
-        &heavy,
-        &proxied(profile.to_str().unwrap(), &launcher),
-        &format!("{ADAPTERS}/playwright-mcp.toml"),
-        &db,
-        "memory",
-        false,
-    );
-    let all = explanations(&db, "memory");
-    assert_eq!(s["recorded"], 6, "{s}");
-    // the light tests still pass; the tab-heavy one lost its tab
-    assert_eq!(s["passed"], 5, "{s}\n{all}");
-    let heavy_test = all
-        .lines()
-        .find(|l| l.starts_with("browser-tools-0006"))
-        .unwrap_or_else(|| panic!("the tab-heavy test passed:\n{all}"));
-    assert!(
-        heavy_test.contains("sandbox/mem.oom")
-            && heavy_test.contains("chromium (pid ")
-            && heavy_test.contains("was killed by the OOM killer at ")
-            && heavy_test.contains("(memory limit 700 MiB)"),
-        "{heavy_test}"
-    );
+    for (server, mib) in [("agent-bridge", 600), ("playwright-mcp", 700)] {
+        let profile = dir.path().join(format!("browser-{mib}m.toml"));
+        std::fs::write(
+            &profile,
+            format!("description = \"{mib} MiB for a browser\"\nmemory_limit = \"{mib}M\"\n"),
+        )
+        .unwrap();
+        let profile = profile.to_str().unwrap();
+        let target = match server {
+            "agent-bridge" => format!("{bridge} --profile {profile}"),
+            _ => foreign(server, profile, "playwright-mcp-memory"),
+        };
+        let db = dir.path().join(format!("{server}-memory.db"));
+        let adapter = format!("{ADAPTERS}/{server}.toml");
+        let s = run_with(&heavy, &target, &adapter, &db, "memory", false);
+        let all = explanations(&db, "memory");
+        assert_eq!(s["recorded"], 6, "{server}: {s}");
+        // the light tests still pass; the tab-heavy one lost its tab
+        assert_eq!(s["passed"], 5, "{server}: {s}\n{all}");
+        let heavy_test = all
+            .lines()
+            .find(|l| l.starts_with("browser-tools-0006"))
+            .unwrap_or_else(|| panic!("{server}: the tab-heavy test passed:\n{all}"));
+        assert!(
+            heavy_test.contains("sandbox/mem.oom")
+                && heavy_test.contains("chromium (pid ")
+                && heavy_test.contains("was killed by the OOM killer at ")
+                && heavy_test.contains(&format!("(memory limit {mib} MiB)")),
+            "{server}: {heavy_test}"
+        );
+    }
 }
 
 /// A navigation to a loopback port nothing listens on: the server says

@@ -174,6 +174,50 @@ pub struct KillProcessArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct BrowserUrlArgs {
+    /// The page to open (http, https, data: or file: URL).
+    pub url: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserEvalArgs {
+    /// A JavaScript function, e.g. `() => document.title`; it may return a
+    /// promise, which is awaited. Its value comes back as JSON.
+    pub script: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserScreenshotArgs {
+    /// `png` (default) or `jpeg`.
+    pub format: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserSelectorArgs {
+    /// A CSS selector; the first element it matches.
+    pub selector: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserFillArgs {
+    /// A CSS selector of an input or textarea.
+    pub selector: String,
+    pub text: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserTabArgs {
+    /// The tab's index in `browser_tabs`, from 0.
+    pub index: usize,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct KernelEvidenceArgs {
     /// One span in full, with every stored event.
     pub span: Option<u64>,
@@ -257,6 +301,42 @@ fn build_all() -> Vec<Tool> {
         tool::<RecordResultArgs>(
             "record_result",
             "Record a test outcome into the campaign results database (--results-db).",
+        ),
+        tool::<BrowserUrlArgs>(
+            "browser_open",
+            "Open a URL in the session's browser (Chromium, started on first use under the session's profile) in the current tab; waits for the load. Returns title, url and page_text, and `kernel` for the browser's processes during the call.",
+        ),
+        tool::<NoArgs>(
+            "browser_text",
+            "The current tab's text (document.body.innerText), title and url.",
+        ),
+        tool::<BrowserEvalArgs>(
+            "browser_eval",
+            "Run a JavaScript function in the current tab; `value` is what it returned, as JSON text.",
+        ),
+        tool::<BrowserScreenshotArgs>(
+            "browser_screenshot",
+            "Screenshot the current tab (1280x720): an embedded resource blob and image content, with size and sha256.",
+        ),
+        tool::<BrowserSelectorArgs>(
+            "browser_click",
+            "Click the first element a CSS selector matches in the current tab.",
+        ),
+        tool::<BrowserFillArgs>(
+            "browser_fill",
+            "Set an input's value to `text` (with input and change events) in the current tab.",
+        ),
+        tool::<NoArgs>(
+            "browser_tabs",
+            "The open tabs: `- INDEX: [TITLE](URL)`, the current one marked.",
+        ),
+        tool::<BrowserUrlArgs>(
+            "browser_new_tab",
+            "Open a URL in a new tab, which becomes the current one.",
+        ),
+        tool::<BrowserTabArgs>(
+            "browser_close_tab",
+            "Close a tab by its index in `browser_tabs`.",
         ),
         tool::<NoArgs>(
             "sandbox_info",

@@ -1,8 +1,9 @@
 //! One MCP session: its probe session, its profile plan, its background
 //! processes and session-long disks; tool dispatch, and the tools that run
-//! commands. The file tools are in [`files`], the background-process tools
-//! in [`processes`].
+//! commands. The browser tools are in [`browser`], the file tools in
+//! [`files`], the background-process tools in [`processes`].
 
+mod browser;
 mod files;
 mod processes;
 
@@ -136,6 +137,8 @@ pub struct Session {
     calls: AtomicU64,
     next_process: AtomicU64,
     processes: Mutex<HashMap<u64, Arc<Background>>>,
+    /// The session's browser, started by the first browser tool.
+    browser: tokio::sync::Mutex<Option<browser::Browser>>,
     _disks: Vec<SessionDisk>,
 }
 
@@ -169,6 +172,7 @@ impl Session {
             calls: AtomicU64::new(0),
             next_process: AtomicU64::new(1),
             processes: Mutex::new(HashMap::new()),
+            browser: tokio::sync::Mutex::new(None),
             _disks: disks,
         })
     }
@@ -225,7 +229,7 @@ impl Session {
             "kernel_evidence" => self.kernel_evidence(args).await,
             "record_result" => self.record_result(args).await,
             "sandbox_info" => Ok(self.sandbox_info().await),
-            _ => return None,
+            _ => self.browser_tool(name, args).await?,
         };
         Some(match reply {
             Ok(mut r) => {
@@ -468,7 +472,12 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        // background processes die with their session
+        // background processes and the browser die with their session
+        if let Ok(b) = self.browser.try_lock()
+            && let Some(b) = b.as_ref()
+        {
+            b.kill_now();
+        }
         for p in self
             .processes
             .lock()
