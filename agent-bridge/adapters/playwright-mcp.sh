@@ -25,4 +25,5 @@ JSON
 cd "$state"
 exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$state" LANG=C.UTF-8 \
   node "$entry" --config "$state/config.json" --headless --isolated --no-sandbox \
-  --executable-path "$chromium" --output-dir "$state/out" --viewport-size 1280x720
+  --executable-path "$chromium" --output-dir "$state/out" --viewport-size 1280x720 \
+  --caps pdf --file-paths absolute

@@ -72,6 +72,8 @@ pub const STEPS: &[(&str, &[&str])] = &[
     ("browser_tabs", &[]),
     ("browser_new_tab", &["url"]),
     ("browser_close_tab", &["index"]),
+    ("browser_pdf", &[]),
+    ("browser_download", &["selector"]),
 ];
 
 /// Values a result reader can produce, and what each is for.
@@ -176,7 +178,9 @@ struct ReaderFile {
     /// Text the pattern must match: it proves the pattern, and shows a reader what the server says.
     #[serde(default)]
     example: Option<String>,
-    /// `base64` (the value is base64 text) or `payload` (an agent-bridge {text|base64} payload).
+    /// `base64` (the value is base64 text), `payload` (an agent-bridge
+    /// {text|base64} payload) or `file` (the value is the absolute path of
+    /// a file the server wrote on this machine: its bytes are read there).
     #[serde(default)]
     decode: Option<String>,
     /// When the pattern matches, the value is this text (e.g. `ENOENT` for "[NOT_FOUND] …").
@@ -201,6 +205,7 @@ enum Decode {
     None,
     Base64,
     Payload,
+    File,
 }
 
 #[derive(Debug)]
@@ -528,7 +533,11 @@ fn render_value(v: &Value, vars: &BTreeMap<String, TVal>) -> Result<Option<Value
 
 /// What the judge reads for one expectation, for the steps where it differs.
 fn needs(step: &str, expect: &Expect) -> Vec<(&'static str, &'static str)> {
-    let read_file = step == "read_file";
+    // the steps whose result is bytes: their size and digest are the bytes'
+    let read_file = matches!(
+        step,
+        "read_file" | "browser_screenshot" | "browser_pdf" | "browser_download"
+    );
     let mut out = Vec::new();
     let mut need = |set: bool, what: &'static str, field: &'static str| {
         if set {
@@ -561,6 +570,7 @@ fn needs(step: &str, expect: &Expect) -> Vec<(&'static str, &'static str)> {
         "bytes",
     );
     need(expect.png.is_some(), "png", "bytes");
+    need(expect.jpeg.is_some(), "jpeg", "bytes");
     need(expect.text_contains.is_some(), "text_contains", "page_text");
     need(expect.text_lacks.is_some(), "text_lacks", "page_text");
     need(expect.title.is_some(), "title", "title");
@@ -584,6 +594,7 @@ fn clear(expect: &mut Expect, what: &str) {
         "exists" => expect.exists = None,
         "sha256_from_step" => expect.sha256_from_step = None,
         "png" => expect.png = None,
+        "jpeg" => expect.jpeg = None,
         "pdf_pages" => expect.pdf_pages = None,
         "text_contains" => expect.text_contains = None,
         "text_lacks" => expect.text_lacks = None,
@@ -908,6 +919,18 @@ impl Adapter {
     }
 }
 
+/// The bytes of a file the server says it wrote: the target runs on this
+/// machine (over stdio), so its own files are the ones it names.
+fn written_file(path: &str) -> Result<Vec<u8>, String> {
+    if !path.starts_with('/') {
+        return Err(format!(
+            "the server named the file {path:?}, not an absolute path (start it so that it prints absolute paths)"
+        ));
+    }
+    std::fs::read(path)
+        .map_err(|e| format!("the server says it wrote {path}, which cannot be read: {e}"))
+}
+
 /// The variables of a step's templates: its arguments, and `content`.
 fn step_vars(step: &Step) -> Result<BTreeMap<String, TVal>, Unsupported> {
     let mut vars: BTreeMap<String, TVal> = step
@@ -1095,9 +1118,10 @@ impl Reader {
             None => Decode::None,
             Some("base64") => Decode::Base64,
             Some("payload") => Decode::Payload,
+            Some("file") => Decode::File,
             Some(other) => {
                 return Err(format!(
-                    "{at}.decode: unknown decoding `{other}` (base64 or payload)"
+                    "{at}.decode: unknown decoding `{other}` (base64, payload or file)"
                 ));
             }
         };
@@ -1219,6 +1243,7 @@ impl Reader {
                 _ => return Err("a payload without text or base64".into()),
             },
             (Decode::Payload, _) => return Err("a payload must be a JSON object".into()),
+            (Decode::File, v) => TVal::Bytes(written_file(as_text_lossy(&v).trim())?),
         }))
     }
 }
@@ -1425,5 +1450,39 @@ ignore = ["sha256"]
         );
         let notes = r["structuredContent"]["adapter_notes"].to_string();
         assert!(notes.contains("stdout not found in the run result"), "{r}");
+    }
+
+    #[test]
+    fn a_file_the_server_names_is_read_where_it_wrote_it() {
+        let a = adapter(
+            r#"name = "pdf"
+[steps.browser_pdf]
+tool = "save_pdf"
+arguments = {}
+result.bytes = [{ from = "image" }, { from = "text", pattern = 'saved to (\S+)', decode = "file", example = "saved to /tmp/x.pdf" }]
+"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pdf = dir.path().join("page.pdf");
+        std::fs::write(&pdf, b"%PDF-1.4 bytes").unwrap();
+        let said =
+            |path: &str| json!({"content": [{"type": "text", "text": format!("saved to {path}")}]});
+        let r = a.read("browser_pdf", &[said(pdf.to_str().unwrap())]);
+        let s = &r["structuredContent"];
+        assert_eq!(s["size"], 14, "{r}");
+        assert_eq!(s["sha256"], sha256_hex(b"%PDF-1.4 bytes"));
+        assert_eq!(
+            r["content"][0]["resource"]["blob"],
+            base64_encode(b"%PDF-1.4 bytes")
+        );
+        // a file that is not there, or a relative name, is said
+        let gone = dir.path().join("gone.pdf");
+        let r = a.read("browser_pdf", &[said(gone.to_str().unwrap())]);
+        let notes = r["structuredContent"]["adapter_notes"].to_string();
+        assert!(notes.contains("which cannot be read"), "{r}");
+        let r = a.read("browser_pdf", &[said("out/page.pdf")]);
+        let notes = r["structuredContent"]["adapter_notes"].to_string();
+        assert!(notes.contains("not an absolute path"), "{r}");
     }
 }

@@ -1128,8 +1128,9 @@ fn browse(tool: &str, arguments: Value, expect: Expect) -> Step {
 }
 
 /// The browser as agents drive it, in the browser vocabulary: pages of the
-/// local upstream opened, read, scripted, captured, filled and clicked, tabs
-/// opened and closed, and tab-heavy pages (`heavy_mib` MiB per frame, 8
+/// local upstream opened, read, scripted, captured (PNG and JPEG), filled and
+/// clicked, tabs opened and closed, printed to PDF, a file downloaded, and
+/// tab-heavy pages (`heavy_mib` MiB per frame, 8
 /// frames) that a memory limit takes tabs from. `count` tests, ids
 /// `browser-tools-NNNN`, from `seed`; they need no files and no commands,
 /// so a browser server with nothing else runs every one it can express.
@@ -1139,7 +1140,7 @@ pub fn browser_tools_suite(count: usize, seed: u64, heavy_mib: u64) -> Vec<TestS
     (0..count)
         .map(|i| {
             let n = rng.below(900) + 1;
-            let (title, steps) = match i % 6 {
+            let (title, steps) = match i % 8 {
                 0 => {
                     let words = crate::upstream::page_words(n)[..3].join(" ");
                     (
@@ -1169,28 +1170,29 @@ pub fn browser_tools_suite(count: usize, seed: u64, heavy_mib: u64) -> Vec<TestS
                         ),
                     ],
                 ),
-                2 => (
-                    format!("a 1280x720 screenshot of a page with canvas {n}"),
-                    vec![
-                        browse(
-                            "browser_open",
-                            // noise on a quarter of the window: a PNG of about 0.7 MB
-                            json!({"url": format!("{{{{upstream.http}}}}/canvas/{n}?w=640&h=360")}),
-                            Expect::default(),
-                        ),
-                        browse(
-                            "browser_screenshot",
-                            json!({"format": "png"}),
-                            Expect {
-                                png: Some(ImageSize {
-                                    width: 1280,
-                                    height: 720,
-                                }),
-                                ..Expect::default()
-                            },
-                        ),
-                    ],
-                ),
+                2 => {
+                    // every other one a JPEG: the size is in its frame header
+                    let size = Some(ImageSize {
+                        width: 1280,
+                        height: 720,
+                    });
+                    let (format, expect) = match (i / 8) % 2 {
+                        0 => ("png", Expect { png: size, ..Expect::default() }),
+                        _ => ("jpeg", Expect { jpeg: size, ..Expect::default() }),
+                    };
+                    (
+                        format!("a 1280x720 {format} screenshot of a page with canvas {n}"),
+                        vec![
+                            browse(
+                                "browser_open",
+                                // noise on a quarter of the window: a PNG of about 0.7 MB
+                                json!({"url": format!("{{{{upstream.http}}}}/canvas/{n}?w=640&h=360")}),
+                                Expect::default(),
+                            ),
+                            browse("browser_screenshot", json!({"format": format}), expect),
+                        ],
+                    )
+                }
                 3 => {
                     let name = format!("agent-{n}");
                     (
@@ -1233,6 +1235,49 @@ pub fn browser_tools_suite(count: usize, seed: u64, heavy_mib: u64) -> Vec<TestS
                             browse("browser_tabs", json!({}), listed(true)),
                             browse("browser_close_tab", json!({"index": 1}), Expect::default()),
                             browse("browser_tabs", json!({}), listed(false)),
+                        ],
+                    )
+                }
+                6 => {
+                    let pages = 1 + n % 3;
+                    (
+                        format!("report {n} of {pages} pages printed to PDF"),
+                        vec![
+                            browse(
+                                "browser_open",
+                                json!({"url": format!("{{{{upstream.http}}}}/report/{n}?pages={pages}")}),
+                                Expect::default(),
+                            ),
+                            browse(
+                                "browser_pdf",
+                                json!({}),
+                                Expect {
+                                    pdf_pages: Some(pages as u32),
+                                    ..Expect::default()
+                                },
+                            ),
+                        ],
+                    )
+                }
+                7 => {
+                    let file = crate::upstream::FileLink::of(n);
+                    (
+                        format!("download {} from files page {n}", file.name()),
+                        vec![
+                            browse(
+                                "browser_open",
+                                json!({"url": format!("{{{{upstream.http}}}}/files/{n}")}),
+                                Expect::default(),
+                            ),
+                            browse(
+                                "browser_download",
+                                json!({"selector": "#dl"}),
+                                Expect {
+                                    sha256: Some(sha256_hex(&file.bytes())),
+                                    size: Some(file.size as u64),
+                                    ..Expect::default()
+                                },
+                            ),
                         ],
                     )
                 }
@@ -1343,6 +1388,19 @@ mod tests {
             .filter(|n| n.starts_with("browser_"))
             .collect();
         assert_eq!(tools, browser);
+        let shots: Vec<&Expect> = tests
+            .iter()
+            .flat_map(|t| &t.steps)
+            .filter(|s| s.tool == "browser_screenshot")
+            .map(|s| &s.expect)
+            .collect();
+        assert!(shots.iter().any(|e| e.png.is_some()) && shots.iter().any(|e| e.jpeg.is_some()));
+        let download = tests
+            .iter()
+            .flat_map(|t| &t.steps)
+            .find(|s| s.tool == "browser_download")
+            .unwrap();
+        assert!(download.expect.sha256.is_some() && download.expect.size.is_some());
         let heavy = tests
             .iter()
             .find(|t| t.title.contains("frames of 16 MiB"))

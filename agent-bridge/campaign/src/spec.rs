@@ -44,7 +44,7 @@ pub struct Step {
     /// list_dir, stat, the background process tools, and the browser's:
     /// browser_open, browser_text, browser_eval, browser_screenshot,
     /// browser_click, browser_fill, browser_tabs, browser_new_tab,
-    /// browser_close_tab (see docs/ADAPTERS.md).
+    /// browser_close_tab, browser_pdf, browser_download (see docs/ADAPTERS.md).
     pub tool: String,
     /// The tool's arguments, as sent.
     pub arguments: BTreeMap<String, Value>,
@@ -81,11 +81,12 @@ pub struct Expect {
     /// exec/run_code: sha256 (hex) of stdout's exact bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdout_sha256: Option<String>,
-    /// read_file: sha256 of the bytes returned; write_file: sha256 the
-    /// bridge reports for the bytes it wrote. Use the sha256 of what was sent.
+    /// read_file, browser_screenshot/pdf/download: sha256 of the bytes
+    /// returned; write_file: sha256 the bridge reports for the bytes it
+    /// wrote. Use the sha256 of what was sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
-    /// read_file/write_file/stat: `size` in the result.
+    /// read_file/write_file/stat, browser_download: `size` in the result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,
     /// stat/read_file: the path exists (true) or is absent (false: an ENOENT tool error).
@@ -97,10 +98,16 @@ pub struct Expect {
     /// in advance. N counts from 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256_from_step: Option<usize>,
-    /// read_file: the bytes are a PNG (signature, IHDR) of this size.
+    /// read_file, browser_screenshot: the bytes are a PNG (signature,
+    /// IHDR) of this size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub png: Option<ImageSize>,
-    /// read_file: the bytes are a PDF (`%PDF-` header) with this many pages.
+    /// read_file, browser_screenshot: the bytes are a JPEG (SOI, then a
+    /// start-of-frame marker) of this size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jpeg: Option<ImageSize>,
+    /// read_file, browser_pdf, browser_download: the bytes are a PDF
+    /// (`%PDF-` header) with this many pages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pdf_pages: Option<u32>,
     /// browser steps: the page's text (or the tab list's, for

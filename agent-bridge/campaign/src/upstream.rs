@@ -262,6 +262,44 @@ pub fn form_html(n: u64) -> String {
     )
 }
 
+/// What `/files/N`'s link downloads: `/download/SIZE?seed=SEED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLink {
+    pub size: usize,
+    pub seed: u8,
+}
+
+impl FileLink {
+    pub fn of(n: u64) -> FileLink {
+        FileLink {
+            size: 1024 * (1 + (n % 96) as usize),
+            seed: (n % 251) as u8,
+        }
+    }
+
+    /// The name the download is saved under (Content-Disposition).
+    pub fn name(&self) -> String {
+        format!("data-{}.bin", self.size)
+    }
+
+    pub fn bytes(&self) -> Vec<u8> {
+        bytes_body(self.size, self.seed)
+    }
+}
+
+/// `/files/N`: a page with one link (`#dl`) to a file the server sends as
+/// an attachment ([`FileLink::of`]), for a browser to download.
+pub fn files_html(n: u64) -> String {
+    let f = FileLink::of(n);
+    format!(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>files {n}</title></head><body>\
+         <h1>files {n}</h1><a id=\"dl\" href=\"/download/{}?seed={}\">{}</a></body></html>\n",
+        f.size,
+        f.seed,
+        f.name()
+    )
+}
+
 /// `/tab/I?mib=M`: one tab's page, as heavy as a real one: it fills M MiB
 /// of its own memory (touching every page, as images and scripts would)
 /// and downloads M MiB more that the browser keeps in its disk cache (page
@@ -428,6 +466,10 @@ fn router() -> Router {
         .route(
             "/form/{n}",
             get(|Path(n): Path<u64>| async move { html(form_html(n)) }),
+        )
+        .route(
+            "/files/{n}",
+            get(|Path(n): Path<u64>| async move { html(files_html(n)) }),
         )
         .route("/tab/{i}", get(tab))
         .route("/tabs/{n}", get(tabs))

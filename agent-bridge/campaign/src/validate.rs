@@ -300,7 +300,7 @@ fn browser_arguments(step: &Step) -> Vec<(String, String)> {
     let needed: &[&str] = match step.tool.as_str() {
         "browser_open" | "browser_new_tab" => &["url"],
         "browser_eval" => &["script"],
-        "browser_click" => &["selector"],
+        "browser_click" | "browser_download" => &["selector"],
         "browser_fill" => &["selector", "text"],
         _ => &[],
     };

@@ -356,18 +356,32 @@ fn payloads(step: &Step, result: &Value, s: &Value, sent: &mut Sent, out: &mut S
         ));
     }
     browser_checks(e, s, out);
-    if step.tool == "browser_screenshot" && out.is_error == Some(false) && e.png.is_some() {
-        // the image the server returned, as the adapter carried it
+    let browser_bytes = matches!(
+        step.tool.as_str(),
+        "browser_screenshot" | "browser_pdf" | "browser_download"
+    );
+    let checks_bytes = e.png.is_some()
+        || e.jpeg.is_some()
+        || e.pdf_pages.is_some()
+        || e.sha256.is_some()
+        || e.size.is_some();
+    if browser_bytes && out.is_error == Some(false) && checks_bytes {
+        // the bytes the server returned (or wrote), as the adapter carried them
         let blob = result["content"].as_array().and_then(|c| {
             c.iter()
                 .find_map(|b| b["resource"]["blob"].as_str())
                 .map(base64_decode)
         });
         match blob {
-            Some(Ok(data)) => file_checks(e, &data, sent, out),
+            Some(Ok(data)) => {
+                if let Some(want) = &e.sha256 {
+                    compare_sha(&step.tool, want, &data, sent, out);
+                }
+                file_checks(e, &data, sent, out);
+            }
             _ => out
                 .failures
-                .push("browser_screenshot: the result carries no image".into()),
+                .push(format!("{}: the result carries no bytes", step.tool)),
         }
     }
     if step.tool == "read_file" && out.is_error == Some(false) {
@@ -407,6 +421,7 @@ fn payloads(step: &Step, result: &Value, s: &Value, sent: &mut Sent, out: &mut S
             ),
         }
     } else if let Some(want) = &e.sha256
+        && !browser_bytes
         && out.is_error == Some(false)
         && s["sha256"].as_str() != Some(want.as_str())
     {
@@ -514,6 +529,22 @@ fn file_checks(e: &Expect, data: &[u8], sent: &Sent, out: &mut StepOutcome) {
             )),
         }
     }
+    if let Some(want) = e.jpeg {
+        if data.len() <= MAX_ARTIFACT {
+            out.artifact = Some(("image/jpeg", data.to_vec()));
+        }
+        match jpeg_size(data) {
+            Some(got) if (got.width, got.height) == (want.width, want.height) => {}
+            Some(got) => out.failures.push(format!(
+                "expected a {}x{} JPEG, got {}x{}",
+                want.width, want.height, got.width, got.height
+            )),
+            None => out.failures.push(format!(
+                "expected a JPEG, the bytes start {}",
+                preview(&data[..data.len().min(16)])
+            )),
+        }
+    }
     if let Some(want) = e.pdf_pages {
         match pdf_pages(data) {
             Some(n) if n == want => {}
@@ -594,6 +625,31 @@ pub fn png_size(d: &[u8]) -> Option<ImageSize> {
         width: be(16),
         height: be(20),
     })
+}
+
+/// The size of a JPEG: SOI, then segments up to the first start-of-frame
+/// marker (SOF0..SOF15 but DHT, JPG and DAC), which holds height and width.
+pub fn jpeg_size(d: &[u8]) -> Option<ImageSize> {
+    if d.get(..2)? != [0xFF, 0xD8] {
+        return None;
+    }
+    let mut i = 2;
+    while i + 4 <= d.len() {
+        if d[i] != 0xFF {
+            return None;
+        }
+        let marker = d[i + 1];
+        let len = usize::from(u16::from_be_bytes([d[i + 2], d[i + 3]]));
+        if (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
+            let f = d.get(i + 5..i + 9)?;
+            return Some(ImageSize {
+                height: u32::from(u16::from_be_bytes([f[0], f[1]])),
+                width: u32::from(u16::from_be_bytes([f[2], f[3]])),
+            });
+        }
+        i += 2 + len;
+    }
+    None
 }
 
 /// The page count of a PDF: `%PDF-` header, then its page objects
@@ -962,6 +1018,68 @@ mod tests {
         let pdf = b"%PDF-1.4\n1 0 obj << /Type /Pages /Count 2 >>\n2 0 obj << /Type /Page >>\n3 0 obj << /Type /Page>>\n%%EOF\n";
         assert_eq!(pdf_pages(pdf), Some(2));
         assert_eq!(pdf_pages(b"not a pdf"), None);
+    }
+
+    #[test]
+    fn a_browsers_bytes_are_checked_for_size_digest_and_format() {
+        // SOI, an APP0 segment, then SOF0: 8-bit, 5 high, 7 wide
+        let mut jpeg = vec![0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x04, 0x4A, 0x46];
+        jpeg.extend([0xFF, 0xC0, 0x00, 0x11, 0x08, 0x00, 0x05, 0x00, 0x07, 0x03]);
+        assert_eq!(
+            jpeg_size(&jpeg),
+            Some(ImageSize {
+                width: 7,
+                height: 5
+            })
+        );
+        assert_eq!(jpeg_size(&super::super::generate::png(7, 5, 1)), None);
+        assert_eq!(jpeg_size(&[0xFF, 0xD8, 0xFF]), None);
+        let carried = |data: &[u8]| {
+            json!({"isError": false, "content": [{"type": "resource", "resource": {"uri": "browser://downloads/x", "blob": contract::bytes::base64_encode(data)}}],
+                "structuredContent": {"sha256": sha256_hex(data), "size": data.len()}})
+        };
+        let file = b"0123456789";
+        let download = step(
+            "browser_download",
+            json!({"selector": "#dl"}),
+            json!({"sha256": sha256_hex(file), "size": 10}),
+        );
+        let mut sent = Sent::default();
+        let o = judge(&download, Ok(carried(file)), Duration::ZERO, &mut sent);
+        assert!(o.passed(), "{o:?}");
+        let o = judge(
+            &download,
+            Ok(carried(b"012345678")),
+            Duration::ZERO,
+            &mut sent,
+        );
+        assert!(
+            o.failures
+                .iter()
+                .any(|f| f.starts_with("browser_download: expected sha256"))
+                && o.failures.iter().any(|f| f == "expected size 10, got 9"),
+            "{o:?}"
+        );
+        let shot = step(
+            "browser_screenshot",
+            json!({"format": "jpeg"}),
+            json!({"jpeg": {"width": 7, "height": 5}}),
+        );
+        assert!(judge(&shot, Ok(carried(&jpeg)), Duration::ZERO, &mut sent).passed());
+        let o = judge(
+            &shot,
+            Ok(
+                json!({"isError": false, "content": [{"type": "text", "text": "done"}], "structuredContent": {}}),
+            ),
+            Duration::ZERO,
+            &mut sent,
+        );
+        assert!(
+            o.failures
+                .iter()
+                .any(|f| f == "browser_screenshot: the result carries no bytes"),
+            "{o:?}"
+        );
     }
 
     #[test]

@@ -339,6 +339,14 @@ fn build_all() -> Vec<Tool> {
             "Close a tab by its index in `browser_tabs`.",
         ),
         tool::<NoArgs>(
+            "browser_pdf",
+            "Print the current tab to PDF (A4-like Letter, backgrounds on): an embedded resource blob, with size and sha256.",
+        ),
+        tool::<BrowserSelectorArgs>(
+            "browser_download",
+            "Click the first element a CSS selector matches and wait for the download it starts: the downloaded file as an embedded resource blob, with its name, size and sha256.",
+        ),
+        tool::<NoArgs>(
             "sandbox_info",
             "The profile applied to workloads, the interface fault (if any), limits, and the probe's status.",
         ),

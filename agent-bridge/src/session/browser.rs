@@ -1,6 +1,7 @@
 //! The browser tools (browser_open, browser_text, browser_eval,
 //! browser_screenshot, browser_click, browser_fill, browser_tabs,
-//! browser_new_tab, browser_close_tab): one Chromium per session, started
+//! browser_new_tab, browser_close_tab, browser_pdf, browser_download): one
+//! Chromium per session, started
 //! on first use as a workload under the session's profile (its own call
 //! cgroup, memory limit included), driven over the DevTools protocol
 //! ([`crate::cdp`]). Each call's kernel evidence is a span over the
@@ -21,10 +22,10 @@ use crate::cdp::Cdp;
 use crate::cgroup::CallCgroups;
 use crate::kernel::Span;
 use crate::workload::{Live, Running, Spec};
-use contract::bytes::{base64_decode, sha256_hex};
+use contract::bytes::{base64_decode, base64_encode, sha256_hex};
 use contract::tools::{self, ArgError, arg_error};
 
-/// How long a page may take to load.
+/// How long a page may take to load, and a download to finish.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Chromium as agents run it: headless at 1280x720, no sandbox of its own
@@ -47,6 +48,9 @@ const CHROMIUM_FLAGS: &[&str] = &[
     "--remote-debugging-pipe",
 ];
 
+/// Where the browser's downloads land (inside its user data directory).
+const DOWNLOADS: &str = "downloads";
+
 struct Tab {
     target: String,
     session: String,
@@ -57,6 +61,8 @@ pub(super) struct Browser {
     pid: u32,
     tree: Arc<CallCgroups>,
     cdp: Cdp,
+    /// The user data directory; downloads go to its `downloads/`.
+    user_data: std::path::PathBuf,
     tabs: Vec<Tab>,
     current: usize,
     exited: tokio::sync::watch::Receiver<bool>,
@@ -102,6 +108,18 @@ impl Browser {
             return Err(format!("the script threw: {what}"));
         }
         Ok(r["result"]["value"].clone())
+    }
+
+    /// The bytes a page method of the current tab returns as base64 `data`
+    /// (a screenshot, a PDF).
+    async fn tab_data(&self, method: &str, params: Value) -> Result<Vec<u8>, String> {
+        let tab = self.tab()?;
+        let r = self
+            .cdp
+            .call(method, params, Some(&tab.session))
+            .await
+            .map_err(|e| self.crash_or(e))?;
+        base64_decode(r["data"].as_str().unwrap_or_default()).map_err(|e| e.to_string())
     }
 
     /// A failure in a tab whose renderer died says so.
@@ -231,6 +249,10 @@ impl Session {
             "browser_close_tab" => {
                 Op::CloseTab(tools::parse::<tools::BrowserTabArgs>(args).map(|a| a.index))
             }
+            "browser_pdf" => Op::Pdf(tools::parse::<tools::NoArgs>(args).map(drop)),
+            "browser_download" => {
+                Op::Download(tools::parse::<tools::BrowserSelectorArgs>(args).map(|a| a.selector))
+            }
             _ => return None,
         };
         Some(match op.checked() {
@@ -350,7 +372,7 @@ impl Session {
                 t.drain(..over);
             }
         });
-        let (watch_tree, dir) = (tree.clone(), user_data);
+        let (watch_tree, dir) = (tree.clone(), user_data.clone());
         tokio::spawn(async move {
             let _ = waiter.await;
             let _ = tx.send(true);
@@ -364,6 +386,7 @@ impl Session {
             pid,
             tree,
             cdp: Cdp::new(stdin, stdout),
+            user_data,
             tabs: Vec::new(),
             current: 0,
             exited,
@@ -408,6 +431,8 @@ enum Op {
     Tabs(Result<(), ArgError>),
     NewTab(Result<String, ArgError>),
     CloseTab(Result<usize, ArgError>),
+    Pdf(Result<(), ArgError>),
+    Download(Result<String, ArgError>),
 }
 
 /// [`Op`] with its arguments known to be good.
@@ -421,6 +446,8 @@ enum Checked {
     Tabs,
     NewTab(String),
     CloseTab(usize),
+    Pdf,
+    Download(String),
 }
 
 impl Op {
@@ -438,6 +465,8 @@ impl Op {
             Op::Tabs(a) => Checked::Tabs.after(a)?,
             Op::NewTab(a) => Checked::NewTab(a?),
             Op::CloseTab(a) => Checked::CloseTab(a?),
+            Op::Pdf(a) => Checked::Pdf.after(a)?,
+            Op::Download(a) => Checked::Download(a?),
         })
     }
 }
@@ -452,6 +481,37 @@ impl Done {
     fn text(summary: String, structured: Value) -> Done {
         Done {
             content: vec![ContentBlock::text(summary)],
+            structured,
+        }
+    }
+
+    /// Bytes the browser made (a screenshot, a PDF, a download): a line
+    /// that names them, an image block for images, and always the exact
+    /// bytes as an embedded resource blob with their size and digest.
+    fn bytes(what: &str, uri: String, mime: &str, bytes: &[u8], mut structured: Value) -> Done {
+        let b64 = base64_encode(bytes);
+        let sha = sha256_hex(bytes);
+        let mut content = vec![ContentBlock::text(format!(
+            "{what}: {} bytes, {mime}, sha256 {sha}",
+            bytes.len()
+        ))];
+        if mime.starts_with("image/") {
+            content.push(ContentBlock::image(b64.clone(), mime.to_string()));
+        }
+        content.push(ContentBlock::resource(
+            ResourceContents::BlobResourceContents {
+                uri,
+                mime_type: Some(mime.to_string()),
+                blob: b64,
+                meta: None,
+            },
+        ));
+        structured["bytes"] = bytes.len().into();
+        structured["size"] = bytes.len().into();
+        structured["sha256"] = sha.into();
+        structured["mime"] = mime.into();
+        Done {
+            content,
             structured,
         }
     }
@@ -480,36 +540,40 @@ impl Checked {
                 Ok(Done::text(text.clone(), json!({"value": text})))
             }
             Checked::Screenshot(format) => {
-                let tab = b.tab()?;
-                let r = b
-                    .cdp
-                    .call(
-                        "Page.captureScreenshot",
-                        json!({"format": format}),
-                        Some(&tab.session),
-                    )
+                let bytes = b
+                    .tab_data("Page.captureScreenshot", json!({"format": format}))
                     .await
-                    .map_err(|e| b.crash_or(e))?;
-                let b64 = r["data"].as_str().unwrap_or_default().to_string();
-                let bytes = base64_decode(&b64).map_err(|e| format!("the screenshot: {e}"))?;
-                let mime = format!("image/{format}");
-                let sha = sha256_hex(&bytes);
-                Ok(Done {
-                    content: vec![
-                        ContentBlock::text(format!(
-                            "screenshot: {} bytes, {mime}, sha256 {sha}",
-                            bytes.len()
-                        )),
-                        ContentBlock::image(b64.clone(), mime.clone()),
-                        ContentBlock::resource(ResourceContents::BlobResourceContents {
-                            uri: "browser://screenshot".into(),
-                            mime_type: Some(mime.clone()),
-                            blob: b64,
-                            meta: None,
-                        }),
-                    ],
-                    structured: json!({"bytes": bytes.len(), "sha256": sha, "mime": mime}),
-                })
+                    .map_err(|e| format!("the screenshot: {e}"))?;
+                Ok(Done::bytes(
+                    "screenshot",
+                    "browser://screenshot".into(),
+                    &format!("image/{format}"),
+                    &bytes,
+                    json!({}),
+                ))
+            }
+            Checked::Pdf => {
+                let bytes = b
+                    .tab_data("Page.printToPDF", json!({"printBackground": true}))
+                    .await
+                    .map_err(|e| format!("the PDF: {e}"))?;
+                Ok(Done::bytes(
+                    "pdf",
+                    "browser://page.pdf".into(),
+                    "application/pdf",
+                    &bytes,
+                    json!({}),
+                ))
+            }
+            Checked::Download(selector) => {
+                let (name, bytes) = download(b, &selector).await?;
+                Ok(Done::bytes(
+                    &format!("downloaded {name}"),
+                    format!("browser://downloads/{name}"),
+                    "application/octet-stream",
+                    &bytes,
+                    json!({"name": name}),
+                ))
             }
             Checked::Click(selector) => {
                 let sel = js(&selector);
@@ -566,6 +630,51 @@ impl Checked {
                 ))
             }
         }
+    }
+}
+
+/// Clicks `selector` and waits for the download it starts to finish:
+/// Chromium writes `NAME.crdownload` and renames it to NAME when done.
+/// The file is taken out of the directory, so the next download is new.
+async fn download(b: &Browser, selector: &str) -> Result<(String, Vec<u8>), String> {
+    let dir = b.user_data.join(DOWNLOADS);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    b.cdp
+        .call(
+            "Browser.setDownloadBehavior",
+            json!({"behavior": "allow", "downloadPath": dir}),
+            None,
+        )
+        .await?;
+    let sel = js(selector);
+    b.evaluate(&format!(
+        "(() => {{ const e = document.querySelector({sel}); \
+         if (!e) throw new Error('no element matches ' + {sel}); e.click(); return true; }})()"
+    ))
+    .await?;
+    let started = Instant::now();
+    loop {
+        let done = std::fs::read_dir(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.extension().is_none_or(|x| x != "crdownload"));
+        if let Some(path) = done {
+            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let _ = std::fs::remove_file(&path);
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            return Ok((name, bytes));
+        }
+        if started.elapsed() > LOAD_TIMEOUT {
+            return Err(format!(
+                "clicking {selector} started no download that finished within {} s",
+                LOAD_TIMEOUT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
