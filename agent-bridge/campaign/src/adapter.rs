@@ -896,26 +896,64 @@ impl Adapter {
                 s.entry(field).or_insert_with(|| value.clone());
             }
         }
-        // the call that failed in the kernel, else the first (which ran the work)
-        let kernels: Vec<&Value> = results
-            .iter()
-            .filter_map(|r| {
-                r.pointer("/_meta/probe~1kernel")
-                    .or_else(|| r.pointer("/structuredContent/kernel"))
-            })
-            .collect();
-        let kernel = kernels
-            .iter()
-            .find(|k| k["failed"] == Value::Bool(true))
-            .or(kernels.first())
-            .map(|k| (*k).clone());
-        if let Some(k) = kernel {
+        let kernels: Vec<&Value> = results.iter().filter_map(call_kernel).collect();
+        if let Some(k) = step_kernel(&kernels) {
             s.insert("kernel".into(), k);
         }
         if !notes.is_empty() {
             s.insert("adapter_notes".into(), json!(notes));
         }
         json!({"content": content, "isError": is_error, "structuredContent": s})
+    }
+}
+
+/// The kernel evidence on one call's result: the proxy's, or the bridge's own.
+pub fn call_kernel(result: &Value) -> Option<&Value> {
+    result
+        .pointer("/_meta/probe~1kernel")
+        .or_else(|| result.pointer("/structuredContent/kernel"))
+}
+
+/// The kernel evidence of a step made of several calls: the call that
+/// failed in the kernel, else the first (which ran the work). But a process
+/// the OOM killer took in a call before the one that failed is why that one
+/// failed (a server that then waits on the dead tab runs into its time
+/// limit): that call's evidence is the step's, made its failure, with the
+/// later failure named after it. A death in a call that "succeeded" is kept
+/// over a first call with none.
+pub fn step_kernel(kernels: &[&Value]) -> Option<Value> {
+    let failed = kernels
+        .iter()
+        .position(|k| k["failed"] == Value::Bool(true));
+    let death = kernels
+        .iter()
+        .position(|k| k["hidden_failure"]["primitive"] == "mem.oom");
+    match (failed, death) {
+        (Some(f), Some(d)) if d < f => {
+            let (mut k, later) = (kernels[d].clone(), kernels[f]);
+            let why = k["hidden_failure"]["explanation"].clone();
+            let then = format!(
+                "{}; then {}: {}",
+                why.as_str().unwrap_or_default(),
+                later["label"].as_str().unwrap_or("the next call"),
+                later["explanation"].as_str().unwrap_or_default()
+            );
+            k["failed"] = true.into();
+            k["primitive"] = "mem.oom".into();
+            k["layer"] = "sandbox".into();
+            k["confidence"] = k["hidden_failure"]["confidence"].clone();
+            k["explanation"] = then.into();
+            k["followed_by"] = json!({
+                "label": later["label"],
+                "primitive": later["primitive"],
+                "explanation": later["explanation"],
+                "span": later["span"],
+            });
+            Some(k)
+        }
+        (Some(f), _) => Some(kernels[f].clone()),
+        (None, Some(d)) => Some(kernels[d].clone()),
+        (None, None) => kernels.first().map(|k| (*k).clone()),
     }
 }
 
@@ -1450,6 +1488,48 @@ ignore = ["sha256"]
         );
         let notes = r["structuredContent"]["adapter_notes"].to_string();
         assert!(notes.contains("stdout not found in the run result"), "{r}");
+    }
+
+    #[test]
+    fn a_tab_the_oom_killer_took_is_why_a_later_call_of_the_step_failed() {
+        let a = adapter(
+            r#"name = "devtools"
+[steps.browser_open]
+tool = "navigate_page"
+arguments = { url = "{{url}}" }
+[[steps.browser_open.then]]
+tool = "take_snapshot"
+arguments = {}
+"#,
+        )
+        .unwrap();
+        let death = json!({"available": true, "failed": false, "primitive": "none", "label": "tools/call navigate_page",
+            "explanation": "exited 0, but chromium (pid 7) was killed by the OOM killer",
+            "hidden_failure": {"primitive": "mem.oom", "confidence": 0.9, "explanation": "chromium (pid 7) was killed by the OOM killer"}});
+        let timeout = json!({"available": true, "failed": true, "primitive": "timeout", "label": "tools/call take_snapshot", "span": 9,
+            "explanation": "the workload was still running after the time limit of 45.0s and was killed"});
+        let calls = |first: &Value, second: &Value| {
+            [
+                json!({"content": [{"type": "text", "text": "ok"}], "_meta": {"probe/kernel": first}}),
+                json!({"content": [{"type": "text", "text": "killed"}], "_meta": {"probe/kernel": second}}),
+            ]
+        };
+        let k = &a.read("browser_open", &calls(&death, &timeout))["structuredContent"]["kernel"];
+        assert_eq!(k["primitive"], "mem.oom", "{k}");
+        assert_eq!(k["failed"], true);
+        assert_eq!(
+            k["explanation"],
+            "chromium (pid 7) was killed by the OOM killer; then tools/call take_snapshot: \
+             the workload was still running after the time limit of 45.0s and was killed"
+        );
+        assert_eq!(k["followed_by"]["span"], 9);
+        // a failure first, a death after it: the failure is the step's
+        let k = &a.read("browser_open", &calls(&timeout, &death))["structuredContent"]["kernel"];
+        assert_eq!(k["primitive"], "timeout", "{k}");
+        // no failure: the death is kept over a first call with nothing
+        let quiet = json!({"available": true, "failed": false, "primitive": "none", "explanation": "exited 0; nothing failed"});
+        let k = &a.read("browser_open", &calls(&quiet, &death))["structuredContent"]["kernel"];
+        assert_eq!(k["hidden_failure"]["primitive"], "mem.oom", "{k}");
     }
 
     #[test]

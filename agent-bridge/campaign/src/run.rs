@@ -1027,9 +1027,24 @@ pub async fn send_adapted(
     let (mut tool, mut arguments) = first;
     let started = Instant::now();
     loop {
-        let r = conn
+        let r = match conn
             .call(&tool, arguments.clone(), wait, meta.clone())
-            .await?;
+            .await
+        {
+            Ok(r) => r,
+            // a follow-up that failed: the calls before it may hold why
+            // (the tab the OOM killer took, which the server then waited on)
+            Err(CallError::Protocol { message, kernel }) if !results.is_empty() => {
+                let mut kernels: Vec<&Value> = results
+                    .iter()
+                    .filter_map(super::adapter::call_kernel)
+                    .collect();
+                kernels.extend(kernel.as_ref());
+                let kernel = super::adapter::step_kernel(&kernels).or(kernel);
+                return Err(CallError::Protocol { message, kernel });
+            }
+            Err(e) => return Err(e),
+        };
         let r = serde_json::to_value(r).unwrap_or(Value::Null);
         if adapter.again(&step.tool, results.len(), &r) && started.elapsed() < wait {
             tokio::time::sleep(Duration::from_millis(100)).await;
