@@ -126,7 +126,47 @@ pub fn bad_line_answer(line: &[u8], e: &dyn std::fmt::Display) -> Value {
 /// Parses one line: a message, or the error answer it deserves. The parser
 /// checks UTF-8 itself; only a line it rejects is checked again, to say where.
 fn parse(line: &[u8]) -> Result<RxJsonRpcMessage<RoleServer>, Outgoing> {
-    serde_json::from_slice(line).map_err(|e| Outgoing::Raw(bad_line_answer(line, &e)))
+    let message: RxJsonRpcMessage<RoleServer> =
+        serde_json::from_slice(line).map_err(|e| Outgoing::Raw(bad_line_answer(line, &e)))?;
+    if let rmcp::model::JsonRpcMessage::Request(r) = &message
+        && let rmcp::model::ClientRequest::CustomRequest(c) = &r.request
+        && let Some(why) = invalid_params(&c.method, c.params.clone().unwrap_or_default())
+    {
+        let id = serde_json::to_value(&r.id).unwrap_or_default();
+        let msg = format!("Invalid params for `{}`: {why}", c.method);
+        return Err(Outgoing::Raw(error_answer(id, -32602, msg)));
+    }
+    Ok(message)
+}
+
+/// Why `params` do not fit `method`, for a method of MCP's: rmcp takes a
+/// request whose params do not parse for a custom one, and would answer
+/// "Method not found"; JSON-RPC says -32602 Invalid params. `None` for a
+/// method MCP does not define (that one is not found).
+pub fn invalid_params(method: &str, params: Value) -> Option<String> {
+    use rmcp::model::*;
+    fn why<P: serde::de::DeserializeOwned>(params: Value) -> String {
+        match serde_json::from_value::<P>(params) {
+            Err(e) => e.to_string(),
+            Ok(_) => "they do not fit the method".into(),
+        }
+    }
+    Some(match method {
+        "initialize" => why::<InitializeRequestParams>(params),
+        "tools/call" => why::<CallToolRequestParams>(params),
+        "resources/read" => why::<ReadResourceRequestParams>(params),
+        "resources/subscribe" => why::<SubscribeRequestParams>(params),
+        "resources/unsubscribe" => why::<UnsubscribeRequestParams>(params),
+        "prompts/get" => why::<GetPromptRequestParams>(params),
+        #[expect(deprecated, reason = "clients still send it")]
+        "logging/setLevel" => why::<SetLevelRequestParams>(params),
+        "completion/complete" => why::<CompleteRequestParams>(params),
+        "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list" => {
+            why::<PaginatedRequestParams>(params)
+        }
+        "ping" => "ping takes no params".into(),
+        _ => return None,
+    })
 }
 
 fn read_all(
@@ -286,5 +326,35 @@ mod tests {
         assert_eq!(a["error"]["code"], -32600);
         assert_eq!(a["id"], 4);
         assert!(parse(br#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#).is_ok());
+        // a method MCP defines with params that do not fit it: -32602
+        for (line, says) in [
+            (
+                r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"arguments":{}}}"#,
+                "missing field `name`",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":7}}"#,
+                "invalid type",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"stat","arguments":"x"}}"#,
+                "invalid type",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":6,"method":"initialize","params":{"protocolVersion":1}}"#,
+                "",
+            ),
+        ] {
+            let a = answer(line.as_bytes());
+            assert_eq!(a["error"]["code"], -32602, "{line}: {a}");
+            assert_eq!(a["id"], 6);
+            let m = a["error"]["message"].as_str().unwrap();
+            assert!(
+                m.starts_with("Invalid params for `") && m.contains(says),
+                "{m}"
+            );
+        }
+        // a method nobody defined is still rmcp's to refuse (Method not found)
+        assert!(parse(br#"{"jsonrpc":"2.0","id":8,"method":"x/y","params":{}}"#).is_ok());
     }
 }

@@ -346,6 +346,57 @@ fn malformed_client_input_gets_the_same_errors_as_serve() {
     assert_eq!(answers[4]["result"]["serverInfo"]["name"], "agent-bridge");
 }
 
+/// A line the proxy can pass on but the server cannot read (a number
+/// beyond f64): the server's `id: null` parse error is the answer to that
+/// request (the latest sent), with its id, and the server lives on to
+/// answer the next one.
+#[test]
+fn a_servers_answer_with_a_null_id_is_passed_on_and_the_server_kept() {
+    let mut input = Vec::new();
+    input.extend_from_slice(br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#);
+    input.push(b'\n');
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n");
+    input.extend_from_slice(
+        b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\",\"params\":{\"x\":1e400}}\n",
+    );
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"tools/call\",\"params\":{\"name\":\"exec\",\"arguments\":{\"argv\":[\"sh\",\"-c\",\"echo $PPID\"]}}}\n");
+    // a lone surrogate and 200-deep nesting, sent before request 3 is answered
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":\"s\",\"method\":\"tools/call\",\"params\":{\"name\":\"stat\",\"arguments\":{\"path\":\"\\ud800\"}}}\n");
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    input.extend_from_slice(
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"ping\",\"params\":{{\"d\":{deep}}}}}\n"
+        )
+        .as_bytes(),
+    );
+    let answers = raw_exchange(&input);
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    for id in [json!("s"), json!(5)] {
+        let a = answers.iter().find(|a| a["id"] == id);
+        assert!(
+            a.is_some_and(|a| a["error"]["code"] == -32700),
+            "{id}: {answers:?}"
+        );
+    }
+    let bad = answers
+        .iter()
+        .find(|a| a["id"] == 2)
+        .unwrap_or_else(|| panic!("request 2 got no answer: {answers:?}"));
+    assert_eq!(bad["error"]["code"], -32700, "{bad}");
+    assert!(
+        bad["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("number out of range"),
+        "{bad}"
+    );
+    let call = answers.iter().find(|a| a["id"] == 3).unwrap();
+    assert_eq!(
+        call["result"]["isError"], false,
+        "the server was not kept: {call}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn http_sessions_end_with_delete_and_bad_requests_are_refused() {
     let cmd = ["python3", FIXTURE];

@@ -183,11 +183,15 @@ pub fn child_head(line: &[u8]) -> Result<ChildHead, String> {
         meta_has_key: false,
     };
     let mut fields = 0;
+    let mut null_id = false;
     for field in sonic_rs::to_object_iter(line) {
         let (key, value) = field.map_err(|e| e.to_string())?;
         fields += 1;
         match key.as_ref() {
-            "id" => head.id = canonical(value.as_raw_str()),
+            "id" => {
+                head.id = canonical(value.as_raw_str());
+                null_id = value.as_raw_str().trim() == "null";
+            }
             "method" => head.method = value.as_str().map(str::to_owned),
             "error" => head.rpc_error = true,
             "params" if value.as_raw_str().starts_with('{') => {
@@ -222,6 +226,9 @@ pub fn child_head(line: &[u8]) -> Result<ChildHead, String> {
         (Some(_), Some(_)) => Kind::Request,
         (Some(_), None) => Kind::Notification,
         (None, Some(_)) if head.result.is_some() || head.rpc_error => Kind::Response,
+        // the answer to a line the server could not read (JSON-RPC's
+        // `id: null`): valid, and the client's to see
+        (None, None) if null_id && head.rpc_error => Kind::Response,
         _ => return Err("not a JSON-RPC 2.0 message".into()),
     };
     Ok(head)
@@ -372,6 +379,13 @@ mod tests {
         let h =
             child_head(br#"{"jsonrpc":"2.0","id":3,"error":{"code":-1,"message":"x"}}"#).unwrap();
         assert!(h.rpc_error && h.kind == Kind::Response && h.id.as_deref() == Some("3"));
+        // a server's answer to a line it could not parse: a response too
+        let h = child_head(
+            br#"{"jsonrpc":"2.0","error":{"code":-32700,"message":"Parse error"},"id":null}"#,
+        )
+        .unwrap();
+        assert!(h.rpc_error && h.kind == Kind::Response && h.id.is_none());
+        assert!(child_head(br#"{"jsonrpc":"2.0","id":null}"#).is_err());
         assert!(child_head(b"hello world").is_err());
         assert!(child_head(b"[1,2]").is_err());
         let c = client_head(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"stat","arguments":{},"_meta":{"progressToken":5}}}"#).unwrap();

@@ -78,6 +78,11 @@ struct Pending {
     call: Option<Call>,
     generation: u64,
     progress: Option<String>,
+    /// When it was sent to the server, in the order of requests sent.
+    sent: u64,
+    /// A strict JSON parser refuses its line (a number beyond f64, a lone
+    /// surrogate, nesting deeper than 128): a server may answer `id: null`.
+    unreadable: bool,
 }
 
 struct Call {
@@ -140,6 +145,8 @@ pub struct Relay {
     state: tokio::sync::Mutex<State>,
     pending: Mutex<HashMap<String, Pending>>,
     own_ids: AtomicU64,
+    /// Requests sent to servers so far (orders [`Pending::sent`]).
+    sent: AtomicU64,
     name: String,
     _disks: Vec<crate::session::SessionDisk>,
 }
@@ -176,6 +183,7 @@ impl Relay {
             state: tokio::sync::Mutex::new(State::default()),
             pending: Mutex::new(HashMap::new()),
             own_ids: AtomicU64::new(1),
+            sent: AtomicU64::new(0),
             name,
             _disks: disks,
         }))
@@ -263,6 +271,8 @@ impl Relay {
                     call,
                     generation: child.generation,
                     progress: head.progress_token.clone(),
+                    sent: self.sent.fetch_add(1, Ordering::Relaxed),
+                    unreadable: strictly_unreadable(&line),
                 },
             ) {
                 // a client reusing an id in flight: the first asker is answered now
@@ -349,6 +359,8 @@ impl Relay {
                 call: None,
                 generation: child.generation,
                 progress: None,
+                sent: self.sent.fetch_add(1, Ordering::Relaxed),
+                unreadable: false,
             },
         );
         self.watch(own, child.clone(), self.opts.init_timeout);
@@ -571,9 +583,22 @@ impl Relay {
     async fn on_server_line(&self, child: &Arc<Child>, line: Bytes, head: ChildHead) {
         match head.kind {
             Kind::Response => {
-                let id = head.id.clone().unwrap_or_default();
+                let (id, line) = match head.id.clone() {
+                    Some(id) => (id, line),
+                    None => match self.unread_request(child.generation) {
+                        Some(id) => {
+                            let line = with_id(&line, &id);
+                            (id, line)
+                        }
+                        None => {
+                            self.sink.server_message(line, &head, None);
+                            return;
+                        }
+                    },
+                };
                 let Some(p) = self.pending().remove(&id) else {
-                    // the answer to a cancelled request: the client decides
+                    // the answer to a cancelled request, or to a line the
+                    // server could not read (`id: null`): the client decides
                     self.sink.server_message(line, &head, None);
                     return;
                 };
@@ -622,6 +647,19 @@ impl Relay {
                 }
             }
         }
+    }
+
+    /// The request an `id: null` error of the server answers: the first
+    /// still waiting whose line a strict parser refuses; else the latest
+    /// sent (a server answers a line it cannot read as soon as it reads it).
+    fn unread_request(&self, generation: u64) -> Option<String> {
+        let pending = self.pending();
+        let mine = || pending.iter().filter(|(_, p)| p.generation == generation);
+        mine()
+            .filter(|(_, p)| p.unreadable)
+            .min_by_key(|(_, p)| p.sent)
+            .or_else(|| mine().max_by_key(|(_, p)| p.sent))
+            .map(|(id, _)| id.clone())
     }
 
     /// The server is gone: every request it had is answered with what
@@ -729,6 +767,23 @@ fn tail_note(tail: &str) -> String {
 }
 
 /// A JSON-RPC error answer with the evidence in `error.data`.
+/// A line a strict JSON parser (serde_json's, with its depth limit)
+/// refuses; lines over 1 MiB are not parsed again, to keep big writes cheap.
+fn strictly_unreadable(line: &[u8]) -> bool {
+    line.len() <= 1 << 20 && serde_json::from_slice::<Value>(line).is_err()
+}
+
+/// A server's `id: null` error as the answer to request `id`.
+fn with_id(line: &[u8], id: &str) -> Bytes {
+    match serde_json::from_slice::<Value>(line) {
+        Ok(mut v) => {
+            v["id"] = id_value(id);
+            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+        }
+        Err(_) => Bytes::copy_from_slice(line),
+    }
+}
+
 fn error_with_evidence(line: &[u8], kernel: Value) -> Vec<Bytes> {
     match serde_json::from_slice::<Value>(line) {
         Ok(mut v) => {
