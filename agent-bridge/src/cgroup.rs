@@ -55,6 +55,20 @@ pub fn sweep_stale() -> usize {
     if !matches!(probe::loader::PidNamespace::current(), Ok(None)) {
         return 0;
     }
+    remove_where(|owner| !Path::new("/proc").join(owner).exists())
+}
+
+/// Kills and removes the call cgroups of bridge `pid` (`mcp-PID-…`), which
+/// has ended (its reaper's job: it may still be a zombie, so its /proc
+/// entry proves nothing). Returns how many went.
+pub fn remove_owned_by(pid: u32) -> usize {
+    let pid = pid.to_string();
+    remove_where(|owner| owner == pid)
+}
+
+/// Kills and removes every `mcp-OWNER-…` call cgroup whose OWNER `stale`
+/// says is gone.
+fn remove_where(stale: impl Fn(&str) -> bool) -> usize {
     let mut roots: Vec<PathBuf> = v2_root().into_iter().collect();
     roots.extend(
         ["memory", "pids"]
@@ -70,7 +84,7 @@ pub fn sweep_stale() -> usize {
             let name = e.file_name().to_string_lossy().into_owned();
             let owner = name.strip_prefix("mcp-").and_then(|r| r.split('-').next());
             let Some(owner) = owner else { continue };
-            if Path::new("/proc").join(owner).exists() {
+            if !stale(owner) {
                 continue;
             }
             let mut stale = CallCgroups {

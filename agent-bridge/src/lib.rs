@@ -16,6 +16,8 @@
 //! - [`kernel`] asks the probe daemon for each call's attribution.
 //! - [`results`] stores an outside agent's `record_result` outcomes.
 //! - [`proxy`]: any stdio MCP server behind the bridge, one span per call.
+//! - [`reaper`]: the process beside a server that kills and removes its
+//!   call cgroups once it is gone, however it ended.
 //! - [`big_alloc`]: the global allocator that keeps freed big buffers
 //!   mapped for a moment, for the next transfer.
 
@@ -29,6 +31,7 @@ pub mod launch;
 pub mod process;
 pub mod profile;
 pub mod proxy;
+pub mod reaper;
 pub mod results;
 pub mod sandbox;
 pub mod self_exec;

@@ -62,6 +62,10 @@ enum Command {
             See docs/CAMPAIGN.md for the test format, the triage rules and the tables."
     )]
     Campaign(CampaignCommand),
+    /// (internal) waits for the end of stdin, then kills and removes the
+    /// call cgroups of bridge PID (started by serve and proxy).
+    #[command(hide = true)]
+    Reap { pid: u32 },
     /// (internal) file operations for the file tools, run under the profile.
     #[command(hide = true)]
     Worker {
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Worker { args } => agent_bridge::worker::main(&args),
+        Command::Reap { pid } => agent_bridge::reaper::main(pid),
         Command::Profiles { name, json } => report(cli::profiles::run(name, json)),
         Command::Campaign(c) => {
             if matches!(c, CampaignCommand::Run(_)) {

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -1303,4 +1304,157 @@ async fn trace_context_in_meta_reaches_the_probe_span_over_otlp() {
         "no trace context: a trace of its own"
     );
     assert_eq!(attr_str(&s.attributes, "error.type"), Some("tool_error"));
+}
+
+/// Pids of live processes whose command line is exactly `argv`.
+fn running(argv: &[&str]) -> Vec<String> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .filter(|pid| !gone(pid))
+        .collect()
+}
+
+/// The call cgroups of server `pid` still in any hierarchy.
+fn call_cgroups_of(pid: u32) -> Vec<String> {
+    let prefix = format!("mcp-{pid}-");
+    [
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/pids",
+    ]
+    .iter()
+    .filter_map(|root| std::fs::read_dir(Path::new(root).join("agent-bridge")).ok())
+    .flat_map(|d| d.flatten())
+    .map(|e| e.path().display().to_string())
+    .filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with(&prefix)))
+    .collect()
+}
+
+/// Waits up to 10 s for `done`.
+fn within_10s(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    done()
+}
+
+/// A raw stdio session: initialized, then `calls` written (not awaited).
+fn raw_session(argv: &[&str], calls: &[Value]) -> std::process::Child {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.as_mut().unwrap();
+    let mut lines = vec![
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    ];
+    lines.extend(calls.iter().cloned());
+    for (i, l) in lines.iter().enumerate() {
+        let mut l = l.clone();
+        if l.get("id").is_none() && l.get("method").is_some_and(|m| m == "tools/call") {
+            l["id"] = json!(i);
+            l["jsonrpc"] = json!("2.0");
+        }
+        writeln!(stdin, "{l}").unwrap();
+    }
+    child
+}
+
+fn tool_call(name: &str, arguments: Value) -> Value {
+    json!({"method": "tools/call", "params": {"name": name, "arguments": arguments}})
+}
+
+/// Nothing a session started outlives its server: a background process and
+/// an exec in flight die with a SIGKILLed bridge, and a proxied server's
+/// whole tree with a proxy whose client went away; no call cgroup is left.
+#[test]
+fn workloads_die_with_their_server_however_it_ends() {
+    if !root() {
+        return;
+    }
+    let background = ["sleep", "3001"];
+    let in_flight = ["sleep", "3002"];
+    let mut bridge = raw_session(
+        &[BRIDGE, "serve", "--stdio", "--no-probe"],
+        &[
+            tool_call("start_process", json!({"argv": background})),
+            tool_call("exec", json!({"argv": in_flight, "timeout_ms": 600000})),
+        ],
+    );
+    assert!(
+        within_10s(|| !running(&background).is_empty() && !running(&in_flight).is_empty()),
+        "the workloads did not start"
+    );
+    let pid = bridge.id();
+    assert!(
+        !call_cgroups_of(pid).is_empty(),
+        "no call cgroup while they run"
+    );
+    bridge.kill().unwrap();
+    bridge.wait().unwrap();
+    assert!(
+        within_10s(|| running(&background).is_empty() && running(&in_flight).is_empty()),
+        "still running after the bridge was SIGKILLed: {:?} {:?}",
+        running(&background),
+        running(&in_flight)
+    );
+    assert!(
+        within_10s(|| call_cgroups_of(pid).is_empty()),
+        "{:?}",
+        call_cgroups_of(pid)
+    );
+
+    // the proxy's client closes stdin: the proxy exits, and the server it
+    // ran (here the bridge, with a background process) goes with it
+    let proxied = ["sleep", "3003"];
+    let mut proxy = raw_session(
+        &[
+            BRIDGE,
+            "proxy",
+            "--stdio",
+            "--probe-socket",
+            "/nonexistent/probe.sock",
+            "--",
+            BRIDGE,
+            "serve",
+            "--stdio",
+            "--no-probe",
+        ],
+        &[tool_call("start_process", json!({"argv": proxied}))],
+    );
+    assert!(
+        within_10s(|| !running(&proxied).is_empty()),
+        "the proxied workload did not start"
+    );
+    let pid = proxy.id();
+    drop(proxy.stdin.take());
+    proxy.wait().unwrap();
+    assert!(
+        within_10s(|| running(&proxied).is_empty()),
+        "still running after the proxy exited: {:?}",
+        running(&proxied)
+    );
+    assert!(
+        within_10s(|| call_cgroups_of(pid).is_empty()),
+        "{:?}",
+        call_cgroups_of(pid)
+    );
 }

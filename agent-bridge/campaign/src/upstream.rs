@@ -303,17 +303,23 @@ pub fn files_html(n: u64) -> String {
 /// `/tab/I?mib=M`: one tab's page, as heavy as a real one: it fills M MiB
 /// of its own memory (touching every page, as images and scripts would)
 /// and downloads M MiB more that the browser keeps in its disk cache (page
-/// cache of the sandbox: what memory pressure reclaims first), then says so.
+/// cache of the sandbox: what memory pressure reclaims first; in bodies of
+/// at most [`MAX_BODY`]), then says so.
 fn tab_html(i: u64, mib: u64) -> String {
     format!(
         "<!DOCTYPE html><html><head><title>tab {i}</title></head><body><p id=\"o\">tab {i}</p><script>\n\
          const a = new Uint8Array({mib} * 1048576);\n\
          for (let k = 0; k < a.length; k += 4096) a[k] = (k >> 12) & 255;\n\
          window.kept = a;\n\
-         fetch('/bytes/' + ({mib} * 1048576) + '?seed={seed}').then(r => r.arrayBuffer()).then(b => {{\n\
-           document.getElementById('o').textContent = 'tab {i} holds {mib} MiB, cached ' + b.byteLength;\n\
-           parent.postMessage(b.byteLength, '*');\n\
-         }});\n\
+         // in pieces of at most {MAX_BODY} bytes (the upstream's largest body), each its own URL\n\
+         const parts = [];\n\
+         for (let left = {mib} * 1048576; left > 0; left -= {MAX_BODY}) parts.push(Math.min(left, {MAX_BODY}));\n\
+         Promise.all(parts.map((n, j) => fetch('/bytes/' + n + '?seed=' + (({seed} + j * 64) % 256)).then(r => r.arrayBuffer())))\n\
+           .then(bs => {{\n\
+             const total = bs.reduce((sum, b) => sum + b.byteLength, 0);\n\
+             document.getElementById('o').textContent = 'tab {i} holds {mib} MiB, cached ' + total;\n\
+             parent.postMessage(total, '*');\n\
+           }});\n\
          </script></body></html>\n",
         seed = i % 256
     )

@@ -68,6 +68,9 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile)?;
     let max_message = usize::try_from(args.max_message).context("--max-message")?;
     agent_bridge::cgroup::sweep_stale();
+    // kept to the end: when this process goes, so does the server's tree
+    let _reaper = agent_bridge::reaper::start()
+        .map_err(|e| tracing::warn!("no reaper: the server may outlive this proxy: {e}"));
     let run_dir = run_dir();
     let opts = Arc::new(proxy::Options {
         argv: args.command,
@@ -90,6 +93,9 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
             () = shutdown.cancelled() => Ok(()),
         },
     };
+    // an exit this process controls: what its servers started goes now, not
+    // when the reaper sees it gone
+    agent_bridge::cgroup::remove_owned_by(std::process::id());
     let _ = std::fs::remove_dir(&run_dir);
     result
 }

@@ -69,6 +69,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if swept > 0 {
         tracing::info!("removed {swept} call cgroup(s) left by bridges that died");
     }
+    // kept to the end: when this process goes, so does every workload it started
+    let _reaper = agent_bridge::reaper::start()
+        .map_err(|e| tracing::warn!("no reaper: workloads may outlive this bridge: {e}"));
     std::fs::create_dir_all(&args.workdir)
         .with_context(|| format!("--workdir {}", args.workdir.display()))?;
     let run_dir = run_dir();
@@ -106,6 +109,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             () = shutdown.cancelled() => Ok(()),
         },
     };
+    // an exit this process controls: what its sessions started goes now, not
+    // when the reaper sees it gone
+    agent_bridge::cgroup::remove_owned_by(std::process::id());
     let _ = std::fs::remove_dir(&run_dir);
     result
 }

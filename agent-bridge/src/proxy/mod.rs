@@ -97,7 +97,8 @@ struct Call {
 struct Child {
     pid: u32,
     generation: u64,
-    stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
+    /// `None` once closed (the proxy's shutdown: the server's cue to exit).
+    stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
     tree: Arc<CallCgroups>,
     stderr_tail: Arc<Mutex<VecDeque<u8>>>,
     /// Fires when the server's stderr ends (its tail is then complete).
@@ -541,7 +542,7 @@ impl Relay {
         let child = Arc::new(Child {
             pid,
             generation,
-            stdin: tokio::sync::Mutex::new(tokio::process::ChildStdin::from_std(stdin)?),
+            stdin: tokio::sync::Mutex::new(Some(tokio::process::ChildStdin::from_std(stdin)?)),
             tree: Arc::new(tree),
             stderr_tail,
             stderr_done: Mutex::new(Some(done_rx)),
@@ -732,10 +733,17 @@ impl Relay {
         }
     }
 
-    /// Ends the session: kills the server and its descendants.
+    /// Ends the session as MCP's stdio transport says a client does: closes
+    /// the server's stdin and gives it [`EXIT_GRACE`] to exit (to stop what
+    /// it started itself), then kills what is left of its tree.
     pub async fn shutdown(&self) {
         let st = self.state.lock().await;
         if let Some(c) = &st.child {
+            drop(c.stdin.lock().await.take());
+            let deadline = Instant::now() + EXIT_GRACE;
+            while c.alive.load(Ordering::Acquire) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             c.alive.store(false, Ordering::Release);
             c.killed_because
                 .lock()
@@ -749,6 +757,9 @@ impl Relay {
         }
     }
 }
+
+/// How long a server whose stdin the proxy closed has to exit by itself.
+const EXIT_GRACE: Duration = Duration::from_secs(3);
 
 /// `data` with the call's evidence, when it was a call.
 fn with_evidence(mut data: Value, kernel: Option<Value>) -> Value {
@@ -800,6 +811,9 @@ fn error_with_evidence(line: &[u8], kernel: Value) -> Vec<Bytes> {
 
 async fn write_line(child: &Child, line: &[u8]) -> std::io::Result<()> {
     let mut stdin = child.stdin.lock().await;
+    let Some(stdin) = stdin.as_mut() else {
+        return Err(std::io::ErrorKind::BrokenPipe.into());
+    };
     if line.len() < 64 << 10 {
         // one write: the server wakes once, to a whole line
         let mut whole = Vec::with_capacity(line.len() + 1);
