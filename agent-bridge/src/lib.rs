@@ -5,7 +5,8 @@
 //!
 //! Layout (data flows down this list):
 //! - [`server`] speaks MCP (rmcp) over [`stdio`] or Streamable HTTP
-//!   ([`http_answer`] answers a call as one JSON document) and hands each
+//!   ([`http_answer`] answers a call as one JSON document, [`http_errors`]
+//!   refuses a body as JSON-RPC says) and hands each
 //!   call to its [`session`], which checks arguments (`contract::tools`).
 //! - [`workload`] starts a command under the session's [`profile`]:
 //!   [`launch`] clones it without copying the bridge, [`attach`] puts it in
@@ -26,6 +27,7 @@ pub mod big_alloc;
 pub mod cdp;
 pub mod cgroup;
 pub mod http_answer;
+pub mod http_errors;
 pub mod kernel;
 pub mod launch;
 pub mod process;

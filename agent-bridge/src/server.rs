@@ -345,6 +345,10 @@ pub async fn serve_http(
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn(
             crate::http_answer::single_answer_as_json,
+        ))
+        // outermost: a refusal in JSON-RPC, whoever refused
+        .layer(axum::middleware::from_fn(
+            crate::http_errors::jsonrpc_errors,
         ));
     let app = g.wrap(app);
     listen(opts.addr, app, "serving MCP", shutdown).await

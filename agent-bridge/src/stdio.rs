@@ -123,6 +123,15 @@ pub fn bad_line_answer(line: &[u8], e: &dyn std::fmt::Display) -> Value {
     }
 }
 
+/// The error answer a line deserves, `None` for a message the server takes.
+pub fn refusal(line: &[u8]) -> Option<Value> {
+    match parse(line) {
+        Ok(_) => None,
+        Err(Outgoing::Raw(v)) => Some(v),
+        Err(_) => None,
+    }
+}
+
 /// Parses one line: a message, or the error answer it deserves. The parser
 /// checks UTF-8 itself; only a line it rejects is checked again, to say where.
 fn parse(line: &[u8]) -> Result<RxJsonRpcMessage<RoleServer>, Outgoing> {

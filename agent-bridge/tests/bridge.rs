@@ -1458,3 +1458,81 @@ fn workloads_die_with_their_server_however_it_ends() {
         call_cgroups_of(pid)
     );
 }
+
+/// Over HTTP a body the server cannot use is refused as JSON-RPC says, with
+/// a JSON-RPC error object: 400 and -32700 for one that is not JSON (small
+/// or big), 400 and -32600 for JSON that is not a message, 400 and -32700
+/// for a body the client cut short, and -32602 (with the request's id) for
+/// a tools/call without a name, never rmcp's -32601.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_refusals_are_jsonrpc_errors() {
+    let (_child, url) = Bridge::start_http(&Opts::default());
+    let http = reqwest::Client::new();
+    let post = |body: Vec<u8>| {
+        let req = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body);
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let ct = resp
+                .headers()
+                .get("content-type")
+                .map_or(String::new(), |v| v.to_str().unwrap().to_string());
+            let body = resp.bytes().await.unwrap();
+            let v: Value = serde_json::from_slice(&body).unwrap_or_else(|_| {
+                panic!(
+                    "{status} {ct}: not JSON: {}",
+                    String::from_utf8_lossy(&body)
+                )
+            });
+            (status, ct, v)
+        }
+    };
+    let big_garbage = format!("{{\"x\": \"{}\" nope", "a".repeat(100 << 10)).into_bytes();
+    for (body, code) in [
+        (b"not json".to_vec(), -32700),
+        (b"{\"a\":\"\xff\"}".to_vec(), -32700),
+        (big_garbage, -32700),
+        (br#"{"jsonrpc":"2.0","id":3}"#.to_vec(), -32600),
+    ] {
+        let (status, ct, v) = post(body).await;
+        assert_eq!((status, ct.as_str()), (400, "application/json"), "{v}");
+        assert_eq!(v["error"]["code"], code, "{v}");
+    }
+    let (status, _, v) = post(
+        br#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"arguments":{}}}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (status, v["error"]["code"].clone(), v["id"].clone()),
+        (200, json!(-32602), json!(9)),
+        "{v}"
+    );
+    // a body that stops short of its Content-Length: the client hangs up
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    let answer = tokio::task::spawn_blocking(move || {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 200000\r\n\r\n{{\"jsonrpc\":"
+        )
+        .unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 400") && answer.contains("-32700"),
+        "{answer}"
+    );
+}

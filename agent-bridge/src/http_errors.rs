@@ -1,0 +1,121 @@
+//! JSON-RPC's error answers over Streamable HTTP, as the stdio transport
+//! gives them. rmcp answers a body it cannot use in plain text: 415 for one
+//! that is not a JSON-RPC message, 500 for one the client cut short, 413
+//! for one over the limit; and it takes a request of an MCP method whose
+//! params do not fit for an unknown method (-32601). In front of it, this
+//! layer checks a small body (64 KiB or less, by its Content-Length) the
+//! way the stdio transport checks a line, and answers in JSON-RPC itself:
+//! 400 with `-32700` (not JSON, not UTF-8) or `-32600` (not a message),
+//! 200 with `-32602` (a request, answered). A bigger body goes to rmcp as
+//! it streams, and rmcp's plain-text refusals become 400 (or 413) with a
+//! JSON-RPC error object saying the same.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse as _, Response};
+use serde_json::Value;
+
+use crate::stdio::error_answer;
+
+/// Bodies up to this size are checked before rmcp sees them.
+const CHECKED: usize = 64 << 10;
+
+/// The middleware (see the module's doc).
+pub async fn jsonrpc_errors(request: Request, next: Next) -> Response {
+    if request.method() != Method::POST || !is_json(request.headers()) {
+        return next.run(request).await;
+    }
+    let length = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if length.is_none_or(|n| n > CHECKED) {
+        return plain_refusals_as_jsonrpc(next.run(request).await).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, CHECKED).await {
+        Ok(b) => b,
+        Err(e) => {
+            let why = format!("Parse error: the request body could not be read in full: {e}");
+            return answer(
+                StatusCode::BAD_REQUEST,
+                error_answer(Value::Null, -32700, why),
+            );
+        }
+    };
+    if let Some(refusal) = crate::stdio::refusal(&bytes) {
+        // a request with params that do not fit is answered; the rest is a bad request
+        let status = match refusal["error"]["code"].as_i64() {
+            Some(-32602) => StatusCode::OK,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        return answer(status, refusal);
+    }
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    plain_refusals_as_jsonrpc(response).await
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let essence = v.split(';').next().unwrap_or_default().trim();
+            essence.eq_ignore_ascii_case("application/json")
+        })
+}
+
+fn answer(status: StatusCode, error: Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        error.to_string(),
+    )
+        .into_response()
+}
+
+/// rmcp's plain-text refusal of a body, as JSON-RPC says to refuse it.
+async fn plain_refusals_as_jsonrpc(response: Response) -> Response {
+    let status = response.status();
+    let refusal = matches!(
+        status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+            | StatusCode::INTERNAL_SERVER_ERROR
+            | StatusCode::PAYLOAD_TOO_LARGE
+    );
+    if !refusal || is_json(response.headers()) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let Ok(text) = axum::body::to_bytes(body, CHECKED).await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    let text = String::from_utf8_lossy(&text).trim().to_string();
+    let (status, code, message) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => (status, -32600, format!("Invalid Request: {text}")),
+        StatusCode::INTERNAL_SERVER_ERROR if text.starts_with("Failed to read request body") => (
+            StatusCode::BAD_REQUEST,
+            -32700,
+            format!("Parse error: the request body was cut short: {text}"),
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE if text.starts_with("fail to deserialize") => {
+            // serde's words for JSON that is not a message, rather than not JSON
+            let not_a_message = ["did not match", "missing field", "invalid type", "unknown"]
+                .iter()
+                .any(|w| text.contains(w));
+            let (code, what) = if not_a_message {
+                (-32600, "Invalid Request")
+            } else {
+                (-32700, "Parse error")
+            };
+            (StatusCode::BAD_REQUEST, code, format!("{what}: {text}"))
+        }
+        _ => return Response::from_parts(parts, Body::from(text)),
+    };
+    answer(status, error_answer(Value::Null, code, message))
+}
