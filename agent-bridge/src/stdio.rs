@@ -115,12 +115,28 @@ pub fn bad_line_answer(line: &[u8], e: &dyn std::fmt::Display) -> Value {
             -32700,
             format!("Parse error: the message is not JSON: {e}"),
         ),
-        Ok(v) => error_answer(
-            v.get("id").cloned().unwrap_or(Value::Null),
-            -32600,
-            format!("Invalid Request: {e}"),
-        ),
+        Ok(_) => error_answer(exact_id(line), -32600, format!("Invalid Request: {e}")),
     }
+}
+
+/// The request's id as it can be echoed exactly: a string, or an integer
+/// that JSON's numbers here hold without loss (i64). Anything else (a float,
+/// an integer beyond 64 bits, `1e2`) would come back changed: `null`, as
+/// JSON-RPC answers a request whose id cannot be told.
+fn exact_id(line: &[u8]) -> Value {
+    #[derive(serde::Deserialize)]
+    struct Id<'a> {
+        #[serde(borrow)]
+        id: Option<&'a serde_json::value::RawValue>,
+    }
+    let Ok(Id { id: Some(raw) }) = serde_json::from_slice::<Id<'_>>(line) else {
+        return Value::Null;
+    };
+    let raw = raw.get();
+    if raw.starts_with('"') {
+        return serde_json::from_str(raw).unwrap_or(Value::Null);
+    }
+    raw.parse::<i64>().map_or(Value::Null, Value::from)
 }
 
 /// The error answer a line deserves, `None` for a message the server takes.
@@ -178,17 +194,40 @@ pub fn invalid_params(method: &str, params: Value) -> Option<String> {
     })
 }
 
+/// A session is initialized once: a second `initialize` is refused
+/// (rmcp would answer it and switch protocol without a word).
+fn once_initialized(
+    message: RxJsonRpcMessage<RoleServer>,
+    initialized: &mut bool,
+) -> Result<RxJsonRpcMessage<RoleServer>, Outgoing> {
+    if let rmcp::model::JsonRpcMessage::Request(r) = &message
+        && matches!(r.request, rmcp::model::ClientRequest::InitializeRequest(_))
+    {
+        if *initialized {
+            let id = serde_json::to_value(&r.id).unwrap_or_default();
+            return Err(Outgoing::Raw(error_answer(
+                id,
+                -32600,
+                "Invalid Request: this session is already initialized; start a new one (a new process) to initialize again".into(),
+            )));
+        }
+        *initialized = true;
+    }
+    Ok(message)
+}
+
 fn read_all(
     input: impl std::io::Read,
     incoming: mpsc::Sender<RxJsonRpcMessage<RoleServer>>,
     out: std::sync::mpsc::Sender<Outgoing>,
     max_line: usize,
 ) {
+    let mut initialized = false;
     read_lines(
         input,
         max_line,
         "--max-body",
-        |line| match parse(&line) {
+        |line| match parse(&line).and_then(|m| once_initialized(m, &mut initialized)) {
             Ok(message) => {
                 drop(line);
                 incoming.blocking_send(message).is_ok()
@@ -362,6 +401,19 @@ mod tests {
                 m.starts_with("Invalid params for `") && m.contains(says),
                 "{m}"
             );
+        }
+        // ids that would not come back as sent are answered with id null
+        for (id, echoed) in [
+            ("123456789012345678901234567890", Value::Null),
+            ("1.5", Value::Null),
+            ("-7", json!(-7)),
+            ("\"x\\u0041\"", json!("xA")),
+        ] {
+            let line =
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":"x"}}"#);
+            let a = answer(line.as_bytes());
+            assert_eq!(a["id"], echoed, "{line}: {a}");
+            assert_eq!(a["error"]["code"], -32600, "{a}");
         }
         // a method nobody defined is still rmcp's to refuse (Method not found)
         assert!(parse(br#"{"jsonrpc":"2.0","id":8,"method":"x/y","params":{}}"#).is_ok());

@@ -1536,3 +1536,55 @@ async fn http_refusals_are_jsonrpc_errors() {
         "{answer}"
     );
 }
+
+/// A second `initialize` in a session is refused with its id, and the
+/// session goes on under the protocol it agreed (ping still answered).
+#[test]
+fn a_second_initialize_is_refused() {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(BRIDGE)
+        .args(["serve", "--stdio", "--no-probe"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let init = |id: u64, version: &str| json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    let stdin = child.stdin.as_mut().unwrap();
+    for l in [
+        init(1, "2025-06-18"),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        init(2, "junk"),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}),
+    ] {
+        writeln!(stdin, "{l}").unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let answers: Vec<Value> = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    let by_id = |id: u64| {
+        answers
+            .iter()
+            .find(|a| a["id"] == id)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        by_id(1)["result"]["protocolVersion"],
+        "2025-06-18",
+        "{answers:?}"
+    );
+    assert_eq!(by_id(2)["error"]["code"], -32600, "{answers:?}");
+    assert!(
+        by_id(2)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already initialized")
+    );
+    assert_eq!(by_id(3)["result"], json!({}), "{answers:?}");
+}
