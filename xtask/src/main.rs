@@ -10,6 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod browser_demo;
 mod campaign;
 mod clients;
 mod demo;
@@ -81,6 +82,17 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         count: usize,
         /// Do not rewrite docs/FOREIGN.md.
+        #[arg(long)]
+        no_write: bool,
+    },
+    /// The browser suite against agent-bridge's own browser tools,
+    /// @playwright/mcp and chrome-devtools-mcp (through the proxy), clean
+    /// and under memory limits of 1024, 700 and 500 MiB with tab-heavy
+    /// pages; writes docs/BROWSER-RUNS.md.
+    BrowserDemo {
+        #[arg(long, default_value_t = 24)]
+        count: usize,
+        /// Do not rewrite docs/BROWSER-RUNS.md.
         #[arg(long)]
         no_write: bool,
     },
@@ -183,6 +195,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Foreign { count, no_write } => {
             setup()?;
             foreign::foreign(count, !no_write)
+        }
+        Cmd::BrowserDemo { count, no_write } => {
+            setup()?;
+            browser_demo::browser_demo(count, !no_write)
         }
         Cmd::Bench {
             n,

@@ -3,7 +3,9 @@
 //! Interface evidence (a broken transport, a JSON-RPC error, bytes that did
 //! not survive the trip) outranks the kernel; then the probe's attribution
 //! of the failing step (or of an earlier step that failed unexpectedly);
-//! a failure with neither is the test's own.
+//! a process the OOM killer took in an earlier step that "succeeded" (a
+//! browser's tab, which the failing step then found gone); a failure with
+//! none of these is the test's own.
 
 use serde_json::json;
 
@@ -89,6 +91,27 @@ pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
             explanation: format!(
                 "step {failed_at}: the call exited 0, but {}",
                 hidden.explanation
+            ),
+            evidence,
+        });
+    }
+    // an earlier step that passed, though the OOM killer took one of its
+    // processes (a tab): what the failing step then found gone is its doing
+    if let Some((i, death)) = steps[..failed_at].iter().enumerate().find_map(|(i, s)| {
+        s.hidden_failure()
+            .filter(|h| h.primitive == Primitive::MemOom)
+            .map(|h| (i, h))
+    }) {
+        evidence["kernel_step"] = i.into();
+        evidence["kernel"] = steps[i].kernel.clone().unwrap_or_default();
+        return Some(Triage {
+            layer: Layer::Sandbox,
+            primitive: Cause::Kernel(Primitive::MemOom),
+            confidence: death.confidence * 0.8,
+            explanation: format!(
+                "step {i} succeeded, but {}; then step {failed_at}: {}",
+                death.explanation,
+                failing.failures.join("; ")
             ),
             evidence,
         });
@@ -198,6 +221,27 @@ mod tests {
             ("sandbox", "fs.persistence")
         );
         assert!(t.explanation.contains("exited 0, but find failed"));
+    }
+
+    #[test]
+    fn a_tab_the_oom_killer_took_in_an_earlier_step_is_why_a_later_one_failed() {
+        let mut died = ok();
+        died.kernel.as_mut().unwrap()["hidden_failure"] = json!({"primitive": "mem.oom", "confidence": 0.9, "explanation": "chromium (pid 7) was killed by the OOM killer"});
+        let t = triage(&[died.clone(), failing(ok())]).unwrap();
+        assert_eq!((t.layer.id(), t.primitive.id()), ("sandbox", "mem.oom"));
+        assert!(
+            t.explanation.starts_with(
+                "step 0 succeeded, but chromium (pid 7) was killed by the OOM killer; then step 1: expected"
+            ),
+            "{}",
+            t.explanation
+        );
+        // a death of another kind, or none, leaves it the test's
+        let mut other = ok();
+        other.kernel.as_mut().unwrap()["hidden_failure"] =
+            json!({"primitive": "fs.missing", "confidence": 0.5, "explanation": "x"});
+        let t = triage(&[other, failing(ok())]).unwrap();
+        assert_eq!(t.layer.id(), "test");
     }
 
     #[test]
