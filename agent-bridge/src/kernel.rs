@@ -129,10 +129,13 @@ impl Kernel {
     /// the `begin_span` request for the child to complete with its pid (None
     /// when the probe is off or unreachable), and returns the answer line
     /// the child read, if it read one. `call`: the MCP call it runs for.
+    /// `memory_limited`: the child joins a memory cgroup with a limit,
+    /// which the daemon then notes while the child lives.
     pub fn begin_in_child<T>(
         &self,
         label: &str,
         call: Option<&CallTrace>,
+        memory_limited: bool,
         spawn: impl FnOnce(Option<(RawFd, PidRequest)>) -> (T, Option<Vec<u8>>),
     ) -> (T, Span) {
         let Some(socket) = &self.socket else {
@@ -153,6 +156,9 @@ impl Kernel {
         let mut request = json!({"op": "begin_span", "session": self.session, "label": label});
         if let Some(call) = call {
             call.add_to(&mut request);
+        }
+        if memory_limited {
+            request["memory_limited"] = true.into();
         }
         // the child's seccomp mode when it attaches is this thread's (the
         // profile's filter comes after): said here, the daemon need not

@@ -193,9 +193,11 @@ impl Context {
             };
             // None (unopenable): the child joins it by its cgroup.procs instead
             launch.cgroup = tree.v2_fd();
-            let (spawned, span) = kernel.begin_in_child(&label, call.as_ref(), |begin| {
-                spawn_attaching_itself(&launch, attach, begin, &plan, by_fd.as_ref())
-            });
+            let memory_limited = limits.memory_bytes.is_some();
+            let (spawned, span) =
+                kernel.begin_in_child(&label, call.as_ref(), memory_limited, |begin| {
+                    spawn_attaching_itself(&launch, attach, begin, &plan, by_fd.as_ref())
+                });
             let child = match spawned {
                 Ok(child) => child,
                 Err(e) => {

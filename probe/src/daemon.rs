@@ -77,6 +77,8 @@ enum Command {
         tree: bool,
         /// With `pid`: its seccomp mode, as the caller knows it.
         seccomp: Option<u32>,
+        /// With `pid`: note its memory cgroup and limit now.
+        memory_limited: bool,
         /// A cgroup to follow for the span's whole life.
         cgroup: Option<std::path::PathBuf>,
         /// For OpenTelemetry export: tool, MCP session, trace context.
@@ -375,6 +377,7 @@ impl Core {
                 pid,
                 tree,
                 seccomp,
+                memory_limited,
                 cgroup,
                 meta,
                 reply,
@@ -394,6 +397,12 @@ impl Core {
                                     (None, None) => None,
                                     (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
                                 };
+                                if memory_limited
+                                    && let (Some(pid), Some(open)) =
+                                        (pid, self.spans.get_mut(&span))
+                                {
+                                    open.evidence.memory_cgroup = crate::cgroup::memory_of(pid);
+                                }
                                 Ok((span, tids))
                             });
                     if attached.is_err() {
@@ -1215,6 +1224,7 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             pid,
             tree,
             seccomp,
+            memory_limited,
             cgroup,
             tool,
             mcp_method,
@@ -1228,6 +1238,7 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
                 pid,
                 tree,
                 seccomp,
+                memory_limited,
                 cgroup,
                 meta: Box::new(BeginMeta {
                     tool,

@@ -46,6 +46,12 @@ pub enum Request {
         /// /proc status, which is most of an attach's time.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         seccomp: Option<u32>,
+        /// With `pid`: it is in a memory cgroup with a limit. The daemon
+        /// notes that cgroup and its limit at once, so an OOM kill can
+        /// name them after every process of the call has gone (the kill
+        /// is read from the ring buffer later, under load much later).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        memory_limited: bool,
         /// A cgroup (v2 directory) the span follows: the threads in it now
         /// are attached, and whatever forks or execs in it until the span
         /// ends joins the span, whoever started it (a container).
@@ -252,6 +258,7 @@ mod tests {
                 pid: None,
                 tree: false,
                 seccomp: None,
+                memory_limited: false,
                 cgroup: None,
                 tool: None,
                 mcp_method: None,
@@ -276,6 +283,14 @@ mod tests {
                 pid: Some(42),
                 seccomp: Some(2),
                 tree: false,
+                ..
+            }
+        ));
+        let (_, r) = parse_request(br#"{"op": "begin_span", "pid": 42, "memory_limited": true}"#);
+        assert!(matches!(
+            r.unwrap(),
+            Request::BeginSpan {
+                memory_limited: true,
                 ..
             }
         ));

@@ -58,6 +58,9 @@ pub struct SpanEvidence {
     pub start_ns: u64,
     /// Pid of the first process of the span.
     pub root_pid: Option<u32>,
+    /// The memory cgroup the span's workload runs in and its limit in KiB,
+    /// noted while it was alive (see `memory_limited` of `begin_span`).
+    pub memory_cgroup: Option<(String, Option<u64>)>,
     pub events: VecDeque<KernelEvent>,
     pub cap: usize,
     pub processes: HashMap<u32, ProcessInfo>,
@@ -89,6 +92,7 @@ impl SpanEvidence {
             label,
             start_ns,
             root_pid: None,
+            memory_cgroup: None,
             events: VecDeque::new(),
             cap: DEFAULT_EVENT_CAP,
             processes: HashMap::new(),
@@ -211,7 +215,8 @@ impl SpanEvidence {
                 self.processes.entry(ev.pid).or_default().oom_killed = true;
                 // where the limit was: the victim's cgroup, or (once it is
                 // reaped; events arrive in batches) its nearest living
-                // ancestor's in the span, which shares it but for nesting
+                // ancestor's in the span, which shares it but for nesting,
+                // or the one noted when the span began
                 if ev.cgroup.is_none() {
                     let mut pid = Some(ev.pid);
                     let mut found = None;
@@ -223,8 +228,9 @@ impl SpanEvidence {
                         }
                         pid = self.processes.get(&p).and_then(|i| i.parent);
                     }
-                    if let Some((path, max)) =
-                        found.or_else(|| self.root_pid.and_then(crate::cgroup::memory_of))
+                    if let Some((path, max)) = found
+                        .or_else(|| self.root_pid.and_then(crate::cgroup::memory_of))
+                        .or_else(|| self.memory_cgroup.clone())
                     {
                         ev.cgroup = Some(path);
                         ev.memory_max_kb = max;
@@ -349,6 +355,19 @@ mod tests {
         assert_eq!(s.drops.retention, 2);
         assert_eq!(s.events.front().unwrap().ts_ns, 2);
         assert_eq!(s.counts[&Kind::ReclaimStall], 5);
+    }
+
+    #[test]
+    fn an_oom_kill_read_after_the_whole_call_is_gone_names_the_cgroup_noted_at_begin() {
+        let mut s = SpanEvidence::new(1, None, "t".into(), 0);
+        // pids that do not exist: victim and root were reaped before the
+        // daemon read the kill from the ring buffer
+        s.root_pid = Some(u32::MAX - 1);
+        s.memory_cgroup = Some(("/agent-bridge/mcp-1-call-3".into(), Some(64 * 1024)));
+        s.add(ev(Kind::OomVictim, u32::MAX - 2));
+        let oom = s.events.back().unwrap();
+        assert_eq!(oom.cgroup.as_deref(), Some("/agent-bridge/mcp-1-call-3"));
+        assert_eq!(oom.memory_max_kb, Some(64 * 1024));
     }
 
     #[test]
