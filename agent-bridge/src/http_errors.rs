@@ -38,13 +38,7 @@ pub async fn jsonrpc_errors(request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, CHECKED).await {
         Ok(b) => b,
-        Err(e) => {
-            let why = format!("Parse error: the request body could not be read in full: {e}");
-            return answer(
-                StatusCode::BAD_REQUEST,
-                error_answer(Value::Null, -32700, why),
-            );
-        }
+        Err(e) => return unreadable_body(&e, CHECKED, "--max-body"),
     };
     if let Some(refusal) = crate::stdio::refusal(&bytes) {
         // a request with params that do not fit is answered; the rest is a bad request
@@ -68,6 +62,52 @@ fn is_json(headers: &HeaderMap) -> bool {
             let essence = v.split(';').next().unwrap_or_default().trim();
             essence.eq_ignore_ascii_case("application/json")
         })
+}
+
+/// The answer to a request body that could not be read in full: 408 when
+/// it stopped arriving (the listener's `--body-timeout`), 413 when it went
+/// over `limit` (set by `flag`), else 400 (the client cut it short); the
+/// connection is closed after a 408 or 400, whose unread rest is unknown.
+pub fn unreadable_body(e: &axum::Error, limit: usize, flag: &str) -> Response {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<tower_http::timeout::TimeoutError>() {
+            return closing(body_stopped());
+        }
+        if c.is::<http_body_util::LengthLimitError>() {
+            let why = format!(
+                "Invalid Request: the body is over this server's limit of {limit} bytes ({flag})"
+            );
+            return answer(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                error_answer(Value::Null, -32600, why),
+            );
+        }
+        cause = c.source();
+    }
+    let why = format!("Parse error: the request body could not be read in full: {e}");
+    closing(answer(
+        StatusCode::BAD_REQUEST,
+        error_answer(Value::Null, -32700, why),
+    ))
+}
+
+/// 408 for a body that stopped arriving.
+fn body_stopped() -> Response {
+    let why = "Parse error: the request body stopped arriving before its end \
+               (nothing for longer than the server's --body-timeout)";
+    answer(
+        StatusCode::REQUEST_TIMEOUT,
+        error_answer(Value::Null, -32700, why.into()),
+    )
+}
+
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 fn answer(status: StatusCode, error: Value) -> Response {
@@ -96,6 +136,10 @@ async fn plain_refusals_as_jsonrpc(response: Response) -> Response {
         return Response::from_parts(parts, Body::empty());
     };
     let text = String::from_utf8_lossy(&text).trim().to_string();
+    // rmcp's "Failed to read request body: ERROR" in tower-http's words
+    if text.contains("not received within the designated timeout") {
+        return closing(body_stopped());
+    }
     let (status, code, message) = match status {
         StatusCode::PAYLOAD_TOO_LARGE => (status, -32600, format!("Invalid Request: {text}")),
         StatusCode::INTERNAL_SERVER_ERROR if text.starts_with("Failed to read request body") => (

@@ -30,6 +30,7 @@ pub mod http_answer;
 pub mod http_errors;
 pub mod kernel;
 pub mod launch;
+pub mod listen;
 pub mod process;
 pub mod profile;
 pub mod proxy;

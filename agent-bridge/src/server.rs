@@ -197,6 +197,7 @@ pub struct HttpOptions {
     pub token: Option<String>,
     pub allowed_origins: Vec<String>,
     pub max_body: usize,
+    pub limits: crate::listen::ConnectionLimits,
 }
 
 /// What every HTTP request must pass (`serve` and `proxy` alike).
@@ -351,31 +352,7 @@ pub async fn serve_http(
             crate::http_errors::jsonrpc_errors,
         ));
     let app = g.wrap(app);
-    listen(opts.addr, app, "serving MCP", shutdown).await
-}
-
-/// Serves `app` on `addr` until `shutdown` fires; prints the bound address
-/// (port 0 picks a free one) on stderr as `agent-bridge: WHAT at http://ADDR/mcp`.
-pub async fn listen(
-    addr: SocketAddr,
-    app: axum::Router,
-    what: &str,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    let addr = listener.local_addr()?;
-    eprintln!("agent-bridge: {what} at http://{addr}/mcp");
-    // an answer is written as several small chunks (SSE priming event,
-    // message, end of stream): Nagle would hold each behind the last ACK
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
-        .await?;
-    Ok(())
+    crate::listen::listen(opts.addr, app, "serving MCP", opts.limits, shutdown).await
 }
 
 #[cfg(test)]

@@ -1459,6 +1459,32 @@ fn workloads_die_with_their_server_however_it_ends() {
     );
 }
 
+/// Too many, idle and stalled HTTP connections are refused or closed (see
+/// `assert_connection_limits`); a call longer than the idle timeout is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn http_connections_are_capped_and_timed_out_and_a_long_call_is_not_cut() {
+    let limits = TIGHT_CONNECTION_LIMITS;
+    let o = Opts {
+        extra: limits.map(String::from).to_vec(),
+        ..Opts::default()
+    };
+    let (_child, url) = Bridge::start_http(&o);
+    let checked = url.clone();
+    tokio::task::spawn_blocking(move || assert_connection_limits(&checked))
+        .await
+        .unwrap();
+    // a request in flight for longer than the idle timeout keeps its connection
+    let (client, _h) = Bridge::connect_http(&url, None).await.unwrap();
+    let r = try_call(
+        &client,
+        "exec",
+        json!({"argv": ["sh", "-c", "sleep 2.5; echo done"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(structured(&r)["stdout"]["text"], "done\n");
+}
+
 /// Over HTTP a body the server cannot use is refused as JSON-RPC says, with
 /// a JSON-RPC error object: 400 and -32700 for one that is not JSON (small
 /// or big), 400 and -32600 for JSON that is not a message, 400 and -32700

@@ -398,6 +398,24 @@ fn a_servers_answer_with_a_null_id_is_passed_on_and_the_server_kept() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn http_connections_are_capped_and_timed_out() {
+    let cmd = ["python3", FIXTURE];
+    let mut a = proxy_args(&[], false, &cmd);
+    let limits = TIGHT_CONNECTION_LIMITS;
+    a.splice(
+        1..1,
+        ["--http", "127.0.0.1:0"]
+            .iter()
+            .chain(&limits)
+            .map(|s| s.to_string()),
+    );
+    let (_keep, url) = Bridge::start_http_with(&a);
+    tokio::task::spawn_blocking(move || assert_connection_limits(&url))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn http_sessions_end_with_delete_and_bad_requests_are_refused() {
     let cmd = ["python3", FIXTURE];
     let mut a = proxy_args(&[], false, &cmd);

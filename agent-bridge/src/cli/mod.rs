@@ -19,6 +19,39 @@ pub struct GuardArgs {
     /// An Origin allowed besides loopback ones (repeatable).
     #[arg(long, value_name = "ORIGIN")]
     pub allow_origin: Vec<String>,
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
+}
+
+/// How many HTTP connections, and how long each may sit without progress.
+#[derive(clap::Args)]
+pub struct ConnectionArgs {
+    /// Most HTTP connections open at once; one more is answered 503 with a
+    /// JSON-RPC error and Retry-After. Each is a file descriptor: keep it
+    /// under the soft RLIMIT_NOFILE (ulimit -n) less what sessions need.
+    #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Close an HTTP connection whose next request's head has not arrived
+    /// in full within SECS: a new connection that sends nothing, a
+    /// kept-alive one left idle, a head sent a byte at a time. A request
+    /// in flight is never cut (a long call keeps its connection). 0: never.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub idle_timeout: u64,
+    /// Answer 408 (a JSON-RPC -32700 error) and close the connection when a
+    /// request body stops arriving: nothing for SECS. 0: never.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub body_timeout: u64,
+}
+
+impl ConnectionArgs {
+    pub fn limits(&self) -> agent_bridge::listen::ConnectionLimits {
+        let secs = |s: u64| (s > 0).then(|| std::time::Duration::from_secs(s));
+        agent_bridge::listen::ConnectionLimits {
+            max_connections: self.max_connections as usize,
+            idle_timeout: secs(self.idle_timeout),
+            body_timeout: secs(self.body_timeout),
+        }
+    }
 }
 
 /// Logs to stderr, then runs `server` on a runtime of `threads` threads.

@@ -84,9 +84,10 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signals();
     let result = match args.http {
         Some(addr) => {
+            let limits = args.guard.connections.limits();
             let guard =
                 server::Guard::for_addr(addr, args.guard.token, args.guard.allow_origin, true)?;
-            proxy::http::serve_http(opts, addr, guard, shutdown).await
+            proxy::http::serve_http(opts, addr, guard, limits, shutdown).await
         }
         None => tokio::select! {
             r = proxy::serve_stdio(opts) => r,

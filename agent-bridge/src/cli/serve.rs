@@ -98,6 +98,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(addr) => {
             let opts = HttpOptions {
                 addr,
+                limits: args.guard.connections.limits(),
                 token: args.guard.token,
                 allowed_origins: args.guard.allow_origin,
                 max_body,

@@ -152,17 +152,7 @@ fn json_body(chunks: Vec<Bytes>, session: Option<&str>) -> Response {
 async fn post(State(s): State<Arc<Sessions>>, headers: HeaderMap, body: Body) -> Response {
     let line = match axum::body::to_bytes(body, s.max_body).await {
         Ok(b) => b.to_vec(),
-        Err(_) => {
-            let answer = crate::stdio::error_answer(
-                Value::Null,
-                -32600,
-                format!(
-                    "Invalid Request: the body is over this server's limit of {} bytes (--max-message)",
-                    s.max_body
-                ),
-            );
-            return jsonrpc_error(StatusCode::PAYLOAD_TOO_LARGE, answer);
-        }
+        Err(e) => return crate::http_errors::unreadable_body(&e, s.max_body, "--max-message"),
     };
     let head = match super::frame::client_head(&line) {
         Ok(h) => h,
@@ -279,6 +269,7 @@ pub async fn serve_http(
     opts: Arc<Options>,
     addr: SocketAddr,
     guard: Guard,
+    limits: crate::listen::ConnectionLimits,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     let sessions = Arc::new(Sessions {
@@ -291,7 +282,8 @@ pub async fn serve_http(
         .route("/mcp", routes)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(sessions.clone());
-    let served = crate::server::listen(addr, guard.wrap(app), "proxying MCP", shutdown).await;
+    let served =
+        crate::listen::listen(addr, guard.wrap(app), "proxying MCP", limits, shutdown).await;
     let all: Vec<_> = sessions
         .by_id
         .lock()

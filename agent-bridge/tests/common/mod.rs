@@ -568,3 +568,113 @@ pub fn generated_suite(dir: &Path, count: usize, base: &str, domains: &[&str]) -
     let n = std::fs::read_dir(&suite).unwrap().count();
     (suite, n)
 }
+
+/// Flags of a server that [`assert_connection_limits`] checks.
+pub const TIGHT_CONNECTION_LIMITS: [&str; 6] = [
+    "--max-connections",
+    "3",
+    "--idle-timeout",
+    "1",
+    "--body-timeout",
+    "1",
+];
+
+/// Checks the connection limits of a server (`serve --http` or `proxy
+/// --http`) started with [`TIGHT_CONNECTION_LIMITS`], over raw sockets: the cap answers 503 in JSON-RPC,
+/// idle and stalled connections are closed, a stalled body gets 408, and a
+/// connection is served again once one closes. Blocking.
+pub fn assert_connection_limits(url: &str) {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpStream;
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    let connect = || {
+        let s = TcpStream::connect(&addr).unwrap();
+        // far above the 1 s limits: a server that never closes fails here
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let read_all = |s: &mut TcpStream| {
+        let mut out = Vec::new();
+        match s.read_to_end(&mut out) {
+            Ok(_) => String::from_utf8_lossy(&out).into_owned(),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                String::from_utf8_lossy(&out).into_owned()
+            }
+            Err(e) => panic!(
+                "the server kept the connection open ({e}); it sent: {}",
+                String::from_utf8_lossy(&out)
+            ),
+        }
+    };
+    let head = |len: usize| {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    let json_of = |answer: &str| -> Value {
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {answer}"))
+    };
+
+    // three idle connections fill the cap; a fourth is refused at once
+    let mut idle: Vec<TcpStream> = (0..3).map(|_| connect()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fourth = connect();
+    let refused = read_all(&mut fourth);
+    assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 1"),
+        "{refused}"
+    );
+    let v = json_of(&refused);
+    assert_eq!(v["error"]["code"], -32000, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-connections"),
+        "{v}"
+    );
+    // the idle ones are closed without an answer after the idle timeout
+    for s in &mut idle {
+        assert_eq!(read_all(s), "", "an idle connection is closed silently");
+    }
+    drop(idle);
+
+    // a head sent in part is closed too
+    let mut partial = connect();
+    partial.write_all(b"POST /mcp HTTP/1.1\r\nHost: ").unwrap();
+    read_all(&mut partial);
+
+    // a kept-alive connection is answered, then closed once left idle
+    let mut kept = connect();
+    let bad = b"not json";
+    kept.write_all(head(bad.len()).as_bytes()).unwrap();
+    kept.write_all(bad).unwrap();
+    let answer = read_all(&mut kept);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert_eq!(json_of(&answer)["error"]["code"], -32700, "{answer}");
+
+    // a body that stops arriving: 408 with a JSON-RPC error, then closed
+    // (small bodies and ones past the size checked before the MCP layer)
+    for len in [1000, 200_000] {
+        let mut stalled = connect();
+        stalled.write_all(head(len).as_bytes()).unwrap();
+        stalled.write_all(br#"{"jsonrpc":"2.0","#).unwrap();
+        let answer = read_all(&mut stalled);
+        assert!(answer.starts_with("HTTP/1.1 408 "), "{len}: {answer}");
+        let v = json_of(&answer);
+        assert_eq!(v["error"]["code"], -32700, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--body-timeout"),
+            "{v}"
+        );
+    }
+}
