@@ -40,7 +40,12 @@ pub async fn jsonrpc_errors(request: Request, next: Next) -> Response {
         Ok(b) => b,
         Err(e) => return unreadable_body(&e, CHECKED, "--max-body"),
     };
-    if let Some(refusal) = crate::stdio::refusal(&bytes) {
+    // a request with a session id belongs to an initialized session
+    let restart = parts
+        .headers
+        .contains_key("mcp-session-id")
+        .then_some("send `initialize` without an Mcp-Session-Id to start another session");
+    if let Some(refusal) = crate::stdio::refusal(&bytes, restart) {
         // a request with params that do not fit is answered; the rest is a bad request
         let status = match refusal["error"]["code"].as_i64() {
             Some(-32602) => StatusCode::OK,

@@ -140,8 +140,12 @@ fn exact_id(line: &[u8]) -> Value {
 }
 
 /// The error answer a line deserves, `None` for a message the server takes.
-pub fn refusal(line: &[u8]) -> Option<Value> {
-    match parse(line) {
+/// `restart`: the session is initialized already, and a second `initialize`
+/// is refused saying this is how to start another.
+pub fn refusal(line: &[u8], restart: Option<&str>) -> Option<Value> {
+    let mut initialized = restart.is_some();
+    let restart = restart.unwrap_or_default();
+    match parse(line).and_then(|m| once_initialized(m, &mut initialized, restart)) {
         Ok(_) => None,
         Err(Outgoing::Raw(v)) => Some(v),
         Err(_) => None,
@@ -194,11 +198,15 @@ pub fn invalid_params(method: &str, params: Value) -> Option<String> {
     })
 }
 
+/// How a stdio client starts another session.
+const STDIO_RESTART: &str = "start a new one (a new process) to initialize again";
+
 /// A session is initialized once: a second `initialize` is refused
 /// (rmcp would answer it and switch protocol without a word).
 fn once_initialized(
     message: RxJsonRpcMessage<RoleServer>,
     initialized: &mut bool,
+    restart: &str,
 ) -> Result<RxJsonRpcMessage<RoleServer>, Outgoing> {
     if let rmcp::model::JsonRpcMessage::Request(r) = &message
         && matches!(r.request, rmcp::model::ClientRequest::InitializeRequest(_))
@@ -208,7 +216,7 @@ fn once_initialized(
             return Err(Outgoing::Raw(error_answer(
                 id,
                 -32600,
-                "Invalid Request: this session is already initialized; start a new one (a new process) to initialize again".into(),
+                format!("Invalid Request: this session is already initialized; {restart}"),
             )));
         }
         *initialized = true;
@@ -227,7 +235,8 @@ fn read_all(
         input,
         max_line,
         "--max-body",
-        |line| match parse(&line).and_then(|m| once_initialized(m, &mut initialized)) {
+        |line| match parse(&line).and_then(|m| once_initialized(m, &mut initialized, STDIO_RESTART))
+        {
             Ok(message) => {
                 drop(line);
                 incoming.blocking_send(message).is_ok()

@@ -1563,6 +1563,49 @@ async fn http_refusals_are_jsonrpc_errors() {
     );
 }
 
+/// Over HTTP too: a second `initialize` in a session is refused with its
+/// id (the session keeps its protocol), and an id no i64 holds gets -32600
+/// with id null, not a float's rounding of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn over_http_a_second_initialize_is_refused_and_inexact_ids_are_null() {
+    let (_child, url) = Bridge::start_http(&Opts::default());
+    let session = raw_http_session(&url).await;
+    let session = Some(session.as_str());
+    let (_, status, again) = raw_post(&url, session, &raw_initialize(2, "junk")).await;
+    let again: Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(
+        (status, &again["id"], &again["error"]["code"]),
+        (400, &json!(2), &json!(-32600)),
+        "{again}"
+    );
+    assert!(
+        again["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already initialized"),
+        "{again}"
+    );
+    let big = r#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"ping"}"#;
+    let (_, status, answer) = raw_post(&url, session, big).await;
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(
+        (status, &answer["id"], &answer["error"]["code"]),
+        (400, &Value::Null, &json!(-32600)),
+        "{answer}"
+    );
+    // the session goes on under the protocol it agreed
+    let (_, status, ping) =
+        raw_post(&url, session, r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#).await;
+    assert_eq!(
+        (
+            status,
+            serde_json::from_str::<Value>(&ping).unwrap()["result"].clone()
+        ),
+        (200, json!({})),
+        "{ping}"
+    );
+}
+
 /// A second `initialize` in a session is refused with its id, and the
 /// session goes on under the protocol it agreed (ping still answered).
 #[test]

@@ -288,6 +288,14 @@ async fn progress_server_requests_and_overlaps_pass_through_stdio_and_http() {
 
 /// Raw lines through `proxy --stdio`: the answers, one per line.
 fn raw_exchange(input: &[u8]) -> Vec<Value> {
+    raw_exchange_lines(input)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The proxy's answer lines, as written.
+fn raw_exchange_lines(input: &[u8]) -> Vec<String> {
     use std::io::Write as _;
     let mut child = std::process::Command::new(BRIDGE)
         .args(proxy_args(
@@ -302,11 +310,94 @@ fn raw_exchange(input: &[u8]) -> Vec<Value> {
         .unwrap();
     child.stdin.take().unwrap().write_all(input).unwrap();
     let out = child.wait_with_output().unwrap();
-    out.stdout
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_slice(l).unwrap())
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
         .collect()
+}
+
+/// Requests whose ids come back: the lines of `exact_ids_and_one_initialize`.
+const ID_CASES: [&str; 6] = [
+    r#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"ping"}"#,
+    r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+    r#"{"jsonrpc":"2.0","id":1e400,"method":"ping"}"#,
+    r#"{"jsonrpc":"2.0","id":"\ud800","method":"ping"}"#,
+    r#"{"jsonrpc":"2.0","id":2,"method":"initialize","params":{"protocolVersion":"junk","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+    r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#,
+];
+
+/// The answers to [`ID_CASES`], in any order: a 2^97 id comes back as
+/// written (the server refused it with id null; the proxy put it back), a
+/// null, out-of-range or unpaired-surrogate id gets -32600 with id null
+/// from the proxy (never silence), a second initialize is refused with its
+/// id, and the session still answers a ping.
+fn exact_ids_and_one_initialize(lines: &[String]) {
+    assert_eq!(lines.len(), ID_CASES.len(), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(r#""id":123456789012345678901234567890,"#) && l.contains("-32600")),
+        "the 2^97 id did not come back as written: {lines:?}"
+    );
+    let answers: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let nulls: Vec<&Value> = answers.iter().filter(|a| a["id"].is_null()).collect();
+    assert_eq!(nulls.len(), 3, "{answers:?}");
+    for a in nulls {
+        assert_eq!(a["error"]["code"], -32600, "{a}");
+        assert!(
+            a["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("is not an id"),
+            "{a}"
+        );
+    }
+    let again = answers.iter().find(|a| a["id"] == 2).unwrap();
+    assert_eq!(again["error"]["code"], -32600, "{again}");
+    assert!(
+        again["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already initialized"),
+        "{again}"
+    );
+    let ping = answers.iter().find(|a| a["id"] == 7).unwrap();
+    assert_eq!(ping["result"], json!({}), "{ping}");
+}
+
+#[test]
+fn ids_come_back_exactly_or_as_null_and_a_second_initialize_is_refused_on_stdio() {
+    let mut input = Vec::new();
+    input.extend_from_slice(br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#);
+    input.extend_from_slice(b"\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n");
+    for l in ID_CASES {
+        input.extend_from_slice(l.as_bytes());
+        input.push(b'\n');
+    }
+    // the proxy's own refusals may come before the server's first answer
+    let (init, rest): (Vec<String>, Vec<String>) = raw_exchange_lines(&input)
+        .into_iter()
+        .partition(|l| l.contains("\"protocolVersion\":\"2025-06-18\""));
+    assert_eq!(init.len(), 1, "{init:?} {rest:?}");
+    exact_ids_and_one_initialize(&rest);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ids_come_back_exactly_or_as_null_and_a_second_initialize_is_refused_over_http() {
+    let mut a = proxy_args(&[], false, &bridge_server());
+    a.splice(1..1, ["--http".to_string(), "127.0.0.1:0".to_string()]);
+    let (_keep, url) = Bridge::start_http_with(&a);
+    let session = raw_http_session(&url).await;
+    let session = Some(session.as_str());
+    let mut lines = Vec::new();
+    for l in ID_CASES {
+        lines.push(raw_post(&url, session, l).await.2);
+    }
+    exact_ids_and_one_initialize(&lines);
 }
 
 #[test]

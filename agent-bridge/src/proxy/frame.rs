@@ -42,7 +42,8 @@ pub struct ClientHead {
 
 #[derive(Deserialize)]
 struct RawMessage<'a> {
-    #[serde(borrow, default)]
+    // `id: null` is Some: a request with a null id is not a notification
+    #[serde(borrow, default, deserialize_with = "present")]
     id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     method: Option<Cow<'a, str>>,
@@ -52,6 +53,11 @@ struct RawMessage<'a> {
     result: Option<&'a RawValue>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
+}
+
+/// A field that is there, `null` included (serde reads `null` as None).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize, Default)]
@@ -74,12 +80,39 @@ struct RawMeta<'a> {
     tracestate: Option<&'a RawValue>,
 }
 
-/// An id (or token) in canonical JSON: `1`, `"a"`.
+/// An id (or token) in canonical JSON: `1`, `"a"`. A number stays as
+/// written (an id of 2^97 is not a float's rounding of it, and two such ids
+/// stay two); None for `null`, a number no float holds (`1e400`), or a
+/// string JSON cannot carry (a lone surrogate).
 pub fn canonical(raw: &str) -> Option<String> {
+    let raw = raw.trim();
+    if raw.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        return raw
+            .parse::<f64>()
+            .is_ok_and(f64::is_finite)
+            .then(|| raw.to_string());
+    }
     serde_json::from_str::<Value>(raw)
         .ok()
         .filter(|v| !v.is_null())
         .map(|v| v.to_string())
+}
+
+/// `v`, an answer object, serialized with `id` exactly as `canonical`
+/// keeps it (a `Value` would round 2^97 to a float).
+pub fn with_raw_id(mut v: Value, id: &str) -> Vec<u8> {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("id");
+    }
+    let rest = serde_json::to_vec(&v).unwrap_or_else(|_| b"{}".to_vec());
+    let mut out = Vec::with_capacity(rest.len() + id.len() + 8);
+    out.extend_from_slice(b"{\"id\":");
+    out.extend_from_slice(id.as_bytes());
+    if rest.len() > 2 {
+        out.push(b',');
+    }
+    out.extend_from_slice(&rest[1..]);
+    out
 }
 
 /// Reads a client's line: the head, or the JSON-RPC error answer it
@@ -92,11 +125,30 @@ pub fn client_head(line: &[u8]) -> Result<ClientHead, Value> {
     }
     let m: RawMessage<'_> =
         serde_json::from_slice(line).map_err(|e| crate::stdio::bad_line_answer(line, &e))?;
-    let id = m.id.and_then(|r| canonical(r.get()));
+    let id = match m.id {
+        None => None,
+        Some(raw) => match canonical(raw.get()) {
+            Some(id) => Some(id),
+            // a request the proxy cannot answer with its own id: answered
+            // here with id null, never passed on as a notification
+            None => {
+                return Err(crate::stdio::error_answer(
+                    Value::Null,
+                    -32600,
+                    format!(
+                        "Invalid Request: id {} is not an id (MCP: a string or an integer, never null)",
+                        shorten(raw.get())
+                    ),
+                ));
+            }
+        },
+    };
     let invalid = |why: &str| {
         crate::stdio::error_answer(
+            // echoed only when it comes back as sent (see `stdio::exact_id`)
             id.as_deref()
-                .and_then(|i| serde_json::from_str(i).ok())
+                .and_then(|i| serde_json::from_str::<Value>(i).ok())
+                .filter(|v| id.as_deref() == Some(v.to_string().as_str()))
                 .unwrap_or(Value::Null),
             -32600,
             format!("Invalid Request: {why}"),
@@ -142,6 +194,14 @@ pub fn client_head(line: &[u8]) -> Result<ClientHead, Value> {
         id,
         method,
     })
+}
+
+/// At most 40 characters of `raw`, for an error message.
+fn shorten(raw: &str) -> String {
+    match raw.char_indices().nth(40) {
+        Some((i, _)) => format!("{}…", &raw[..i]),
+        None => raw.to_string(),
+    }
 }
 
 /// A server's line, as far as the proxy needs it.
@@ -310,6 +370,31 @@ fn replace_meta(line: &[u8], kernel: &Value) -> Vec<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_kept_as_written_and_the_unholdable_are_refused() {
+        let big = "123456789012345678901234567890";
+        assert_eq!(canonical(big).as_deref(), Some(big));
+        assert_eq!(canonical(" 7 ").as_deref(), Some("7"));
+        assert_eq!(canonical(r#""\u0061""#).as_deref(), Some(r#""a""#));
+        for bad in ["null", "1e400", r#""\ud800""#] {
+            assert_eq!(canonical(bad), None, "{bad}");
+            let line = format!(r#"{{"jsonrpc":"2.0","id":{bad},"method":"ping"}}"#);
+            let refused = client_head(line.as_bytes()).unwrap_err();
+            assert_eq!(
+                (refused["id"].clone(), refused["error"]["code"].clone()),
+                (Value::Null, Value::from(-32600)),
+                "{bad}"
+            );
+        }
+        let v = serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700}});
+        let out = String::from_utf8(with_raw_id(v, big)).unwrap();
+        assert!(out.starts_with(&format!(r#"{{"id":{big},"#)), "{out}");
+        assert_eq!(
+            String::from_utf8(with_raw_id(serde_json::json!({}), "1")).unwrap(),
+            r#"{"id":1}"#
+        );
+    }
     use serde_json::json;
 
     fn spliced(line: &str) -> Value {

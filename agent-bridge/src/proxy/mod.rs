@@ -81,7 +81,8 @@ struct Pending {
     /// When it was sent to the server, in the order of requests sent.
     sent: u64,
     /// A strict JSON parser refuses its line (a number beyond f64, a lone
-    /// surrogate, nesting deeper than 128): a server may answer `id: null`.
+    /// surrogate, nesting deeper than 128), or its id is a number no i64
+    /// holds (rmcp's servers refuse it): a server may answer `id: null`.
     unreadable: bool,
 }
 
@@ -158,14 +159,10 @@ fn answer_bytes(v: &Value) -> Vec<Bytes> {
     vec![Bytes::from(serde_json::to_vec(v).unwrap_or_default())]
 }
 
-fn id_value(id: &str) -> Value {
-    serde_json::from_str(id).unwrap_or(Value::Null)
-}
-
 fn failure(id: &str, message: String, data: Value) -> Vec<Bytes> {
-    let mut v = crate::stdio::error_answer(id_value(id), SERVER_FAILED, message);
+    let mut v = crate::stdio::error_answer(Value::Null, SERVER_FAILED, message);
     v["error"]["data"] = data;
-    answer_bytes(&v)
+    vec![Bytes::from(frame::with_raw_id(v, id))]
 }
 
 impl Relay {
@@ -273,7 +270,8 @@ impl Relay {
                     generation: child.generation,
                     progress: head.progress_token.clone(),
                     sent: self.sent.fetch_add(1, Ordering::Relaxed),
-                    unreadable: strictly_unreadable(&line),
+                    unreadable: id.parse::<i64>().is_err() && !id.starts_with('"')
+                        || strictly_unreadable(&line),
                 },
             ) {
                 // a client reusing an id in flight: the first asker is answered now
@@ -348,7 +346,7 @@ impl Relay {
             self.own_ids.fetch_add(1, Ordering::Relaxed)
         );
         let mut msg: Value = serde_json::from_slice(init).map_err(|e| e.to_string())?;
-        msg["id"] = id_value(&own);
+        msg["id"] = serde_json::from_str(&own).map_err(|e| e.to_string())?;
         let (tx, rx) = oneshot::channel::<Vec<Bytes>>();
         self.pending().insert(
             own.clone(),
@@ -636,15 +634,15 @@ impl Relay {
                 let delivered = self.sink.server_message(line, &head, related.as_deref());
                 if !delivered && head.kind == Kind::Request {
                     let answer = crate::stdio::error_answer(
-                        id_value(head.id.as_deref().unwrap_or("null")),
+                        Value::Null,
                         -32601,
                         format!(
                             "agent-bridge proxy: cannot relay `{}` to the client: over HTTP a server request reaches the client only while it has a stream open (GET /mcp, or a tools/call with a progressToken in flight)",
                             head.method.as_deref().unwrap_or("?")
                         ),
                     );
-                    let _ =
-                        write_line(child, &serde_json::to_vec(&answer).unwrap_or_default()).await;
+                    let answer = frame::with_raw_id(answer, head.id.as_deref().unwrap_or("null"));
+                    let _ = write_line(child, &answer).await;
                 }
             }
         }
@@ -777,7 +775,6 @@ fn tail_note(tail: &str) -> String {
     }
 }
 
-/// A JSON-RPC error answer with the evidence in `error.data`.
 /// A line a strict JSON parser (serde_json's, with its depth limit)
 /// refuses; lines over 1 MiB are not parsed again, to keep big writes cheap.
 fn strictly_unreadable(line: &[u8]) -> bool {
@@ -787,14 +784,12 @@ fn strictly_unreadable(line: &[u8]) -> bool {
 /// A server's `id: null` error as the answer to request `id`.
 fn with_id(line: &[u8], id: &str) -> Bytes {
     match serde_json::from_slice::<Value>(line) {
-        Ok(mut v) => {
-            v["id"] = id_value(id);
-            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
-        }
+        Ok(v) => Bytes::from(frame::with_raw_id(v, id)),
         Err(_) => Bytes::copy_from_slice(line),
     }
 }
 
+/// A JSON-RPC error answer with the evidence in `error.data`.
 fn error_with_evidence(line: &[u8], kernel: Value) -> Vec<Bytes> {
     match serde_json::from_slice::<Value>(line) {
         Ok(mut v) => {

@@ -16,7 +16,7 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 pub const BRIDGE: &str = env!("CARGO_BIN_EXE_agent-bridge");
 
@@ -677,4 +677,48 @@ pub fn assert_connection_limits(url: &str) {
             "{v}"
         );
     }
+}
+
+/// One JSON-RPC message POSTed to a Streamable HTTP server as it is
+/// written, in session `session`: the session id the answer names, its
+/// status and its body.
+pub async fn raw_post(
+    url: &str,
+    session: Option<&str>,
+    body: &str,
+) -> (Option<String>, u16, String) {
+    let mut r = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_string());
+    if let Some(s) = session {
+        r = r.header("mcp-session-id", s);
+    }
+    let resp = r.send().await.unwrap();
+    let session = resp
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    let status = resp.status().as_u16();
+    (session, status, resp.text().await.unwrap())
+}
+
+/// A raw `initialize` of protocol `version` with id `id`.
+pub fn raw_initialize(id: u64, version: &str) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}).to_string()
+}
+
+/// A session opened with raw messages (`initialize` of 2025-06-18, then
+/// `notifications/initialized`): its `Mcp-Session-Id`.
+pub async fn raw_http_session(url: &str) -> String {
+    let (session, status, answer) = raw_post(url, None, &raw_initialize(1, "2025-06-18")).await;
+    assert!(
+        status == 200 && answer.contains("2025-06-18"),
+        "{status} {answer}"
+    );
+    let session = session.expect("an Mcp-Session-Id");
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    raw_post(url, Some(&session), initialized).await;
+    session
 }
