@@ -4,7 +4,8 @@
 //! `campaign` crate.
 //!
 //! Layout (data flows down this list):
-//! - [`server`] speaks MCP (rmcp) over [`stdio`] or Streamable HTTP
+//! - [`server`] speaks MCP (rmcp) over [`stdio`] or Streamable HTTP, whose
+//!   connections [`listen`] accepts under a cap and timeouts
 //!   ([`http_answer`] answers a call as one JSON document, [`http_errors`]
 //!   refuses a body as JSON-RPC says) and hands each
 //!   call to its [`session`], which checks arguments (`contract::tools`).
