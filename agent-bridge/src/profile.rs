@@ -171,18 +171,20 @@ pub const RLIMITS: &[(&str, RlimitResource)] = &[
 pub enum ProfileError {
     #[error("no built-in profile or file named `{name}` (built-in: {built_in})")]
     NotFound { name: String, built_in: String },
-    #[error("cannot read profile {}: {source}", path.display())]
+    // `error`, not `source`: the message says it, and a source would be
+    // said again by every `{:#}` that prints the chain
+    #[error("cannot read profile {}: {error}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A problem in the file at `path`.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     InFile {
         path: PathBuf,
-        source: Box<ProfileError>,
+        error: Box<ProfileError>,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Toml(#[from] toml::de::Error),
     /// A value the format accepts but a sandbox cannot apply.
     #[error("{0}")]
@@ -203,9 +205,9 @@ impl Profile {
                 built_in: names.join(", "),
             });
         }
-        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ProfileError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         let name = path.file_stem().map_or_else(
             || name_or_file.to_owned(),
@@ -213,7 +215,7 @@ impl Profile {
         );
         Profile::parse(&name, &text).map_err(|e| ProfileError::InFile {
             path: path.to_owned(),
-            source: Box::new(e),
+            error: Box::new(e),
         })
     }
 

@@ -17,10 +17,10 @@ pub struct Cgroup {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Unreadable {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "{0} is not a cgroup v2 directory: a span follows cgroups of the unified hierarchy \
@@ -33,9 +33,9 @@ pub enum CgroupError {
 impl Cgroup {
     /// Opens `path`, which must be a directory of the cgroup v2 filesystem.
     pub fn open(path: &Path) -> Result<Cgroup, CgroupError> {
-        let unreadable = |source| CgroupError::Unreadable {
+        let unreadable = |error| CgroupError::Unreadable {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let fs = nix::sys::statfs::statfs(path).map_err(|e| unreadable(e.into()))?;
         if fs.filesystem_type().0 as i64 != CGROUP2_SUPER_MAGIC {
@@ -56,7 +56,7 @@ impl Cgroup {
     pub fn threads(&self) -> Result<Vec<u32>, CgroupError> {
         let file = self.path.join("cgroup.threads");
         let text = std::fs::read_to_string(&file)
-            .map_err(|source| CgroupError::Unreadable { path: file, source })?;
+            .map_err(|error| CgroupError::Unreadable { path: file, error })?;
         Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
     }
 }

@@ -607,10 +607,10 @@ fn clear(expect: &mut Expect, what: &str) {
 /// Why an adapter file cannot be used; every error names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum AdapterError {
-    #[error("{}: cannot read: {source}", path.display())]
+    #[error("{}: cannot read: {error}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The field at fault and what is wrong with it.
     #[error("{}: {reason}", path.display())]
@@ -620,9 +620,9 @@ pub enum AdapterError {
 impl Adapter {
     /// Loads and checks an adapter; every error names the file and field.
     pub fn load(path: &Path) -> Result<Adapter, AdapterError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AdapterError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| AdapterError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Adapter::parse(path, &text)
     }

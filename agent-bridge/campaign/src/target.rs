@@ -98,10 +98,10 @@ fn client_info() -> ClientConfig {
 /// Why a session with a target could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("cannot start `{command}`: {source}")]
+    #[error("cannot start `{command}`: {error}")]
     Start {
         command: String,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The server did not complete `initialize`; `stderr` is the end of
     /// what a stdio server printed.
@@ -125,9 +125,9 @@ impl Target {
                     .stderr(Stdio::piped())
                     .kill_on_drop(true)
                     .spawn()
-                    .map_err(|source| ConnectError::Start {
+                    .map_err(|error| ConnectError::Start {
                         command: cmd.clone(),
-                        source,
+                        error,
                     })?;
                 let stderr = Arc::new(Mutex::new(Vec::new()));
                 let mut pipe = child.stderr.take().expect("piped");
