@@ -112,9 +112,25 @@ impl ServerHandler for Bridge {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        // one page, and so no cursor ever handed out: one sent is not ours,
+        // and MCP says an invalid cursor is -32602 (not the first page again)
+        if let Some(cursor) = request.and_then(|r| r.cursor) {
+            let shown: String = cursor.chars().take(40).collect();
+            let more = if shown.len() < cursor.len() {
+                "…"
+            } else {
+                ""
+            };
+            return Err(McpError::invalid_params(
+                format!(
+                    "unknown cursor `{shown}{more}`: this server lists every tool in one page and gives out no cursor"
+                ),
+                None,
+            ));
+        }
         Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
     }
 
@@ -198,6 +214,8 @@ pub struct HttpOptions {
     pub allowed_origins: Vec<String>,
     pub max_body: usize,
     pub limits: crate::listen::ConnectionLimits,
+    /// An MCP session idle this long is ended (None: never).
+    pub session_idle: Option<Duration>,
 }
 
 /// What every HTTP request must pass (`serve` and `proxy` alike).
@@ -336,9 +354,13 @@ pub async fn serve_http(
     }
     let factory_config = config.clone();
     let sessionless = SessionSlot::default();
+    // rmcp ends a session whose worker saw no event for `keep_alive`; the
+    // session's sandbox (workloads, browser, probe session) drops with it
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = opts.session_idle;
     let service: StreamableHttpService<Bridge, LocalSessionManager> = StreamableHttpService::new(
         move || Ok(Bridge::lazy(factory_config.clone(), sessionless.clone())),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions),
         http,
     );
     // a call whose answer is all its stream holds is answered as JSON

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -1325,30 +1324,14 @@ fn running(argv: &[&str]) -> Vec<String> {
 /// The call cgroups of server `pid` still in any hierarchy.
 fn call_cgroups_of(pid: u32) -> Vec<String> {
     let prefix = format!("mcp-{pid}-");
-    [
-        "/sys/fs/cgroup/unified",
-        "/sys/fs/cgroup",
-        "/sys/fs/cgroup/memory",
-        "/sys/fs/cgroup/pids",
-    ]
-    .iter()
-    .filter_map(|root| std::fs::read_dir(Path::new(root).join("agent-bridge")).ok())
-    .flat_map(|d| d.flatten())
-    .map(|e| e.path().display().to_string())
-    .filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with(&prefix)))
-    .collect()
-}
-
-/// Waits up to 10 s for `done`.
-fn within_10s(mut done: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::time::Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    done()
+    call_cgroups()
+        .iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .map(|p| p.display().to_string())
+        .collect()
 }
 
 /// A raw stdio session: initialized, then `calls` written (not awaited).
@@ -1607,9 +1590,11 @@ async fn over_http_a_second_initialize_is_refused_and_inexact_ids_are_null() {
 }
 
 /// A second `initialize` in a session is refused with its id, and the
-/// session goes on under the protocol it agreed (ping still answered).
+/// session goes on under the protocol it agreed (ping still answered); a
+/// `tools/list` cursor the server never gave out is Invalid params (it was
+/// answered with the whole list again).
 #[test]
-fn a_second_initialize_is_refused() {
+fn a_second_initialize_and_a_cursor_never_given_out_are_refused() {
     use std::io::Write as _;
     let mut child = std::process::Command::new(BRIDGE)
         .args(["serve", "--stdio", "--no-probe"])
@@ -1625,6 +1610,8 @@ fn a_second_initialize_is_refused() {
         json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         init(2, "junk"),
         json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": {"cursor": "cursor_AAAA"}}),
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {}}),
     ] {
         writeln!(stdin, "{l}").unwrap();
     }
@@ -1656,4 +1643,12 @@ fn a_second_initialize_is_refused() {
             .contains("already initialized")
     );
     assert_eq!(by_id(3)["result"], json!({}), "{answers:?}");
+    assert_eq!(by_id(4)["error"]["code"], -32602, "{answers:?}");
+    assert!(
+        by_id(4)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown cursor `cursor_AAAA`")
+    );
+    assert!(by_id(5)["result"]["tools"].as_array().unwrap().len() > 10);
 }

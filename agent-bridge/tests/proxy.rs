@@ -560,6 +560,49 @@ async fn http_sessions_end_with_delete_and_bad_requests_are_refused() {
     }
 }
 
+/// A client gone without DELETE: its session ends once idle for
+/// `--session-idle-timeout`, and its server with it; a session in use is
+/// kept however long it lives.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_its_client_abandoned_ends_when_idle_and_its_server_with_it() {
+    let cmd = ["python3", FIXTURE];
+    let mut a = proxy_args(&["--session-idle-timeout", "2"], false, &cmd);
+    a.splice(1..1, ["--http".to_string(), "127.0.0.1:0".to_string()]);
+    let (_keep, url) = Bridge::start_http_with(&a);
+    let echo =
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#;
+    let pid_of = |answer: &str| -> String {
+        let v: Value = serde_json::from_str(answer).unwrap();
+        let text = v["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        text.trim_start_matches("pid ").to_string()
+    };
+    let (kept, abandoned) = (raw_http_session(&url).await, raw_http_session(&url).await);
+    let (_, _, answer) = raw_post(&url, Some(&kept), echo).await;
+    let kept_pid = pid_of(&answer);
+    let (_, _, answer) = raw_post(&url, Some(&abandoned), echo).await;
+    let abandoned_pid = pid_of(&answer);
+    // one session keeps calling, every half second, for 6 s
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, status, _) = raw_post(&url, Some(&kept), echo).await;
+        assert_eq!(status, 200, "a session in use was ended");
+    }
+    assert!(
+        gone(&abandoned_pid),
+        "the abandoned session's server still runs after 6 s"
+    );
+    assert!(
+        !gone(&kept_pid),
+        "the server of the session in use was stopped"
+    );
+    let (_, status, answer) = raw_post(&url, Some(&abandoned), echo).await;
+    assert_eq!(status, 404, "{answer}");
+    assert!(answer.contains("no such session"), "{answer}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn trace_context_in_meta_reaches_the_kernel_span_through_the_proxy() {
     use probe::otlp::hex;

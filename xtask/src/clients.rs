@@ -18,6 +18,14 @@ fn venv() -> PathBuf {
     PathBuf::from("target/mcp-venv")
 }
 
+/// mcp-fuzzer (agent-bridge/tests/fuzz.rs) has a venv of its own: its pins
+/// (agent-bridge/tests/fuzz/requirements.txt) need not agree with the SDK's.
+const FUZZER_PINS: &str = "agent-bridge/tests/fuzz/requirements.txt";
+
+fn fuzz_venv() -> PathBuf {
+    PathBuf::from("target/fuzz-venv")
+}
+
 fn conformance_dir() -> PathBuf {
     PathBuf::from("target/conformance")
 }
@@ -37,6 +45,7 @@ pub fn install() -> anyhow::Result<()> {
             Command::new(venv().join("bin/pip")).args(["install", PYTHON_MCP]),
         )?;
     }
+    install_fuzzer()?;
     install_foreign()?;
     let suite = conformance_dir().join("node_modules/.bin/conformance");
     if !suite.exists() {
@@ -50,6 +59,30 @@ pub fn install() -> anyhow::Result<()> {
                 .arg(CONFORMANCE),
         )?;
     }
+    Ok(())
+}
+
+/// mcp-fuzzer and its dependencies at the versions of `FUZZER_PINS`,
+/// unless that venv holds them already (the pins file is copied in last).
+fn install_fuzzer() -> anyhow::Result<()> {
+    let pins = std::fs::read(FUZZER_PINS)?;
+    let installed = fuzz_venv().join("requirements.txt");
+    if std::fs::read(&installed).ok().as_ref() == Some(&pins)
+        && fuzz_venv().join("bin/mcp-fuzzer").exists()
+    {
+        return Ok(());
+    }
+    install_step::run(
+        "creating a Python venv for mcp-fuzzer",
+        Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(fuzz_venv()),
+    )?;
+    install_step::run(
+        "installing mcp-fuzzer (pinned by agent-bridge/tests/fuzz/requirements.txt)",
+        Command::new(fuzz_venv().join("bin/pip")).args(["install", "--no-deps", "-r", FUZZER_PINS]),
+    )?;
+    std::fs::write(installed, pins)?;
     Ok(())
 }
 

@@ -439,6 +439,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         // runs over many targets; runners sharing a run in PostgreSQL
         "--test",
         "fleet",
+        // mcp-fuzzer against serve (stdio, HTTP) and the proxy
+        "--test",
+        "fuzz",
     ]))?;
     let mut cmd = Command::new("cargo");
     cmd.args([

@@ -41,6 +41,11 @@ pub struct ConnectionArgs {
     /// request body stops arriving: nothing for SECS. 0: never.
     #[arg(long, default_value_t = 30, value_name = "SECS")]
     pub body_timeout: u64,
+    /// End an MCP session that has been idle for SECS (no request, nothing
+    /// sent to it; a client that never sends DELETE): its workloads are
+    /// killed and, for the proxy, its server shut down. 0: never.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    pub session_idle_timeout: u64,
 }
 
 impl ConnectionArgs {
@@ -51,6 +56,11 @@ impl ConnectionArgs {
             idle_timeout: secs(self.idle_timeout),
             body_timeout: secs(self.body_timeout),
         }
+    }
+
+    pub fn session_idle(&self) -> Option<std::time::Duration> {
+        (self.session_idle_timeout > 0)
+            .then(|| std::time::Duration::from_secs(self.session_idle_timeout))
     }
 }
 

@@ -85,9 +85,10 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let result = match args.http {
         Some(addr) => {
             let limits = args.guard.connections.limits();
+            let session_idle = args.guard.connections.session_idle();
             let guard =
                 server::Guard::for_addr(addr, args.guard.token, args.guard.allow_origin, true)?;
-            proxy::http::serve_http(opts, addr, guard, limits, shutdown).await
+            proxy::http::serve_http(opts, addr, guard, limits, session_idle, shutdown).await
         }
         None => tokio::select! {
             r = proxy::serve_stdio(opts) => r,

@@ -99,6 +99,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let opts = HttpOptions {
                 addr,
                 limits: args.guard.connections.limits(),
+                session_idle: args.guard.connections.session_idle(),
                 token: args.guard.token,
                 allowed_origins: args.guard.allow_origin,
                 max_body,

@@ -10,10 +10,14 @@
 //!   (notifications, requests such as `sampling/createMessage` or `roots/list`,
 //!   whose answers the client POSTs back).
 //! - `DELETE /mcp`: ends the session and kills its server.
+//! - A session idle for `--session-idle-timeout` (no request in flight, no
+//!   event stream open: a client gone without DELETE) is ended the same way.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -38,13 +42,79 @@ struct Sessions {
     by_id: Mutex<HashMap<String, Entry>>,
 }
 
-/// Streams a session's server messages can go to.
-#[derive(Default)]
+/// Streams a session's server messages can go to, and whether its client
+/// is still there.
 struct HttpSink {
     /// SSE streams of calls in flight (by request id), newest last.
     calls: Mutex<Vec<(String, mpsc::UnboundedSender<Vec<Bytes>>)>>,
     /// The client's GET stream.
     standalone: Mutex<Option<mpsc::UnboundedSender<Vec<Bytes>>>>,
+    /// Requests of the session being answered.
+    busy: std::sync::atomic::AtomicUsize,
+    /// When a request of the session last started or ended.
+    last_seen: Mutex<Instant>,
+}
+
+impl Default for HttpSink {
+    fn default() -> Self {
+        HttpSink {
+            calls: Mutex::default(),
+            standalone: Mutex::default(),
+            busy: Default::default(),
+            last_seen: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+/// One request of a session in flight, until dropped (answered, or its
+/// client gone).
+struct Busy(Arc<HttpSink>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+    }
+}
+
+impl HttpSink {
+    fn touch(&self) {
+        *self.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn busy(self: &Arc<Self>) -> Busy {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        Busy(self.clone())
+    }
+
+    /// How long nothing has happened in the session: no request in flight,
+    /// no event stream open. `None` while something is.
+    fn idle_for(&self) -> Option<Duration> {
+        let open = |tx: &mpsc::UnboundedSender<Vec<Bytes>>| !tx.is_closed();
+        if self.busy.load(Ordering::Relaxed) > 0
+            || self
+                .calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|(_, tx)| open(tx))
+            || self
+                .standalone
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .is_some_and(open)
+        {
+            return None;
+        }
+        Some(
+            self.last_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .elapsed(),
+        )
+    }
 }
 
 impl ClientSink for HttpSink {
@@ -195,6 +265,7 @@ async fn post(State(s): State<Arc<Sessions>>, headers: HeaderMap, body: Body) ->
             }
         },
     };
+    let _busy = sink.busy();
     if head.kind != Kind::Request {
         relay.on_client_message(line, head, Box::new(|_| {})).await;
         return StatusCode::ACCEPTED.into_response();
@@ -246,6 +317,7 @@ async fn get(State(s): State<Arc<Sessions>>, headers: HeaderMap) -> Response {
         return plain(StatusCode::NOT_FOUND, "Not Found: no such session");
     };
     let (tx, rx) = mpsc::unbounded_channel();
+    sink.touch();
     *sink.standalone.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
     sse(rx)
 }
@@ -270,6 +342,7 @@ pub async fn serve_http(
     addr: SocketAddr,
     guard: Guard,
     limits: crate::listen::ConnectionLimits,
+    session_idle: Option<Duration>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     let sessions = Arc::new(Sessions {
@@ -282,8 +355,13 @@ pub async fn serve_http(
         .route("/mcp", routes)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(sessions.clone());
+    let sweeper =
+        session_idle.map(|limit| tokio::spawn(end_idle_sessions(sessions.clone(), limit)));
     let served =
         crate::listen::listen(addr, guard.wrap(app), "proxying MCP", limits, shutdown).await;
+    if let Some(sweeper) = sweeper {
+        sweeper.abort();
+    }
     let all: Vec<_> = sessions
         .by_id
         .lock()
@@ -294,4 +372,32 @@ pub async fn serve_http(
         relay.shutdown().await;
     }
     served
+}
+
+/// Ends the sessions idle for `limit` (a client gone without DELETE), and
+/// their servers with them; looks every quarter of it (1 to 30 s).
+async fn end_idle_sessions(sessions: Arc<Sessions>, limit: Duration) {
+    let every = (limit / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let idle: Vec<(String, Entry)> = {
+            let mut by_id = sessions.by_id.lock().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<String> = by_id
+                .iter()
+                .filter(|(_, (_, sink))| sink.idle_for().is_some_and(|d| d >= limit))
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| by_id.remove(&id).map(|e| (id, e)))
+                .collect()
+        };
+        for (id, (relay, _)) in idle {
+            tracing::info!(
+                "session {id} idle for {}s: ending it and its server",
+                limit.as_secs()
+            );
+            relay.shutdown().await;
+        }
+    }
 }

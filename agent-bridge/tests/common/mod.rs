@@ -722,3 +722,39 @@ pub async fn raw_http_session(url: &str) -> String {
     raw_post(url, Some(&session), initialized).await;
     session
 }
+
+/// Every call cgroup (`mcp-PID-…`) of any bridge, in any hierarchy.
+pub fn call_cgroups() -> Vec<PathBuf> {
+    [
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/pids",
+    ]
+    .iter()
+    .filter_map(|root| std::fs::read_dir(Path::new(root).join("agent-bridge")).ok())
+    .flat_map(|d| d.flatten())
+    .map(|e| e.path())
+    .filter(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("mcp-"))
+    })
+    .collect()
+}
+
+/// Waits up to `limit` for `done`.
+pub fn within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    done()
+}
+
+/// Waits up to 10 s for `done`.
+pub fn within_10s(done: impl FnMut() -> bool) -> bool {
+    within(Duration::from_secs(10), done)
+}
