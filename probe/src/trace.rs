@@ -121,6 +121,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
                 wait_collecting(probe, &mut span, child, &sig_r, opts.timeout)?;
             interrupted = intr;
             timed_out = tmo;
+            settle_leftovers(probe, &mut span, LEFTOVERS_SETTLE);
             status
         }
         // exec failed (ENOENT, EACCES…): the kernel saw it; report like a shell
@@ -270,6 +271,29 @@ fn wait_collecting(
             };
             return Ok((exit, interrupted, timed_out));
         }
+    }
+}
+
+/// How long the command's leftovers may take to die after it: the kernel
+/// tears down a PID namespace whose init went (bwrap's), a PDEATHSIG fires,
+/// a wrapper kills its helpers, each a moment after the command's exit.
+/// Their deaths belong in the explanation ("stopped on the way out, not a
+/// cause"); a leftover that lives on is not waited for longer than this.
+const LEFTOVERS_SETTLE: Duration = Duration::from_millis(250);
+
+/// Reads events until no process of the span is alive, or for `limit`.
+fn settle_leftovers(probe: &mut Probe, span: &mut SpanEvidence, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        drain(probe, span);
+        let alive = span
+            .processes
+            .iter()
+            .any(|(pid, p)| !p.exited && std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if !alive || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

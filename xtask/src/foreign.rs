@@ -119,7 +119,9 @@ pub fn foreign(count: usize, write: bool) -> anyhow::Result<()> {
          `agent-bridge/adapters/npm/desktop-commander`), started by `agent-bridge/adapters/desktop-commander.sh` \
          behind `agent-bridge proxy --profile P` with the probe attached, and driven through the adapter \
          `agent-bridge/adapters/desktop-commander.toml` (docs/ADAPTERS.md). Nobody here wrote it: every \
-         interface finding below is its own, not an injected fault.\n\n\
+         interface finding below is its own, not an injected fault. The browser MCP servers \
+         (`@playwright/mcp`, `chrome-devtools-mcp`), clean and under a memory sweep, per server and limit: \
+         docs/BROWSER-RUNS.md (`cargo xtask browser-demo`).\n\n\
          ```\nagent-bridge campaign run --suite suite --adapter agent-bridge/adapters/desktop-commander.toml \\\n  \
          --target stdio:'agent-bridge proxy --stdio --profile readonly -- agent-bridge/adapters/desktop-commander.sh STATE' \\\n  \
          --reuse-sessions --db results.db\n```\n"
