@@ -261,6 +261,37 @@ impl Kernel {
         if let Some(call) = call {
             call.add_to(&mut request);
         }
+        self.open(request).await
+    }
+
+    /// A span over a server's (or a browser's) tree while no call is in
+    /// flight, so what dies meanwhile is not lost; the daemon ends it if
+    /// this connection goes first (a keeper killed between calls).
+    pub async fn begin_between(&self, pid: u32, cgroup: Option<&std::path::Path>) -> Span {
+        let mut request = match cgroup {
+            Some(cg) => {
+                json!({"op": "begin_span", "session": self.session, "label": "between calls", "pid": pid, "cgroup": cg})
+            }
+            None => {
+                json!({"op": "begin_span", "session": self.session, "label": "between calls", "pid": pid, "tree": true})
+            }
+        };
+        request["ends_with_connection"] = true.into();
+        self.open(request).await
+    }
+
+    /// Ends a span of [`Kernel::begin_between`]: its attribution when the
+    /// kernel names a cause in it (a death between calls, for the next
+    /// call's `before_call`), else `None`.
+    pub async fn end_between(&self, span: &Span) -> Option<Value> {
+        let v = self.end(span, None, None, false).await;
+        // a span without an exit of its own is "failed" on nothing otherwise
+        let named = |c: &Value| c["primitive"].as_str().is_some_and(|p| p != "none");
+        let died = (v["failed"] == Value::Bool(true) && named(&v)) || named(&v["hidden_failure"]);
+        died.then_some(v)
+    }
+
+    async fn open(&self, request: Value) -> Span {
         match self.ask(request).await {
             Ok(r) => match r["span_id"].as_u64() {
                 Some(id) => Span::Open(id),

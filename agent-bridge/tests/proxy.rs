@@ -560,6 +560,51 @@ async fn http_sessions_end_with_delete_and_bad_requests_are_refused() {
     }
 }
 
+/// A process of the server's that dies between two calls (a child the
+/// OOM killer took after the call that started it was answered) is in no
+/// call's span: the span between calls keeps it, and the next call carries
+/// it as `before_call`; a call after a quiet interval carries none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_death_between_two_calls_is_told_by_the_next_call() {
+    if !root() {
+        return;
+    }
+    let profile = std::env::temp_dir().join(format!("proxy-between-{}.toml", std::process::id()));
+    std::fs::write(&profile, "memory_limit = \"128M\"\n").unwrap();
+    let cmd = ["python3", FIXTURE];
+    let b = proxy_stdio(&["--profile", profile.to_str().unwrap()], true, &cmd).await;
+    let started = b.call("hog_later", json!({})).await;
+    let hog = text(&started).trim_start_matches("hog ").to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gone(&hog) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hog {hog} was not killed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (kernel, _) = split(&b.call("echo", json!({})).await);
+    let before = &kernel["before_call"];
+    let cause = if before["hidden_failure"].is_object() {
+        &before["hidden_failure"]
+    } else {
+        before
+    };
+    assert_eq!(cause["primitive"], "mem.oom", "{kernel:#}");
+    let why = cause["explanation"].as_str().unwrap_or_default();
+    assert!(
+        why.contains(&format!("(pid {hog})")) && why.contains("OOM killer"),
+        "{why}"
+    );
+    assert_eq!(
+        kernel["primitive"], "none",
+        "the call itself failed nothing: {kernel:#}"
+    );
+    let (quiet, _) = split(&b.call("echo", json!({})).await);
+    assert!(quiet.get("before_call").is_none(), "{quiet:#}");
+    let _ = std::fs::remove_file(&profile);
+}
+
 /// A client gone without DELETE: its session ends once idle for
 /// `--session-idle-timeout`, and its server with it; a session in use is
 /// kept however long it lives.

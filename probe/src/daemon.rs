@@ -1145,72 +1145,105 @@ async fn connection(
             .await?;
         return Ok(());
     }
-    loop {
-        buf.clear();
-        match read_line_bounded(&mut rd, &mut buf).await? {
-            Line::Eof => return Ok(()),
-            Line::TooLong => {
-                let err = ErrorBody::new(
-                    ErrorCode::TooLarge,
-                    format!("request line longer than {MAX_LINE} bytes; closing"),
-                );
-                wr.write_all(protocol::error_line(&Value::Null, &err).as_bytes())
-                    .await?;
-                return Ok(());
-            }
-            Line::Complete => {}
-        }
-        if buf.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let (id, req) = protocol::parse_request(&buf);
-        let line = match req {
-            Err(e) => protocol::error_line(&id, &e),
-            Ok(Request::Subscribe { span_id, kind }) => {
-                let kind = match kind.as_deref().map(|k| Kind::from_id(k).ok_or(k)) {
-                    Some(Err(k)) => {
-                        let e = ErrorBody::new(
-                            ErrorCode::BadRequest,
-                            format!("unknown event kind \"{k}\""),
-                        );
-                        wr.write_all(protocol::error_line(&id, &e).as_bytes())
-                            .await?;
-                        continue;
-                    }
-                    Some(Ok(k)) => Some(k),
-                    None => None,
-                };
-                let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-                if let Err(e) = core.send(Command::Subscribe {
-                    span: span_id,
-                    kind,
-                    tx,
-                }) {
-                    wr.write_all(protocol::error_line(&id, &e).as_bytes())
+    // spans begun here that end with this connection (`ends_with_connection`)
+    let mut ends_with_us: Vec<u64> = Vec::new();
+    let served: anyhow::Result<()> = async {
+        loop {
+            buf.clear();
+            match read_line_bounded(&mut rd, &mut buf).await? {
+                Line::Eof => return Ok(()),
+                Line::TooLong => {
+                    let err = ErrorBody::new(
+                        ErrorCode::TooLarge,
+                        format!("request line longer than {MAX_LINE} bytes; closing"),
+                    );
+                    wr.write_all(protocol::error_line(&Value::Null, &err).as_bytes())
                         .await?;
                     return Ok(());
                 }
-                wr.write_all(protocol::ok_line(&id, json!({"subscribed": true})).as_bytes())
-                    .await?;
-                // stream until the client hangs up
-                let mut probe_buf = Vec::new();
-                loop {
-                    tokio::select! {
-                        line = rx.recv() => match line {
-                            Some(l) => wr.write_all(l.as_bytes()).await?,
-                            None => return Ok(()),
-                        },
-                        r = read_line_bounded(&mut rd, &mut probe_buf) => match r {
-                            Ok(Line::Eof) | Err(_) | Ok(Line::TooLong) => return Ok(()),
-                            Ok(Line::Complete) => probe_buf.clear(),
-                        },
+                Line::Complete => {}
+            }
+            if buf.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let (id, req) = protocol::parse_request(&buf);
+            let line = match req {
+                Err(e) => protocol::error_line(&id, &e),
+                Ok(Request::Subscribe { span_id, kind }) => {
+                    let kind = match kind.as_deref().map(|k| Kind::from_id(k).ok_or(k)) {
+                        Some(Err(k)) => {
+                            let e = ErrorBody::new(
+                                ErrorCode::BadRequest,
+                                format!("unknown event kind \"{k}\""),
+                            );
+                            wr.write_all(protocol::error_line(&id, &e).as_bytes())
+                                .await?;
+                            continue;
+                        }
+                        Some(Ok(k)) => Some(k),
+                        None => None,
+                    };
+                    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+                    if let Err(e) = core.send(Command::Subscribe {
+                        span: span_id,
+                        kind,
+                        tx,
+                    }) {
+                        wr.write_all(protocol::error_line(&id, &e).as_bytes())
+                            .await?;
+                        return Ok(());
+                    }
+                    wr.write_all(protocol::ok_line(&id, json!({"subscribed": true})).as_bytes())
+                        .await?;
+                    // stream until the client hangs up
+                    let mut probe_buf = Vec::new();
+                    loop {
+                        tokio::select! {
+                            line = rx.recv() => match line {
+                                Some(l) => wr.write_all(l.as_bytes()).await?,
+                                None => return Ok(()),
+                            },
+                            r = read_line_bounded(&mut rd, &mut probe_buf) => match r {
+                                Ok(Line::Eof) | Err(_) | Ok(Line::TooLong) => return Ok(()),
+                                Ok(Line::Complete) => probe_buf.clear(),
+                            },
+                        }
                     }
                 }
-            }
-            Ok(req) => respond(&id, req, &core, &config).await,
-        };
-        wr.write_all(line.as_bytes()).await?;
+                Ok(req) => {
+                    let ends_with_us_too = matches!(
+                        req,
+                        Request::BeginSpan {
+                            ends_with_connection: true,
+                            ..
+                        }
+                    );
+                    let line = respond(&id, req, &core, &config).await;
+                    if ends_with_us_too
+                        && let Some(span) = serde_json::from_str::<Value>(&line)
+                            .ok()
+                            .and_then(|v| v["span_id"].as_u64())
+                    {
+                        ends_with_us.push(span);
+                    }
+                    line
+                }
+            };
+            wr.write_all(line.as_bytes()).await?;
+        }
     }
+    .await;
+    // those its client ended already answer "no such span": nothing to do
+    for span_id in ends_with_us {
+        let end = Request::EndSpan {
+            span_id,
+            exit: None,
+            timed_out_ms: None,
+            is_error: false,
+        };
+        respond(&Value::Null, end, &core, &config).await;
+    }
+    served
 }
 
 async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonConfig) -> String {
@@ -1231,6 +1264,7 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             mcp_session,
             traceparent,
             tracestate,
+            ends_with_connection: _,
         } => core
             .ask(|reply| Command::Begin {
                 session,

@@ -72,6 +72,12 @@ pub enum Request {
         traceparent: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tracestate: Option<String>,
+        /// Ended by the daemon (exit unknown) if still open when the
+        /// connection that began it closes: a span kept between a server's
+        /// calls, whose keeper may be killed at any time, would otherwise
+        /// hold one of `max_open_spans` for the daemon's life.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ends_with_connection: bool,
     },
     /// Traces `pid` (and everything it starts) in the span. Send it while
     /// the child is blocked before exec.
@@ -265,6 +271,7 @@ mod tests {
                 mcp_session: None,
                 traceparent: None,
                 tracestate: None,
+                ends_with_connection: false,
             }
         );
         let (_, r) = parse_request(br#"{"op": "begin_span", "label": "x", "pid": 42}"#);

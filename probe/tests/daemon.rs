@@ -446,6 +446,17 @@ fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
         let mut c = d.client();
         c.begin_span(Some("abandoned"), "x").unwrap();
     }
+    // one begun to end with its connection (a span kept between a
+    // server's calls) is ended by the daemon when that connection closes
+    {
+        let mut c = d.client();
+        let r = c
+            .call(
+                json!({"op": "begin_span", "label": "between calls", "ends_with_connection": true}),
+            )
+            .unwrap();
+        assert!(r["span_id"].as_u64().is_some(), "{r}");
+    }
     // begin_span with a pid that cannot be attached leaves no span open
     let e = d
         .client()
@@ -480,11 +491,15 @@ fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
     // still serving spans
     let a = run_span(&mut d.client(), "after", &["true"]);
     assert!(!a.failed);
-    let status = d.client().status().unwrap();
-    assert_eq!(
-        status["open_spans"], 1,
-        "the abandoned span stays open until shutdown: {status}"
-    );
+    // the abandoned span stays open until shutdown; the one that ends
+    // with its connection does not
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut status = d.client().status().unwrap();
+    while status["open_spans"] != 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        status = d.client().status().unwrap();
+    }
+    assert_eq!(status["open_spans"], 1, "{status}");
     let e = d.client().end_span(424242, None, None).unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::NotFound));
 }

@@ -255,6 +255,16 @@ impl StepOutcome {
     pub fn hidden_failure(&self) -> Option<KernelCause> {
         KernelCause::of(&self.kernel.as_ref()?["hidden_failure"])
     }
+
+    /// What died in the server's tree after its previous call was answered
+    /// and before this one began (the proxy's `before_call`: a tab the OOM
+    /// killer took while nobody asked).
+    pub fn died_before_call(&self) -> Option<KernelCause> {
+        let before = &self.kernel.as_ref()?["before_call"];
+        KernelCause::of(&before["hidden_failure"])
+            .or_else(|| KernelCause::of(before))
+            .filter(|c| c.primitive != Primitive::None)
+    }
 }
 
 /// The probe's cause in an attribution-shaped object (an attribution or

@@ -3,9 +3,10 @@
 //! Interface evidence (a broken transport, a JSON-RPC error, bytes that did
 //! not survive the trip) outranks the kernel; then the probe's attribution
 //! of the failing step (or of an earlier step that failed unexpectedly);
-//! a process the OOM killer took in an earlier step that "succeeded" (a
-//! browser's tab, which the failing step then found gone); a failure with
-//! none of these is the test's own.
+//! a process of the server's that died between its previous call and the
+//! failing one (the proxy's `before_call`); a process the OOM killer took
+//! in an earlier step that "succeeded" (a browser's tab, which the failing
+//! step then found gone); a failure with none of these is the test's own.
 
 use serde_json::json;
 
@@ -74,26 +75,38 @@ pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
                 evidence["kernel_step"] = i.into();
                 evidence["kernel"] = s.kernel.clone().unwrap_or_default();
             }
-            return Some(Triage {
-                layer: Layer::Sandbox,
-                primitive: Cause::Kernel(cause.primitive),
-                confidence: cause.confidence * weight,
-                explanation: format!("step {i}: {}", cause.explanation),
+            return sandbox(
+                cause.primitive,
+                cause.confidence * weight,
+                format!("step {i}: {}", cause.explanation),
                 evidence,
-            });
+            );
         }
     }
     if let Some(hidden) = failing.hidden_failure() {
-        return Some(Triage {
-            layer: Layer::Sandbox,
-            primitive: Cause::Kernel(hidden.primitive),
-            confidence: hidden.confidence * 0.8,
-            explanation: format!(
+        return sandbox(
+            hidden.primitive,
+            hidden.confidence * 0.8,
+            format!(
                 "step {failed_at}: the call exited 0, but {}",
                 hidden.explanation
             ),
             evidence,
-        });
+        );
+    }
+    // a process of the server's that died between the previous call and
+    // the failing one (a tab the OOM killer took while nobody asked)
+    if let Some(death) = failing.died_before_call() {
+        return sandbox(
+            death.primitive,
+            death.confidence * 0.8,
+            format!(
+                "step {failed_at}: before its call, {}; then {}",
+                death.explanation,
+                failing.failures.join("; ")
+            ),
+            evidence,
+        );
     }
     // an earlier step that passed, though the OOM killer took one of its
     // processes (a tab): what the failing step then found gone is its doing
@@ -104,17 +117,16 @@ pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
     }) {
         evidence["kernel_step"] = i.into();
         evidence["kernel"] = steps[i].kernel.clone().unwrap_or_default();
-        return Some(Triage {
-            layer: Layer::Sandbox,
-            primitive: Cause::Kernel(Primitive::MemOom),
-            confidence: death.confidence * 0.8,
-            explanation: format!(
+        return sandbox(
+            Primitive::MemOom,
+            death.confidence * 0.8,
+            format!(
                 "step {i} succeeded, but {}; then step {failed_at}: {}",
                 death.explanation,
                 failing.failures.join("; ")
             ),
             evidence,
-        });
+        );
     }
     Some(Triage {
         layer: Layer::Test,
@@ -124,6 +136,22 @@ pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
             "step {failed_at}: {} (no interface or kernel evidence)",
             failing.failures.join("; ")
         ),
+        evidence,
+    })
+}
+
+/// A failure placed on a sandbox primitive.
+fn sandbox(
+    primitive: Primitive,
+    confidence: f64,
+    explanation: String,
+    evidence: serde_json::Value,
+) -> Option<Triage> {
+    Some(Triage {
+        layer: Layer::Sandbox,
+        primitive: Cause::Kernel(primitive),
+        confidence,
+        explanation,
         evidence,
     })
 }
@@ -242,6 +270,26 @@ mod tests {
             json!({"primitive": "fs.missing", "confidence": 0.5, "explanation": "x"});
         let t = triage(&[other, failing(ok())]).unwrap();
         assert_eq!(t.layer.id(), "test");
+    }
+
+    #[test]
+    fn a_tab_the_oom_killer_took_between_two_calls_is_why_the_second_failed() {
+        let mut s = failing(ok());
+        s.kernel.as_mut().unwrap()["before_call"] = json!({"failed": true, "primitive": "mem.oom", "confidence": 0.97, "explanation": "chromium (pid 9) was killed by the OOM killer"});
+        let t = triage(&[ok(), s]).unwrap();
+        assert_eq!((t.layer.id(), t.primitive.id()), ("sandbox", "mem.oom"));
+        assert!(
+            t.explanation.starts_with(
+                "step 1: before its call, chromium (pid 9) was killed by the OOM killer; then expected"
+            ),
+            "{}",
+            t.explanation
+        );
+        // a span between calls with no cause named leaves it the test's
+        let mut quiet = failing(ok());
+        quiet.kernel.as_mut().unwrap()["before_call"] =
+            json!({"failed": true, "primitive": "none", "explanation": "unknown status"});
+        assert_eq!(triage(&[ok(), quiet]).unwrap().layer.id(), "test");
     }
 
     #[test]

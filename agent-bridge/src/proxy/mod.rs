@@ -92,6 +92,11 @@ struct Call {
     started: Instant,
     /// Other calls in flight at some time during this one.
     overlapping: usize,
+    /// What died in the server's tree since its last call was answered
+    /// (a tab the OOM killer took while nobody asked): the attribution of
+    /// the span between the calls, when it holds a failure. Ended beside
+    /// the call, off its path; read with its evidence.
+    before: Mutex<Option<tokio::task::JoinHandle<Option<Value>>>>,
 }
 
 /// A running foreign server.
@@ -149,6 +154,9 @@ pub struct Relay {
     own_ids: AtomicU64,
     /// Requests sent to servers so far (orders [`Pending::sent`]).
     sent: AtomicU64,
+    /// The span over the server's tree while no call is in flight, and the
+    /// server it watches: deaths between calls belong to the next call.
+    between: tokio::sync::Mutex<Option<(Span, u64)>>,
     name: String,
     _disks: Vec<crate::session::SessionDisk>,
 }
@@ -182,6 +190,7 @@ impl Relay {
             pending: Mutex::new(HashMap::new()),
             own_ids: AtomicU64::new(1),
             sent: AtomicU64::new(0),
+            between: tokio::sync::Mutex::new(None),
             name,
             _disks: disks,
         }))
@@ -227,6 +236,9 @@ impl Relay {
             Ok(c) => c,
             Err((message, data)) => return deliver(failure(&id, message, data)),
         };
+        // held until the call is pending: no span between calls begins
+        // meanwhile (it would take the server's threads from this call's)
+        let mut between = self.between.lock().await;
         let call = match &head.tool {
             Some(tool) if method == "tools/call" => {
                 let span = self
@@ -243,11 +255,21 @@ impl Relay {
                         }),
                     )
                     .await;
+                // ended after the call's span began: the server's threads
+                // are the call's now, and ending it leaves them so
+                let before = between.take().map(|(span, watched)| {
+                    let (kernel, generation) = (self.kernel.clone(), child.generation);
+                    tokio::spawn(async move {
+                        let died = kernel.end_between(&span).await;
+                        died.filter(|_| watched == generation)
+                    })
+                });
                 Some(Call {
                     span,
                     tool: tool.clone(),
                     started: Instant::now(),
                     overlapping: 0,
+                    before: Mutex::new(before),
                 })
             }
             _ => None,
@@ -284,6 +306,7 @@ impl Relay {
                 ));
             }
         }
+        drop(between);
         let timeout = if method == "initialize" {
             self.opts.init_timeout
         } else {
@@ -444,6 +467,20 @@ impl Relay {
         }
     }
 
+    /// Once no call is in flight: a span over the server's tree until the
+    /// next call, so what dies meanwhile is not lost.
+    async fn begin_between(&self, child: &Child) {
+        let mut between = self.between.lock().await;
+        if between.is_some() || self.pending().values().any(|p| p.call.is_some()) {
+            return;
+        }
+        let span = self
+            .kernel
+            .begin_between(child.pid, child.tree.v2_dir())
+            .await;
+        *between = Some((span, child.generation));
+    }
+
     /// The call's attribution, with what the proxy knows beside it.
     async fn evidence(
         &self,
@@ -459,6 +496,12 @@ impl Relay {
             .end(&call.span, exit, timed_out_ms, outcome != "ok")
             .await;
         v["overlapping_calls"] = call.overlapping.into();
+        let before = call.before.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(before) = before
+            && let Ok(Some(died)) = before.await
+        {
+            v["before_call"] = died;
+        }
         v["outcome"] = outcome.into();
         v["server_pid"] = pid.into();
         v["tool"] = call.tool.clone().into();
@@ -620,9 +663,11 @@ impl Relay {
                     .await;
                 if head.rpc_error {
                     // no result to carry it: the error's data does
-                    return (p.deliver)(error_with_evidence(&line, kernel));
+                    (p.deliver)(error_with_evidence(&line, kernel));
+                } else {
+                    (p.deliver)(frame::splice_meta(line, &head, &kernel));
                 }
-                (p.deliver)(frame::splice_meta(line, &head, &kernel));
+                self.begin_between(child).await;
             }
             Kind::Request | Kind::Notification => {
                 let related = head.progress_token.as_ref().and_then(|t| {
@@ -735,6 +780,9 @@ impl Relay {
     /// the server's stdin and gives it [`EXIT_GRACE`] to exit (to stop what
     /// it started itself), then kills what is left of its tree.
     pub async fn shutdown(&self) {
+        if let Some((span, _)) = self.between.lock().await.take() {
+            let _ = self.kernel.end(&span, None, None, false).await;
+        }
         let st = self.state.lock().await;
         if let Some(c) = &st.child {
             drop(c.stdin.lock().await.take());

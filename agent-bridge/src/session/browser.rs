@@ -66,6 +66,10 @@ pub(super) struct Browser {
     tabs: Vec<Tab>,
     current: usize,
     exited: tokio::sync::watch::Receiver<bool>,
+    /// The span over the browser's tree since its last call was answered:
+    /// a tab the OOM killer takes while nobody asks is the next call's
+    /// `before_call`.
+    between: Option<Span>,
     _live: Live,
 }
 
@@ -266,6 +270,11 @@ impl Session {
         if slot.as_ref().is_some_and(Browser::gone) {
             *slot = None;
         }
+        // what died since the last call, if the browser lives on
+        let before = match slot.as_mut().and_then(|b| b.between.take()) {
+            Some(between) => self.ctx.kernel.end_between(&between).await,
+            None => None,
+        };
         // the launch is the first call's: its span covers the start
         let (span, started_now) = match slot.as_ref() {
             Some(b) => (
@@ -294,12 +303,18 @@ impl Session {
             code: Some(i32::from(result.is_err())),
             signal: None,
         };
-        let kernel = self
+        let mut kernel = self
             .ctx
             .kernel
             .end(&span, Some(&exit), None, result.is_err())
             .await;
         let took = started.elapsed().as_secs_f64() * 1000.0;
+        if let Some(before) = before {
+            kernel["before_call"] = before;
+        }
+        if !b.gone() {
+            b.between = Some(self.ctx.kernel.begin_between(b.pid, b.tree.v2_dir()).await);
+        }
         match result {
             Ok(mut done) => {
                 done.structured["kernel"] = kernel;
@@ -390,6 +405,7 @@ impl Session {
             tabs: Vec::new(),
             current: 0,
             exited,
+            between: None,
             _live: live,
         };
         let first = async {
