@@ -1615,14 +1615,27 @@ fn a_second_initialize_and_a_cursor_never_given_out_are_refused() {
     ] {
         writeln!(stdin, "{l}").unwrap();
     }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    let answers: Vec<Value> = out
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_slice(l).unwrap())
+    // stdin stays open until all five are answered: a server whose client
+    // closed stdin may exit before answering what it had read
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let answers: Vec<Value> = (0..5)
+        .map(|i| {
+            let line = rx
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("answer {i} of 5 did not come: {e}"));
+            serde_json::from_str(&line).unwrap()
+        })
         .collect();
+    drop(child.stdin.take());
+    child.wait().unwrap();
     let by_id = |id: u64| {
         answers
             .iter()
