@@ -410,7 +410,7 @@ impl Core {
                         if let Some(open) = self.spans.remove(&span)
                             && let Some(id) = open.cgroup
                         {
-                            self.probe.unfollow_cgroup(id);
+                            self.probe.unfollow_cgroup(id, span);
                         }
                     }
                     attached
@@ -639,7 +639,7 @@ impl Core {
             ));
         }
         if let Some(id) = self.spans.get(&span).and_then(|o| o.cgroup) {
-            self.probe.unfollow_cgroup(id);
+            self.probe.unfollow_cgroup(id, span);
         }
         self.drain();
         let pending = match self.spans.get(&span) {

@@ -386,10 +386,13 @@ impl Probe {
         self.cgroup_any.set(0, 1, 0)
     }
 
-    /// Stops following cgroup `id` (its traced tasks stay the span's until
-    /// the span is untracked).
-    pub fn unfollow_cgroup(&mut self, id: u64) {
-        let _ = self.cgroup_spans.remove(&id);
+    /// Stops following cgroup `id` for `span` (its traced tasks stay the
+    /// span's until the span is untracked). A later span that follows the
+    /// same cgroup (an overlapping call, a span kept between calls) keeps it.
+    pub fn unfollow_cgroup(&mut self, id: u64, span: u64) {
+        if self.cgroup_spans.get(&id, 0).is_ok_and(|owner| owner == span) {
+            let _ = self.cgroup_spans.remove(&id);
+        }
         if self.cgroup_spans.keys().next().is_none() {
             let _ = self.cgroup_any.set(0, 0, 0);
         }

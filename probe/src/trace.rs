@@ -140,7 +140,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     };
     drain(probe, &mut span);
     if let Some(cg) = &opts.cgroup {
-        probe.unfollow_cgroup(cg.id);
+        probe.unfollow_cgroup(cg.id, TRACE_SPAN);
     }
     let pending = probe.untrack_span(TRACE_SPAN);
     drain(probe, &mut span);
