@@ -390,7 +390,11 @@ impl Probe {
     /// span's until the span is untracked). A later span that follows the
     /// same cgroup (an overlapping call, a span kept between calls) keeps it.
     pub fn unfollow_cgroup(&mut self, id: u64, span: u64) {
-        if self.cgroup_spans.get(&id, 0).is_ok_and(|owner| owner == span) {
+        if self
+            .cgroup_spans
+            .get(&id, 0)
+            .is_ok_and(|owner| owner == span)
+        {
             let _ = self.cgroup_spans.remove(&id);
         }
         if self.cgroup_spans.keys().next().is_none() {
