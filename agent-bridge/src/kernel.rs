@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use probe::attribution::ExitStatus;
+use probe::attribution::{ExitStatus, Words};
 use std::os::fd::RawFd;
 
 use probe::client::{AsyncClient, Client, PidRequest};
@@ -222,6 +222,21 @@ impl Kernel {
         timed_out_ms: Option<u64>,
         is_error: bool,
     ) -> Value {
+        self.end_with_words(span, exit, timed_out_ms, is_error, &Words::default())
+            .await
+    }
+
+    /// [`Kernel::end`] with the workload's words (its command and output,
+    /// or a tool call's arguments and result): the witnesses that let the
+    /// probe name a failed lookup as the cause.
+    pub async fn end_with_words(
+        &self,
+        span: &Span,
+        exit: Option<&ExitStatus>,
+        timed_out_ms: Option<u64>,
+        is_error: bool,
+        words: &Words,
+    ) -> Value {
         let Span::Open(id) = span else {
             return self.end_blocking(span, exit, timed_out_ms); // nothing to ask
         };
@@ -229,6 +244,9 @@ impl Kernel {
             json!({"op": "end_span", "span_id": id, "exit": exit, "timed_out_ms": timed_out_ms});
         if is_error {
             request["is_error"] = true.into();
+        }
+        if words.command.is_some() || words.output.is_some() {
+            request["words"] = json!(words);
         }
         let answer = self.ask(request).await.and_then(|mut r| {
             serde_json::from_value(r["attribution"].take())

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use probe::attribution::ExitStatus;
+use probe::attribution::{ExitStatus, Words};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
@@ -424,6 +424,12 @@ pub fn exit_status(s: std::process::ExitStatus) -> ExitStatus {
     }
 }
 
+/// How long a call's end waits for the workload's output to close, so its
+/// words can corroborate the attribution. A background process still
+/// holding the pipes costs the call this much; its words are then only
+/// the command.
+const WORDS_WAIT: Duration = Duration::from_millis(200);
+
 /// What ends a run early.
 pub struct Stops {
     pub timeout: Duration,
@@ -456,14 +462,15 @@ impl Running {
         output: Output,
         stops: Stops,
         mut tick: impl FnMut(Duration),
+        command: String,
     ) -> Finished {
         if let (Some(mut pipe), Some(data)) = (self.stdin.take(), stdin) {
             tokio::spawn(async move {
                 let _ = pipe.write_all(&data).await; // EPIPE: the workload did not read it all
             });
         }
-        let out = tokio::spawn(capture(self.stdout, output.cap, output.stdout_hint));
-        let err = tokio::spawn(capture(self.stderr, output.cap, 0));
+        let mut out = tokio::spawn(capture(self.stdout, output.cap, output.stdout_hint));
+        let mut err = tokio::spawn(capture(self.stderr, output.cap, 0));
         let deadline = tokio::time::sleep(stops.timeout);
         tokio::pin!(deadline);
         let mut ticker = tokio::time::interval_at(
@@ -496,9 +503,26 @@ impl Running {
         // whatever it left behind is ours and must not be blamed on it
         let timed_out_ms = timed_out.then_some(stops.timeout.as_millis() as u64);
         let is_error = timed_out || cancelled || (self.fails_on_exit && !exit.success());
+        // its output is a witness for the attribution: the pipes close at
+        // once unless something it left running holds them
+        let (mut stdout, mut stderr) = (None, None);
+        let _ = tokio::time::timeout(WORDS_WAIT, async {
+            stdout = Some((&mut out).await.unwrap_or_default());
+            stderr = Some((&mut err).await.unwrap_or_default());
+        })
+        .await;
+        let said = stderr.as_ref().map(|e| {
+            let mut said = Vec::new();
+            for c in [stdout.as_ref(), Some(e)].into_iter().flatten() {
+                said.extend_from_slice(&c.data[c.data.len().saturating_sub(Words::MAX)..]);
+                said.push(b'\n');
+            }
+            said
+        });
+        let words = Words::new(Some(command), said.as_deref());
         let kernel = self
             .kernel
-            .end(&self.span, Some(&exit), timed_out_ms, is_error)
+            .end_with_words(&self.span, Some(&exit), timed_out_ms, is_error, &words)
             .await;
         // whatever the workload left running dies with the call (usually
         // nothing is left: then no blocking kill-and-wait on the reply path)
@@ -508,17 +532,24 @@ impl Running {
             let tree = self.tree.clone();
             let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
         }
+        // a handle that finished above must not be awaited again
         let grace = Duration::from_secs(2);
-        let stdout = tokio::time::timeout(grace, out)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
-        let stderr = tokio::time::timeout(grace, err)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
+        let stdout = match stdout {
+            Some(c) => c,
+            None => tokio::time::timeout(grace, out)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default(),
+        };
+        let stderr = match stderr {
+            Some(c) => c,
+            None => tokio::time::timeout(grace, err)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default(),
+        };
         // the tree's cgroups serve the next call unless something in them
         // was killed (see `Spare::give_back`); the others are removed when
         // the last reference goes, off the runtime's threads (see

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::attribution::{Attribution, ExitStatus};
+use crate::attribution::{Attribution, ExitStatus, Words};
 use crate::protocol::{ErrorBody, ErrorCode};
 use crate::store::SpanRow;
 
@@ -227,7 +227,19 @@ impl Client {
         exit: Option<&ExitStatus>,
         timed_out_ms: Option<u64>,
     ) -> Result<Attribution, ClientError> {
-        attribution(self.call(end_request(span_id, exit, timed_out_ms))?)
+        self.end_span_with(span_id, exit, timed_out_ms, &Words::default())
+    }
+
+    /// [`Client::end_span`] with the workload's words: what it was asked
+    /// and what it said, the witnesses a failed lookup needs to be named.
+    pub fn end_span_with(
+        &mut self,
+        span_id: u64,
+        exit: Option<&ExitStatus>,
+        timed_out_ms: Option<u64>,
+        words: &Words,
+    ) -> Result<Attribution, ClientError> {
+        attribution(self.call(end_request(span_id, exit, timed_out_ms, words))?)
     }
 
     /// The daemon's status as it sent it (JSON), for callers that pass it on.
@@ -321,8 +333,12 @@ impl AsyncClient {
         span_id: u64,
         exit: Option<&ExitStatus>,
         timed_out_ms: Option<u64>,
+        words: &Words,
     ) -> Result<Attribution, ClientError> {
-        attribution(self.call(end_request(span_id, exit, timed_out_ms)).await?)
+        attribution(
+            self.call(end_request(span_id, exit, timed_out_ms, words))
+                .await?,
+        )
     }
 }
 
@@ -377,8 +393,18 @@ fn span_and_tids(r: Value) -> Result<(u64, u64), ClientError> {
     }
 }
 
-fn end_request(span_id: u64, exit: Option<&ExitStatus>, timed_out_ms: Option<u64>) -> Value {
-    json!({"op": "end_span", "span_id": span_id, "exit": exit, "timed_out_ms": timed_out_ms})
+fn end_request(
+    span_id: u64,
+    exit: Option<&ExitStatus>,
+    timed_out_ms: Option<u64>,
+    words: &Words,
+) -> Value {
+    let mut r =
+        json!({"op": "end_span", "span_id": span_id, "exit": exit, "timed_out_ms": timed_out_ms});
+    if words.command.is_some() || words.output.is_some() {
+        r["words"] = json!(words);
+    }
+    r
 }
 
 fn attribution(mut response: Value) -> Result<Attribution, ClientError> {

@@ -31,7 +31,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
-use crate::attribution::{Attribution, ExitStatus, Outcome, attribute};
+use crate::attribution::{Attribution, ExitStatus, Outcome, Words, attribute};
 use crate::event::{Kind, decode, read_raw};
 use crate::loader::Probe;
 use crate::otlp::{CallMeta, Exporter, OtlpConfig, TraceParent};
@@ -96,6 +96,7 @@ enum Command {
         exit: Option<ExitStatus>,
         timed_out: Option<Duration>,
         is_error: bool,
+        words: Words,
         reply: Reply<Attribution>,
     },
     Status {
@@ -273,7 +274,7 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
             // end what is still open, so nothing collected is lost
             let open: Vec<u64> = core.spans.keys().copied().collect();
             for span in open {
-                let _ = core.end(span, None, None, false);
+                let _ = core.end(span, None, None, false, Words::default());
             }
             core.store_tx = None; // lets the store thread finish
             tracing::info!("core stopped");
@@ -425,9 +426,10 @@ impl Core {
                 exit,
                 timed_out,
                 is_error,
+                words,
                 reply,
             } => {
-                let _ = reply.send(self.end(span, exit, timed_out, is_error));
+                let _ = reply.send(self.end(span, exit, timed_out, is_error, words));
             }
             Command::Status { reply } => {
                 self.drain(); // counts up to date, as of this request
@@ -631,6 +633,7 @@ impl Core {
         exit: Option<ExitStatus>,
         timed_out: Option<Duration>,
         is_error: bool,
+        words: Words,
     ) -> Result<Attribution, ErrorBody> {
         if !self.spans.contains_key(&span) {
             return Err(ErrorBody::new(
@@ -669,6 +672,7 @@ impl Core {
             timed_out,
             duration_ns: open.started.elapsed().as_nanos() as u64,
             all_events: false,
+            words,
         };
         let attribution = attribute(&open.evidence, &outcome);
         self.spans_ended += 1;
@@ -1240,6 +1244,7 @@ async fn connection(
             exit: None,
             timed_out_ms: None,
             is_error: false,
+            words: Default::default(),
         };
         respond(&Value::Null, end, &core, &config).await;
     }
@@ -1301,12 +1306,14 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             exit,
             timed_out_ms,
             is_error,
+            words,
         } => core
             .ask(|reply| Command::End {
                 span: span_id,
                 exit,
                 timed_out: timed_out_ms.map(Duration::from_millis),
                 is_error,
+                words: words.bounded(),
                 reply,
             })
             .await

@@ -11,7 +11,8 @@
 //!   [`sessions`] remembers what a session wrote (for `fs.persistence`).
 //! - [`attribution`]: picks the decisive event and the [`primitive`].
 //! - [`report`]: renders an attribution for people.
-//! - [`trace`]: `probe trace`, all of the above for one command.
+//! - [`trace`]: `probe trace`, all of the above for one command; [`tee`]:
+//!   the workload's stderr passed through, its tail kept as a witness.
 //! - [`daemon`]: `probe run`, the same for many spans, over the control
 //!   [`protocol`] (its [`client`]s: `probe span`, agent-bridge; its
 //!   [`status`]), configured by
@@ -45,5 +46,6 @@ pub mod spawn;
 pub mod status;
 pub mod store;
 pub mod syscalls;
+pub mod tee;
 pub mod trace;
 pub mod tracefs;

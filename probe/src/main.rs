@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
-use probe::attribution::{Attribution, ExitStatus};
+use probe::attribution::{Attribution, ExitStatus, Words};
 use probe::client::Client;
 use probe::daemon::DaemonConfig;
 use probe::loader::Probe;
 use probe::primitive::reference_markdown;
 use probe::protocol::{DEFAULT_DB, DEFAULT_SOCKET};
 use probe::store::{SpanFilter, SpanRow, Store};
+use probe::tee::{StderrTee, command_line};
 use probe::trace::{TraceOptions, trace};
 
 /// Exit status for the probe's own failures (CMD's statuses pass through).
@@ -543,9 +544,14 @@ fn span(socket: &Path, args: SpanArgs, command: Vec<OsString>) -> anyhow::Result
     if json {
         cmd.stdout(std::process::Stdio::from(std::io::stderr().as_fd_owned()?));
     }
+    StderrTee::pipe(&mut cmd);
+    let mut stderr = None;
     let spawned = probe::spawn::spawn_attached(&mut cmd, |pid| client.attach(span, pid));
     let (exit, timed_out) = match spawned {
-        Ok((Ok(child), _)) => wait_forwarding(child, timeout)?,
+        Ok((Ok(mut child), _)) => {
+            stderr = child.stderr.take().map(StderrTee::start);
+            wait_forwarding(child, timeout)?
+        }
         Ok((Err(e), _)) => {
             eprintln!("probe: {}: {e}", program.to_string_lossy());
             let code = if e.kind() == std::io::ErrorKind::NotFound {
@@ -566,7 +572,12 @@ fn span(socket: &Path, args: SpanArgs, command: Vec<OsString>) -> anyhow::Result
             return Err(e.into());
         }
     };
-    let a = client.end_span(span, Some(&exit), timed_out.map(|t| t.as_millis() as u64))?;
+    let words = Words::new(
+        Some(command_line(&command)),
+        stderr.as_ref().map(|t| t.said()).as_deref(),
+    );
+    let timed_out_ms = timed_out.map(|t| t.as_millis() as u64);
+    let a = client.end_span_with(span, Some(&exit), timed_out_ms, &words)?;
     print_attribution(&a, json)?;
     Ok(exit_code(&a.exit))
 }

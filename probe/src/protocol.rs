@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::attribution::ExitStatus;
+use crate::attribution::{ExitStatus, Words};
 
 /// Bumped on any incompatible change; `hello` and `status` report it.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -18,6 +18,10 @@ pub const DEFAULT_SOCKET: &str = "/run/probe/probe.sock";
 
 /// Where the daemon keeps its evidence unless told otherwise.
 pub const DEFAULT_DB: &str = "/var/lib/probe/evidence.db";
+
+fn words_empty(w: &Words) -> bool {
+    w.command.is_none() && w.output.is_none()
+}
 
 /// A request. `id` (any JSON value) is echoed in the response.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -95,6 +99,11 @@ pub enum Request {
         /// `error.type = tool_error`.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
+        /// What the workload was asked (`command`) and said (`output`):
+        /// the witnesses that let a failed lookup be named as the cause
+        /// (each cut to 32 KiB: the command's head, the output's tail).
+        #[serde(default, skip_serializing_if = "words_empty")]
+        words: Words,
     },
     /// Daemon health: kernel, programs, rates, drops, open spans, DB.
     Status,
@@ -341,8 +350,18 @@ mod tests {
                 exit: Some(_),
                 timed_out_ms: None,
                 is_error: false,
+                ..
             }
         ));
+        // the workload's words ride along
+        let (_, r) = parse_request(
+            br#"{"op": "end_span", "span_id": 3, "words": {"command": "cat /x", "output": "cat: /x: No such file or directory"}}"#,
+        );
+        let Request::EndSpan { words, .. } = r.unwrap() else {
+            panic!("not end_span");
+        };
+        assert_eq!(words.command.as_deref(), Some("cat /x"));
+        assert!(words.output.unwrap().starts_with("cat: /x"));
     }
 
     #[test]

@@ -865,6 +865,10 @@ mod tests {
                     signal: None,
                 },
                 all_events: true,
+                words: crate::attribution::Words {
+                    command: Some("cat /data/x.csv".into()),
+                    output: None,
+                },
                 ..Default::default()
             },
         );

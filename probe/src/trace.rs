@@ -14,11 +14,12 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::attribution::{Attribution, ExitStatus, Outcome, attribute};
+use crate::attribution::{Attribution, ExitStatus, Outcome, Words, attribute};
 use crate::event::{decode, read_raw};
 use crate::loader::Probe;
 use crate::spans::SpanEvidence;
 use crate::spawn::{SpawnError, spawn_attached};
+use crate::tee::{StderrTee, command_line};
 
 /// What to run and how to report it.
 #[derive(Debug, Clone, Default)]
@@ -91,6 +92,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     if opts.stdout_to_stderr {
         cmd.stdout(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?));
     }
+    StderrTee::pipe(&mut cmd);
 
     let drops_before = probe.drops();
     let start_ns = crate::clock::monotonic_ns();
@@ -115,8 +117,10 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
 
     let mut interrupted = false;
     let mut timed_out = None;
+    let mut stderr = None;
     let exit = match child {
-        Ok(child) => {
+        Ok(mut child) => {
+            stderr = child.stderr.take().map(StderrTee::start);
             let (status, intr, tmo) =
                 wait_collecting(probe, &mut span, child, &sig_r, opts.timeout)?;
             interrupted = intr;
@@ -161,6 +165,10 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         timed_out,
         duration_ns: started.elapsed().as_nanos() as u64,
         all_events: opts.all_events,
+        words: Words::new(
+            Some(command_line(&opts.command)),
+            stderr.as_ref().map(|t| t.said()).as_deref(),
+        ),
     };
     Ok(Traced {
         attribution: attribute(&span, &outcome),

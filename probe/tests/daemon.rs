@@ -125,14 +125,16 @@ fn run_span(client: &mut Client, session: &str, cmd: &[&str]) -> probe::attribut
     let mut c = Command::new(cmd[0]);
     c.args(&cmd[1..])
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(Stdio::piped());
     let (child, _) = probe::spawn::spawn_attached(&mut c, |pid| client.attach(span, pid)).unwrap();
-    let status = child.unwrap().wait().unwrap();
+    let output = child.unwrap().wait_with_output().unwrap();
     let exit = ExitStatus {
-        code: status.code(),
-        signal: status.signal().map(probe::event::signal_name),
+        code: output.status.code(),
+        signal: output.status.signal().map(probe::event::signal_name),
     };
-    client.end_span(span, Some(&exit), None).unwrap()
+    // what it was asked and said: the witnesses of a failed lookup
+    let words = probe::attribution::Words::new(Some(cmd.join(" ")), Some(&output.stderr));
+    client.end_span_with(span, Some(&exit), None, &words).unwrap()
 }
 
 /// Ids of loaded BPF programs called `name` (ids are never reused, so

@@ -131,8 +131,9 @@ fn traced(
         code: status.code(),
         signal: status.signal().map(probe::event::signal_name),
     };
+    let words = json!({"command": cmd.join(" ")});
     let r = client
-        .call(json!({"op": "end_span", "span_id": span, "exit": exit, "is_error": is_error}))
+        .call(json!({"op": "end_span", "span_id": span, "exit": exit, "is_error": is_error, "words": words}))
         .unwrap();
     serde_json::from_value(r["attribution"].clone()).unwrap()
 }

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use probe::attribution::ExitStatus;
+use probe::attribution::{ExitStatus, Words};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::{mpsc, oneshot};
@@ -97,6 +97,9 @@ struct Call {
     /// the span between the calls, when it holds a failure. Ended beside
     /// the call, off its path; read with its evidence.
     before: Mutex<Option<tokio::task::JoinHandle<Option<Value>>>>,
+    /// The request as the client sent it (its arguments): what the server
+    /// was asked, a witness for the attribution.
+    asked: String,
 }
 
 /// A running foreign server.
@@ -270,6 +273,8 @@ impl Relay {
                     started: Instant::now(),
                     overlapping: 0,
                     before: Mutex::new(before),
+                    asked: String::from_utf8_lossy(&line[..line.len().min(Words::MAX)])
+                        .into_owned(),
                 })
             }
             _ => None,
@@ -436,6 +441,7 @@ impl Relay {
                             Some(timeout.as_millis() as u64),
                             "timeout",
                             child.pid,
+                            Some(child.stderr_tail().as_bytes()),
                         )
                         .await,
                 ),
@@ -489,11 +495,13 @@ impl Relay {
         timed_out_ms: Option<u64>,
         outcome: &str,
         pid: u32,
+        said: Option<&[u8]>,
     ) -> Value {
+        let words = Words::new(Some(call.asked.clone()), said);
         // anything but a plain result is a tool error for the trace
         let mut v = self
             .kernel
-            .end(&call.span, exit, timed_out_ms, outcome != "ok")
+            .end_with_words(&call.span, exit, timed_out_ms, outcome != "ok", &words)
             .await;
         v["overlapping_calls"] = call.overlapping.into();
         let before = call.before.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -659,7 +667,7 @@ impl Relay {
                     signal: None,
                 };
                 let kernel = self
-                    .evidence(call, Some(&exit), None, outcome, child.pid)
+                    .evidence(call, Some(&exit), None, outcome, child.pid, Some(&line))
                     .await;
                 if head.rpc_error {
                     // no result to carry it: the error's data does
@@ -749,8 +757,15 @@ impl Relay {
             let kernel = match &p.call {
                 // the kernel saw how the server ended: that is the call's exit
                 Some(c) => Some(
-                    self.evidence(c, exit.as_ref(), None, "server_gone", child.pid)
-                        .await,
+                    self.evidence(
+                        c,
+                        exit.as_ref(),
+                        None,
+                        "server_gone",
+                        child.pid,
+                        Some(tail.as_bytes()),
+                    )
+                    .await,
                 ),
                 None => None,
             };

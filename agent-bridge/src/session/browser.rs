@@ -303,10 +303,13 @@ impl Session {
             code: Some(i32::from(result.is_err())),
             signal: None,
         };
+        // what went wrong, in the browser's words: a witness for the probe
+        let said = result.as_ref().err().map(|e| e.as_bytes());
+        let words = probe::attribution::Words::new(Some(name.to_string()), said);
         let mut kernel = self
             .ctx
             .kernel
-            .end(&span, Some(&exit), None, result.is_err())
+            .end_with_words(&span, Some(&exit), None, result.is_err(), &words)
             .await;
         let took = started.elapsed().as_secs_f64() * 1000.0;
         if let Some(before) = before {

@@ -253,13 +253,14 @@ impl Session {
             stdin_pipe: stdin.is_some(),
             ..spec
         };
+        let command = probe::tee::command_line(&spec.argv);
         let running = self
             .ctx
             .start(spec, self.next_call())
             .await
             .map_err(|e| Reply::error(e.0, json!({})))?;
         Ok(running
-            .run_to_end(stdin, output, Stops { timeout, cancel }, tick)
+            .run_to_end(stdin, output, Stops { timeout, cancel }, tick, command)
             .await)
     }
 

@@ -1,13 +1,13 @@
-//! Failure events as evidence: which are noise, what each one weighs,
-//! the strongest among a chosen set, and the sentence that names it.
-
-use std::collections::{HashMap, VecDeque};
+//! Failure events as evidence, read from their grades ([`super::grade`]):
+//! a crash's refusal, a shell's missing command, the strongest among a
+//! chosen set, and the sentence that names it.
 
 use crate::event::{KernelEvent, Kind, errno_desc};
 use crate::primitive::{Primitive, SYMPTOM_SIGNALS, SYMPTOM_WINDOW_NS, classify};
 use crate::spans::SpanEvidence;
 
-use super::{Outcome, Verdict};
+use super::grade::{Grades, Witness, last_exec};
+use super::{Case, Outcome, Verdict};
 
 /// A crash the process brought on itself right after the kernel refused it
 /// a resource (Chromium under RLIMIT_AS: mmap ENOMEM ×4 in one thread, then
@@ -20,6 +20,7 @@ use super::{Outcome, Verdict};
 /// ones a filter refused).
 pub(super) fn resource_failure_behind_crash(
     span: &SpanEvidence,
+    grades: &Grades,
     pid: u32,
     sig: &str,
     signal: Option<&KernelEvent>,
@@ -47,7 +48,6 @@ pub(super) fn resource_failure_behind_crash(
             .map(|e| e.ts_ns)
     })?;
     let events = &span.events;
-    let execs = last_exec(events);
     // a run of identical failures carries the time of its first one: a run
     // that began before the window is left out even if it lasted into it
     let in_window: Vec<(usize, Primitive)> = events
@@ -59,7 +59,9 @@ pub(super) fn resource_failure_behind_crash(
                 && e.ts_ns <= crashed_at
                 && crashed_at - e.ts_ns <= SYMPTOM_WINDOW_NS
         })
-        .filter_map(|(i, _)| Some((i, score(span, events, i, &execs)?.0)))
+        .filter_map(|(i, _)| Some((i, grades.get(i)?)))
+        .filter(|(i, g)| g.counts() || exists_outside(&events[*i]))
+        .map(|(i, g)| (i, g.primitive))
         .collect();
     let refused = |p: Primitive| {
         matches!(
@@ -76,7 +78,9 @@ pub(super) fn resource_failure_behind_crash(
     // looked for were missing: Chromium without fonts aborts in Skia once
     // fontconfig found none. Less sure than a refusal (programs look for
     // optional files all the time), and never for a fault (SIGSEGV…),
-    // which is a bug of its own.
+    // which is a bug of its own. Weak lookups count here when
+    // corroborated, or when the file exists outside the workload's view
+    // (the sandbox hid it: that corroborates it too).
     let mut confidence = 0.9;
     let mut hidden_from_it = false;
     if refusals.is_empty() && matches!(sig, "SIGABRT" | "SIGTRAP") {
@@ -167,58 +171,6 @@ fn exists_outside(ev: &KernelEvent) -> bool {
             .is_some_and(|p| p.starts_with('/') && std::path::Path::new(p).exists())
 }
 
-/// Paths a program looks up while searching (modules, libraries, locales,
-/// interpreter start-up files, a shell glob that matched nothing): their
-/// absence is how the search works, not a failure.
-pub fn is_search_noise(path: &str) -> bool {
-    const COMPONENTS: [&str; 14] = [
-        "__pycache__",
-        "site-packages",
-        "dist-packages",
-        "lib-dynload",
-        "glibc-hwcaps",
-        "tls",
-        "haswell",
-        "avx512_1",
-        "x86_64",
-        "node_modules",
-        "locale",
-        "gconv",
-        "Modules",
-        "selinux",
-    ];
-    // /etc/localtime: libc and python fall back to UTC without it
-    const PREFIXES: [&str; 7] = [
-        "/proc/",
-        "/sys/",
-        "/dev/",
-        "/etc/ld.so",
-        "/etc/localtime",
-        "/usr/share/zoneinfo",
-        // glibc checks it at the start of every setuid program
-        "/etc/suid-debug",
-    ];
-    const NAMES: [&str; 4] = ["pybuilddir.txt", "pyvenv.cfg", "Setup.local", "os.py"];
-    let name = path.rsplit('/').next().unwrap_or(path);
-    // relative to an fd of /proc (Chromium's thread lists): threads come and go
-    let proc_relative = path.starts_with("self/") || path.starts_with("thread-self/");
-    proc_relative
-        || path.starts_with('<')
-        || path.contains("/lib/python")
-        || path.split('/').any(|c| COMPONENTS.contains(&c))
-        || PREFIXES.iter().any(|p| path.starts_with(p))
-        || NAMES.contains(&name)
-        || name.ends_with("._pth")
-        || name.ends_with(".pyc")
-        || name.ends_with(".so")
-        || name.contains(".so.")
-        || (name.starts_with("python3") && name.ends_with(".zip"))
-        // a shell glob that matched nothing, passed on as written: the
-        // script's own check (`ls /usr/share/chromium/extensions/*` in
-        // Debian's chromium wrapper)
-        || name.contains('*')
-}
-
 /// A failure a process that exited 0 most likely reported to its parent
 /// rather than failing itself (Chromium's network service renders an error
 /// page and its writer threads log a full disk, while the browser exits 0):
@@ -241,88 +193,18 @@ pub(super) fn reported_failure(ev: &KernelEvent, primitive: Primitive) -> bool {
     }
 }
 
-/// Index of the last successful exec per pid: a failure before it belongs
-/// to a program image that was replaced.
-pub(super) fn last_exec(events: &VecDeque<KernelEvent>) -> HashMap<u32, usize> {
-    events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.kind == Kind::Exec)
-        .map(|(i, e)| (e.pid, i))
-        .collect()
-}
-
-/// The dynamic loader checking a directory of its search path
-/// (LD_LIBRARY_PATH, a hidden one in a sandbox): it stats the directory
-/// right after failing to open a library in it.
-fn library_dir_probe(events: &VecDeque<KernelEvent>, i: usize, dir: &str) -> bool {
-    let pid = events[i].pid;
-    events
-        .range(i.saturating_sub(4)..i)
-        .filter(|e| e.pid == pid)
-        .filter_map(|e| e.path.as_deref())
-        .any(|p| {
-            p.strip_prefix(dir)
-                .is_some_and(|rest| rest.starts_with('/') && is_search_noise(p))
-        })
-}
-
-/// A failure event's primitive and weight, or None when it is not
-/// evidence. Scores `events[i]`; `execs` from [`last_exec`].
-pub(super) fn score(
-    span: &SpanEvidence,
-    events: &VecDeque<KernelEvent>,
-    i: usize,
-    execs: &HashMap<u32, usize>,
-) -> Option<(Primitive, f64)> {
-    let ev = &events[i];
-    let errno = ev.errno_nr()?;
-    let nr = ev.syscall_nr?;
-    if ev.kind == Kind::SeccompDenied {
-        let confirmed = ev.seccomp_filter == Some(true);
-        return Some((Primitive::Seccomp, if confirmed { 0.97 } else { 0.6 }));
-    }
-    // the program that failed here was replaced by a successful exec: it
-    // coped (a PATH search, a wrapper script); the new program is judged
-    if execs.get(&ev.pid).is_some_and(|&x| x > i) {
-        return None;
-    }
-    if ev.written_earlier.is_some() && matches!(errno, libc::ENOENT | libc::ENOTDIR) {
-        return Some((Primitive::FsPersistence, 0.95));
-    }
-    let rule = classify(nr, errno, ev.flags.unwrap_or(0))?;
-    let mut primitive = rule.primitive;
-    if let Some(path) = &ev.path
-        && rule.primitive == Primitive::FsMissing
-        && (is_search_noise(path) || library_dir_probe(events, i, path))
-    {
-        return None;
-    }
-    match primitive {
-        Primitive::FsPermission if matches!(nr, 59 | 322) => {
-            let path = ev.path.as_deref().unwrap_or("");
-            let noexec_mount_in_span = span.events.iter().any(|m| {
-                m.kind == Kind::Mount
-                    && m.flags.unwrap_or(0) & libc::MS_NOEXEC != 0
-                    && m.path.as_deref().is_some_and(|t| path.starts_with(t))
-            });
-            if ev.mount_noexec == Some(true) || noexec_mount_in_span {
-                primitive = Primitive::FsNoexec;
-            }
-        }
-        _ => {}
-    }
-    Some((primitive, rule.weight as f64))
-}
-
 /// A shell's "command not found": a process exited 127 after looking up
-/// the same name in several PATH directories (stat, access or execve) and
-/// finding none. Where the span's status is 127, the lookup may also be
+/// a name in the bin directories of its PATH (stat, access or execve) and
+/// finding none; one directory is enough (`PATH=/bin`, minimal images,
+/// `env -i`). Where the span's status is 127, the lookup may also be
 /// another process's that then exited non-zero (a container runtime's `runc
 /// init` looks the command up itself and the runtime reports 127); with any
 /// other status, a lookup in two bin directories or more by a process that
 /// then exited non-zero (firejail looks it up and exits 1). Not a lookup
 /// its process got past (`survived`: it went on to start a program).
+/// Only bin directories (`…/bin`, `…/sbin`) are a command's candidates: a
+/// name looked up in several other places is a message catalog or a
+/// configuration file, not a program.
 pub(super) fn command_not_found(
     span: &SpanEvidence,
     outcome: &Outcome,
@@ -366,9 +248,8 @@ pub(super) fn command_not_found(
                 )
                 && e.path
                     .as_deref()
-                    .is_some_and(|p| p.starts_with('/') && !is_search_noise(p))
-                && (exited_127(e.pid)
-                    || (own_lookup(e.pid) && e.path.as_deref().is_some_and(in_bin_dir)))
+                    .is_some_and(|p| p.starts_with('/') && in_bin_dir(p))
+                && (exited_127(e.pid) || own_lookup(e.pid))
         })
         .collect();
     let last = *misses.last()?;
@@ -381,7 +262,7 @@ pub(super) fn command_not_found(
         .collect();
     let mut seen = std::collections::HashSet::new();
     tried.retain(|p| seen.insert(*p));
-    let bin_dirs = tried.iter().filter(|p| in_bin_dir(p)).count();
+    let bin_dirs = tried.len();
     let status_127 = exited_127(last.pid);
     // a program looking for itself on PATH (python finding its prefix)
     let itself = span.processes.get(&last.pid).is_some_and(|p| {
@@ -393,7 +274,7 @@ pub(super) fn command_not_found(
             && e.ts_ns >= last.ts_ns
             && e.path.as_deref().and_then(|p| p.rsplit('/').next()) == Some(name.as_str())
     });
-    if tried.len() < 2 || found || (!status_127 && (bin_dirs < 2 || itself)) {
+    if found || (!status_127 && (bin_dirs < 2 || itself)) {
         return None;
     }
     Some(Verdict {
@@ -401,10 +282,13 @@ pub(super) fn command_not_found(
         // without the shell's 127, a denial or hard limit outranks it
         confidence: if status_127 { 0.95 } else { 0.85 },
         explanation: format!(
-            "`{name}` is not installed: {} (pid {}) looked in {} PATH directories ({}) and {}",
+            "`{name}` is not installed: {} (pid {}) looked in {} ({}) and {}",
             last.comm,
             last.pid,
-            tried.len(),
+            match tried.len() {
+                1 => "the one PATH directory".to_string(),
+                n => format!("{n} PATH directories"),
+            },
             tried.join(", "),
             match (
                 span.processes.get(&last.pid).and_then(|p| p.exit_code),
@@ -419,14 +303,14 @@ pub(super) fn command_not_found(
     })
 }
 
-/// The strongest scored failure among those `eligible` accepts (given the
-/// event, its primitive and its weight), explained; among equals the latest wins.
+/// The strongest failure that counts as evidence ([`Grades::evidence`])
+/// among those `eligible` accepts (given the event, its primitive and its
+/// weight), explained; among equals the latest wins.
 pub(super) fn strongest_failure(
-    span: &SpanEvidence,
-    outcome: &Outcome,
+    case: &Case,
     eligible: impl Fn(&KernelEvent, Primitive, f64) -> bool,
 ) -> Option<Verdict> {
-    pick_failure(span, outcome, eligible, None)
+    pick_failure(case, eligible, None)
 }
 
 /// The latest eligible failure weighing `strong` or more: a process that
@@ -434,28 +318,22 @@ pub(super) fn strongest_failure(
 /// srt: its AF_UNIX socket is refused, then its connect) failed on the
 /// later one. Without such a failure, the strongest.
 pub(super) fn latest_strong_failure(
-    span: &SpanEvidence,
-    outcome: &Outcome,
+    case: &Case,
     strong: f64,
     eligible: impl Fn(&KernelEvent, Primitive, f64) -> bool,
 ) -> Option<Verdict> {
-    pick_failure(span, outcome, eligible, Some(strong))
+    pick_failure(case, eligible, Some(strong))
 }
 
 fn pick_failure(
-    span: &SpanEvidence,
-    outcome: &Outcome,
+    case: &Case,
     eligible: impl Fn(&KernelEvent, Primitive, f64) -> bool,
     latest_from: Option<f64>,
 ) -> Option<Verdict> {
-    let events = &span.events;
-    let execs = last_exec(events);
+    let events = &case.span.events;
     let mut best: Option<(usize, Primitive, f64)> = None;
     for (i, ev) in events.iter().enumerate().rev() {
-        if !(ev.kind.is_failure() || ev.kind == Kind::SeccompDenied) {
-            continue;
-        }
-        let Some((primitive, weight)) = score(span, events, i, &execs) else {
+        let Some((primitive, weight)) = case.grades.evidence(i) else {
             continue;
         };
         if !eligible(ev, primitive, weight) {
@@ -471,8 +349,14 @@ fn pick_failure(
         }
     }
     let (i, primitive, weight) = best?;
+    let witness = case.grades.get(i).and_then(|g| g.witness);
     Some(explain_failure(
-        span, outcome, &events[i], primitive, weight,
+        case.span,
+        case.outcome,
+        &events[i],
+        primitive,
+        weight,
+        witness,
     ))
 }
 
@@ -483,6 +367,7 @@ fn explain_failure(
     ev: &KernelEvent,
     primitive: Primitive,
     weight: f64,
+    witness: Option<Witness>,
 ) -> Verdict {
     let events = &span.events;
     let errno = ev.errno.clone().unwrap_or_default().into_owned();
@@ -601,6 +486,11 @@ fn explain_failure(
             ev.call(),
             primitive.meaning()
         ),
+    };
+    // weak evidence says what corroborated it
+    let explanation = match witness {
+        Some(w) => format!("{explanation} ({})", w.clause()),
+        None => explanation,
     };
     Verdict {
         primitive,

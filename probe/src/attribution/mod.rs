@@ -5,8 +5,12 @@
 //! - `lineage`: the exit-status path (which process's status the caller
 //!   got) and where each fatal signal came from (its own hand, an
 //!   ancestor shutting a helper down, the kernel at PID-namespace teardown).
-//! - `failures`: failure events as evidence: noise, weights, the strongest
-//!   among a set, and its sentence.
+//! - `grade`: every failure graded once: strong (a denial, a hard limit)
+//!   or weak (a failed lookup), and for weak ones whether the workload's
+//!   words or its command corroborate them. Only strong or corroborated
+//!   failures are ever the cause; the others are `noticed`.
+//! - `failures`: failure events as evidence, from their grades: a crash's
+//!   refusal, a missing command, the strongest among a set, its sentence.
 //! - `rank`: the stages of a failed span's verdict, in the order they
 //!   outrank each other.
 //! - here: the attribution object, a successful span's verdict and its
@@ -16,6 +20,7 @@
 //! match no rule (ENOTTY, EAGAIN on reads, module searches) are never blamed.
 
 mod failures;
+mod grade;
 mod lineage;
 mod rank;
 #[cfg(test)]
@@ -29,8 +34,8 @@ use crate::event::{KernelEvent, Kind};
 use crate::primitive::{Layer, Primitive};
 use crate::spans::{Drops, SpanEvidence};
 
-pub use failures::is_search_noise;
-use failures::{last_exec, reported_failure, score, strongest_failure};
+use failures::{reported_failure, strongest_failure};
+use grade::Grades;
 use lineage::Lineage;
 use rank::failure_verdict;
 
@@ -99,6 +104,11 @@ pub struct Attribution {
     pub counts: BTreeMap<String, u64>,
     pub drops: Drops,
     pub duration_ms: f64,
+    /// Failed lookups of the failing processes that nothing corroborates
+    /// (no word of the workload's output or of its command names the
+    /// path): seen, never the cause. At most [`NOTICED_MAX`], latest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub noticed: Vec<String>,
     /// Memory stalls during the span: the span's own reclaim (direct, and
     /// its memory cgroup's at its limit), and the machine-wide PSI `some`
     /// time (where PSI exists).
@@ -131,7 +141,79 @@ pub struct Outcome {
     pub duration_ns: u64,
     /// Put every retained event in `events`, not just the evidence.
     pub all_events: bool,
+    /// The workload's own words: what corroborates a failed lookup.
+    pub words: Words,
 }
+
+/// What the workload was asked and what it said, as far as the caller
+/// knows: the witnesses a weak failure needs ([`grade`]). Each is cut to
+/// its [`Words::MAX`] bytes (the output's tail, the command's head).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Words {
+    /// The command line or script the workload was asked to run, or a
+    /// tool call's arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Its output (stderr, and stdout where the caller has it), or the
+    /// text of the tool's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+impl Words {
+    /// Bytes kept of each.
+    pub const MAX: usize = 32 * 1024;
+
+    /// `command` and `output`, cut to size: errors come last, so the
+    /// output's tail is kept, and the command's head.
+    pub fn new(command: Option<String>, output: Option<&[u8]>) -> Words {
+        Words {
+            command: command.map(|c| head(&c, Words::MAX).to_string()),
+            output: output.map(|o| {
+                let tail = &o[o.len().saturating_sub(Words::MAX)..];
+                String::from_utf8_lossy(tail).into_owned()
+            }),
+        }
+    }
+
+    /// Cut to size, as [`Words::new`] does (for words taken from a client).
+    pub fn bounded(self) -> Words {
+        Words {
+            command: self.command.map(|c| head(&c, Words::MAX).to_string()),
+            output: self.output.map(|o| tail(&o, Words::MAX).to_string()),
+        }
+    }
+}
+
+/// The first `max` bytes of `s`, on a character boundary.
+fn head(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// The last `max` bytes of `s`, on a character boundary.
+fn tail(s: &str, max: usize) -> &str {
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// What the stages judge: the span, what the caller knows, whose status
+/// went to whom, and every failure's grade (computed once).
+pub(crate) struct Case<'a> {
+    pub span: &'a SpanEvidence,
+    pub outcome: &'a Outcome,
+    pub lineage: Lineage,
+    pub grades: Grades,
+}
+
+/// Most noticed lines an attribution carries.
+pub const NOTICED_MAX: usize = 3;
 
 /// One decision: primitive, confidence, sentence, decisive event.
 struct Verdict {
@@ -144,11 +226,22 @@ struct Verdict {
 /// Attributes a finished span.
 pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     let failed = !outcome.exit.success() || outcome.timed_out.is_some();
+    let case = Case {
+        span,
+        outcome,
+        lineage: Lineage::of(span, &outcome.exit),
+        grades: Grades::of(span, &outcome.words),
+    };
     let memory_death = (!failed).then(|| memory_death(span, outcome)).flatten();
     let verdict = if failed {
-        failure_verdict(span, outcome)
+        failure_verdict(&case)
     } else {
         success_verdict(span, memory_death.as_ref())
+    };
+    let noticed = if failed {
+        noticed(&case, verdict.decisive.as_ref())
+    } else {
+        Vec::new()
     };
     let mut verdict = verdict;
     if let Some(note) = uring_seccomp_note(span) {
@@ -158,12 +251,12 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     let hidden_failure = if failed {
         None
     } else {
-        memory_death.or_else(|| hidden_failure(span, outcome))
+        memory_death.or_else(|| hidden_failure(&case))
     };
     let events = if outcome.all_events {
         span.events.iter().cloned().collect()
     } else {
-        evidence_events(span, verdict.decisive.as_ref())
+        evidence_events(&case, verdict.decisive.as_ref())
     };
     Attribution {
         span: span.id,
@@ -180,6 +273,7 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
             .filter(|h| !h.is_empty()),
         decisive: verdict.decisive,
         hidden_failure,
+        noticed,
         events,
         counts: span
             .counts
@@ -256,9 +350,9 @@ fn uring_seccomp_note(span: &SpanEvidence) -> Option<String> {
 /// the failure was a weak one), and failures their process got past by
 /// going on to start the workload (systemd-nspawn's EROFS while it sets up
 /// a read-only root).
-fn hidden_failure(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure> {
-    let lineage = Lineage::of(span, &outcome.exit);
-    let v = strongest_failure(span, outcome, |ev, primitive, weight| {
+fn hidden_failure(case: &Case) -> Option<HiddenFailure> {
+    let (span, lineage) = (case.span, &case.lineage);
+    let v = strongest_failure(case, |ev, primitive, weight| {
         let failing = span.processes.get(&ev.pid).is_some_and(|p| p.failed());
         let root = Some(ev.pid) == span.root_pid;
         let eligible = if root {
@@ -354,10 +448,10 @@ fn success_verdict(span: &SpanEvidence, memory_death: Option<&HiddenFailure>) ->
 /// The events worth showing without `--events`: the decisive one, other
 /// scored failures of failing processes, signals, OOM, seccomp denials and
 /// failing exits. Repeats of the same call are shown once.
-fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<KernelEvent> {
+fn evidence_events(case: &Case, decisive: Option<&KernelEvent>) -> Vec<KernelEvent> {
     const MAX: usize = 30;
+    let span = case.span;
     let events = &span.events;
-    let execs = last_exec(events);
     let failing = |pid: u32| {
         Some(pid) == span.root_pid || span.processes.get(&pid).is_some_and(|p| p.failed())
     };
@@ -367,7 +461,7 @@ fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<K
             Kind::SeccompDenied | Kind::Signal | Kind::OomVictim | Kind::UringUnderSeccomp => true,
             Kind::Exit => Some(e.pid) == span.root_pid || e.exit_code.is_none(),
             Kind::SyscallFailed | Kind::UringFailed => {
-                failing(e.pid) && score(span, events, i, &execs).is_some_and(|(_, w)| w >= 0.5)
+                failing(e.pid) && case.grades.evidence(i).is_some_and(|(_, w)| w >= 0.5)
             }
             _ => false,
         };
@@ -391,6 +485,53 @@ fn evidence_events(span: &SpanEvidence, decisive: Option<&KernelEvent>) -> Vec<K
         out.push(d.clone());
     }
     out
+}
+
+/// The failing processes' failed lookups that nothing corroborated (see
+/// [`grade`]), the latest [`NOTICED_MAX`] distinct paths, as sentences: a
+/// user still sees them, never as the cause. Not what a process got past
+/// by going on to start another program, nor cleanup.
+fn noticed(case: &Case, decisive: Option<&KernelEvent>) -> Vec<String> {
+    let span = case.span;
+    let failing = |pid: u32| {
+        Some(pid) == span.root_pid
+            || case.lineage.leaf() == Some(pid)
+            || span.processes.get(&pid).is_some_and(|p| p.failed())
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut lines: Vec<String> = span
+        .events
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(i, e)| {
+            case.grades.uncorroborated(*i)
+                && failing(e.pid)
+                && !case.lineage.survived(e)
+                && !case.lineage.is_cleanup(e)
+                && Some(*e) != decisive
+        })
+        .filter_map(|(_, e)| {
+            let path = e.path.as_deref()?;
+            seen.insert(path).then(|| {
+                let what = match e.errno.as_deref() {
+                    Some("EACCES" | "EPERM") => "could not be read",
+                    _ => "was missing",
+                };
+                format!(
+                    "`{path}` {what} ({} {} in {} (pid {})); nothing the workload said or was \
+                     asked names it, so it is not taken for the cause",
+                    e.syscall.as_deref().unwrap_or("a syscall"),
+                    e.errno.as_deref().unwrap_or("?"),
+                    e.comm,
+                    e.pid
+                )
+            })
+        })
+        .take(NOTICED_MAX)
+        .collect();
+    lines.reverse();
+    lines
 }
 
 /// What to do about a primitive.
@@ -434,7 +575,7 @@ pub fn hint(p: Primitive) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::testing::{MS, ev, exit, failed, killed_by, outcome, signal_from, span};
+    use super::testing::{MS, ev, exit, failed, killed_by, outcome, said, signal_from, span};
     use super::*;
     use crate::primitive::SYMPTOM_WINDOW_NS;
 
@@ -563,7 +704,10 @@ mod tests {
         let mut events = python_noise(10);
         events.push(failed(10, 8, "openat", libc::ENOENT, "/data/in.csv"));
         events.push(exit(10, 9, 1));
-        let a = attribute(&span(events), &outcome(1));
+        let a = attribute(
+            &span(events),
+            &said(1, "FileNotFoundError: [Errno 2] No such file or directory: '/data/in.csv'"),
+        );
         assert_eq!(a.primitive, Primitive::FsMissing);
         assert_eq!(a.decisive.unwrap().path.as_deref(), Some("/data/in.csv"));
     }
@@ -646,7 +790,7 @@ mod tests {
             failed(10, 4, "openat", libc::EACCES, "/etc/shadow"),
             exit(10, 5, 1),
         ];
-        let a = attribute(&span(events), &outcome(1));
+        let a = attribute(&span(events), &said(1, "tool: /etc/shadow: Permission denied"));
         assert_eq!(a.primitive, Primitive::FsPermission);
     }
 
@@ -930,7 +1074,18 @@ mod tests {
             "/nonexistent-probe-test/a.conf",
             "/nonexistent-probe-test/b.conf",
         ];
+        // files nothing names and nobody has: a deliberate abort of its own
         let a = attribute(&span(events("SIGABRT", &nowhere)), &killed_by("SIGABRT"));
+        assert_eq!(a.primitive, Primitive::Signal, "{}", a.explanation);
+        // …unless its words name them
+        let named = Outcome {
+            words: Words {
+                command: None,
+                output: Some(format!("cannot load {} or {}", nowhere[0], nowhere[1])),
+            },
+            ..killed_by("SIGABRT")
+        };
+        let a = attribute(&span(events("SIGABRT", &nowhere)), &named);
         assert_eq!(a.primitive, Primitive::FsMissing, "{}", a.explanation);
         assert_eq!(a.confidence, 0.75);
         assert_eq!(
@@ -947,13 +1102,21 @@ mod tests {
             a.explanation,
             "access(\"/etc/passwd\") failed with ENOENT (present outside the sandbox: hidden from it), then w (pid 10) aborted with SIGABRT"
         );
-        let a = attribute(&span(events("SIGSEGV", &nowhere)), &killed_by("SIGSEGV"));
+        let a = attribute(&span(events("SIGSEGV", &nowhere)), &named_segv(&named));
         assert_eq!(
             a.primitive,
             Primitive::Signal,
             "a fault is a bug of its own: {}",
             a.explanation
         );
+    }
+
+    /// `outcome`'s words, killed by SIGSEGV.
+    fn named_segv(outcome: &Outcome) -> Outcome {
+        Outcome {
+            words: outcome.words.clone(),
+            ..killed_by("SIGSEGV")
+        }
     }
 
     #[test]
@@ -1016,13 +1179,13 @@ mod tests {
             failed(10, 3, "newfstatat", libc::ENOENT, "/data/input"),
             exit(10, 4, 1),
         ];
-        let a = attribute(&span(events), &outcome(1));
+        let a = attribute(&span(events), &said(1, "cannot read /data/input"));
         assert_eq!(a.decisive.unwrap().path.as_deref(), Some("/data/input"));
         let events = vec![
             failed(10, 2, "newfstatat", libc::ENOENT, "/tmp/build/deps"),
             exit(10, 4, 1),
         ];
-        let a = attribute(&span(events), &outcome(1));
+        let a = attribute(&span(events), &said(1, "no such directory: /tmp/build/deps"));
         assert_eq!(
             a.primitive,
             Primitive::FsMissing,
@@ -1031,23 +1194,59 @@ mod tests {
     }
 
     #[test]
-    fn search_noise_is_recognised() {
-        for p in [
-            "/usr/lib/python3.11/json/__pycache__/x.pyc",
-            "/lib/x86_64-linux-gnu/tls/libc.so.6",
-            "<string>",
-            "/etc/localtime",
-            "/etc/suid-debug",
-            "/usr/share/chromium/extensions/*",
+    fn a_failed_lookup_nothing_names_is_noticed_never_the_cause() {
+        // grep with no match on an Ubuntu image: its message catalog is
+        // looked up while it prints, right before it exits 1
+        let catalog = "/usr/share/locale-langpack/en/LC_MESSAGES/grep.mo";
+        let events = vec![
+            failed(10, MS, "openat", libc::ENOENT, catalog),
+            exit(10, 2 * MS, 1),
+        ];
+        let a = attribute(&span(events.clone()), &said(1, "grep: no match\n"));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        assert_eq!(a.layer, Some(Layer::Test));
+        assert_eq!(a.noticed.len(), 1, "{:?}", a.noticed);
+        assert!(
+            a.noticed[0].starts_with(&format!("`{catalog}` was missing (openat ENOENT in w (pid 10))")),
+            "{:?}",
+            a.noticed
+        );
+        // with no words at all, nothing corroborates it either
+        let a = attribute(&span(events), &outcome(1));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        // `cat /nonexistent`: the catalog looked up after the real miss
+        // does not outrank the file the workload named
+        let events = vec![
+            failed(10, MS, "openat", libc::ENOENT, "/nonexistent"),
+            failed(10, 2 * MS, "openat", libc::ENOENT, catalog),
+            exit(10, 3 * MS, 1),
+        ];
+        let a = attribute(
+            &span(events),
+            &said(1, "cat: /nonexistent: No such file or directory\n"),
+        );
+        assert_eq!(a.primitive, Primitive::FsMissing, "{}", a.explanation);
+        assert_eq!(a.decisive.unwrap().path.as_deref(), Some("/nonexistent"));
+        assert!(
+            a.explanation.ends_with("(the workload's own output names it)"),
+            "{}",
+            a.explanation
+        );
+        assert_eq!(a.noticed.len(), 1, "the catalog is still shown");
+    }
+
+    #[test]
+    fn a_strong_failure_stands_without_words() {
+        for (syscall, errno, primitive) in [
+            ("openat", libc::EROFS, Primitive::FsReadonly),
+            ("write", libc::ENOSPC, Primitive::FsSpace),
+            ("openat", libc::EMFILE, Primitive::ProcLimit),
+            ("clone", libc::EAGAIN, Primitive::ProcLimit),
         ] {
-            assert!(is_search_noise(p), "{p}");
-        }
-        for p in [
-            "/data/in.csv",
-            "/tmp/out/result.json",
-            "/workspace/model.bin",
-        ] {
-            assert!(!is_search_noise(p), "{p}");
+            let events = vec![failed(10, MS, syscall, errno, "/out/x"), exit(10, 2 * MS, 1)];
+            let a = attribute(&span(events), &outcome(1));
+            assert_eq!(a.primitive, primitive, "{syscall}: {}", a.explanation);
+            assert!(a.noticed.is_empty());
         }
     }
 }

@@ -20,13 +20,16 @@
 //!    loaded, so the PDF the next program opens was never written).
 //! 8. [`failure_off_path`]: the strongest failure of another process that
 //!    exited non-zero.
-//! 9. [`reported_elsewhere`]: a refused connection, a full disk or a
+//! 9. [`disk_refused_anywhere`]: a full disk or a read-only filesystem
+//!    in any process, also one its parent stopped afterwards (Chromium's
+//!    writers on ENOSPC, stopped by the browser on its way out).
+//! 10. [`reported_elsewhere`]: a refused connection, a full disk or a
 //!    read-only filesystem that a process still running reported rather
 //!    than failed on: a browser MCP server whose navigation failed while
 //!    Chromium's network service lives on.
-//! 10. [`memory_pressure`], then [`no_kernel_cause`].
+//! 11. [`memory_pressure`], then [`no_kernel_cause`].
 //!
-//! Never a cause, at any stage ([`Lineage`]): a kill of a helper by the
+//! Never a cause, at any stage ([`Lineage`](super::lineage::Lineage)): a kill of a helper by the
 //! process that started it, by the kernel at PID-namespace teardown, or by
 //! anyone after the traced command ended; what a process did once it was
 //! being stopped (cleanup); a failure its process got past by going on to
@@ -42,26 +45,24 @@ use super::failures::{
     command_not_found, latest_strong_failure, reported_failure, resource_failure_behind_crash,
     strongest_failure,
 };
-use super::lineage::{Lineage, SignalOrigin, fatal_signal, signal_origin};
-use super::{Outcome, Verdict};
+use super::lineage::{SignalOrigin, fatal_signal, signal_origin};
+use super::{Case, Outcome, Verdict};
 
 /// The verdict for a span whose workload failed.
-pub(super) fn failure_verdict(span: &SpanEvidence, outcome: &Outcome) -> Verdict {
-    let lineage = Lineage::of(span, &outcome.exit);
+pub(super) fn failure_verdict(case: &Case) -> Verdict {
+    let (span, outcome) = (case.span, case.outcome);
     oom_kill(span, outcome)
         .or_else(|| caller_timeout(outcome))
         .or_else(|| seccomp_kill(span, outcome))
-        .or_else(|| signal_on_path(span, outcome, &lineage))
-        .or_else(|| strong_failure_on_path(span, outcome, &lineage))
-        .or_else(|| signal_off_path(span, &lineage))
-        .or_else(|| {
-            failure_on_path(span, outcome, &lineage)
-                .map(|v| failure_reported_before(span, outcome, &lineage, &v).unwrap_or(v))
-        })
-        .or_else(|| failure_off_path(span, outcome, &lineage))
-        .or_else(|| reported_elsewhere(span, outcome, &lineage))
+        .or_else(|| signal_on_path(case))
+        .or_else(|| strong_failure_on_path(case))
+        .or_else(|| signal_off_path(case))
+        .or_else(|| failure_on_path(case).map(|v| failure_reported_before(case, &v).unwrap_or(v)))
+        .or_else(|| failure_off_path(case))
+        .or_else(|| disk_refused_anywhere(case))
+        .or_else(|| reported_elsewhere(case))
         .or_else(|| memory_pressure(span, outcome))
-        .unwrap_or_else(|| no_kernel_cause(span, outcome, &lineage))
+        .unwrap_or_else(|| no_kernel_cause(case))
 }
 
 /// "comm (pid N)".
@@ -177,7 +178,8 @@ fn seccomp_kill(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
 /// The status the caller got is a signal's: the root was killed, or the
 /// exit-status path ends in a process a signal killed (a shell's 128+N).
 /// That signal is the outcome, whoever sent it.
-fn signal_on_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
+fn signal_on_path(case: &Case) -> Option<Verdict> {
+    let (span, outcome, lineage) = (case.span, case.outcome, &case.lineage);
     let pid = match &outcome.exit.signal {
         Some(_) => span.root_pid?,
         None => lineage
@@ -191,21 +193,17 @@ fn signal_on_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> 
         .and_then(|p| p.signal.clone())
         .or_else(|| outcome.exit.signal.clone())
         .unwrap_or_else(|| "a signal".into());
-    Some(explain_signal(span, pid, &sig))
+    Some(explain_signal(case, pid, &sig))
 }
 
 /// A failure no program makes on purpose ([`reported_failure`]) in a
 /// process that did not fail itself (it exited 0, or still runs), before
 /// the last process's own weak failure `then`: it told someone instead,
 /// and what it could not do is what `then` ran into.
-fn failure_reported_before(
-    span: &SpanEvidence,
-    outcome: &Outcome,
-    lineage: &Lineage,
-    then: &Verdict,
-) -> Option<Verdict> {
+fn failure_reported_before(case: &Case, then: &Verdict) -> Option<Verdict> {
+    let (span, lineage) = (case.span, &case.lineage);
     let before = then.decisive.as_ref()?.ts_ns;
-    strongest_failure(span, outcome, |ev, primitive, _| {
+    strongest_failure(case, |ev, primitive, _| {
         ev.ts_ns < before
             && reported_failure(ev, primitive)
             && span.processes.get(&ev.pid).is_none_or(|p| !p.failed())
@@ -217,7 +215,8 @@ fn failure_reported_before(
 /// A crash, or a kill by a process that did not start it, of a process off
 /// the exit-status path (the earliest). Kills by an ancestor or at
 /// namespace teardown are somebody shutting things down, not a cause.
-fn signal_off_path(span: &SpanEvidence, lineage: &Lineage) -> Option<Verdict> {
+fn signal_off_path(case: &Case) -> Option<Verdict> {
+    let (span, lineage) = (case.span, &case.lineage);
     let (_, pid) = span
         .processes
         .keys()
@@ -230,7 +229,7 @@ fn signal_off_path(span: &SpanEvidence, lineage: &Lineage) -> Option<Verdict> {
         })
         .min()?;
     let sig = span.processes[&pid].signal.clone()?;
-    Some(explain_signal(span, pid, &sig))
+    Some(explain_signal(case, pid, &sig))
 }
 
 fn killed_by_signal(span: &SpanEvidence, pid: u32) -> bool {
@@ -241,7 +240,8 @@ fn killed_by_signal(span: &SpanEvidence, pid: u32) -> bool {
 
 /// A fatal signal's verdict: a file-size limit, a refusal the process
 /// crashed on, or the signal itself with its real sender.
-fn explain_signal(span: &SpanEvidence, pid: u32, sig: &str) -> Verdict {
+fn explain_signal(case: &Case, pid: u32, sig: &str) -> Verdict {
+    let span = case.span;
     let decisive = span
         .events
         .iter()
@@ -259,7 +259,7 @@ fn explain_signal(span: &SpanEvidence, pid: u32, sig: &str) -> Verdict {
         };
     }
     let name = |p: u32| who(span, p);
-    if let Some(v) = resource_failure_behind_crash(span, pid, sig, decisive.as_ref(), &name) {
+    if let Some(v) = resource_failure_behind_crash(span, &case.grades, pid, sig, decisive.as_ref(), &name) {
         return v;
     }
     let crash = [
@@ -301,13 +301,10 @@ fn sent_by(span: &SpanEvidence, pid: u32) -> String {
 /// process's own (a root that exited non-zero by itself is that process).
 /// A seccomp denial or a hard limit there outranks a shell's "not found",
 /// which outranks the other refusals.
-fn strong_failure_on_path(
-    span: &SpanEvidence,
-    outcome: &Outcome,
-    lineage: &Lineage,
-) -> Option<Verdict> {
+fn strong_failure_on_path(case: &Case) -> Option<Verdict> {
+    let (span, outcome, lineage) = (case.span, case.outcome, &case.lineage);
     let missing = || command_not_found(span, outcome, |ev| lineage.survived(ev));
-    match failure_on_path(span, outcome, lineage) {
+    match failure_on_path(case) {
         // a shell that went on to look the command up after the denial (its
         // NSS lookup of the user hit a seccomp filter on unix sockets) did
         // without what was denied: its 127 is the missing command's
@@ -338,9 +335,10 @@ fn decided_later(a: &Verdict, b: &Verdict) -> bool {
 /// have looked for and done without.
 pub(super) const STRONG: f64 = 0.895;
 
-fn failure_on_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
+fn failure_on_path(case: &Case) -> Option<Verdict> {
+    let lineage = &case.lineage;
     let leaf = lineage.leaf();
-    latest_strong_failure(span, outcome, STRONG, |ev, _, _| {
+    latest_strong_failure(case, STRONG, |ev, _, _| {
         Some(ev.pid) == leaf && !lineage.survived(ev) && !lineage.is_cleanup(ev)
     })
 }
@@ -350,8 +348,9 @@ fn failure_on_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) ->
 /// when the container exited 3), nor of a check its parent coped with (it
 /// went on to start another program), nor of a helper its ancestor stopped
 /// (its non-zero exit is the stop's).
-fn failure_off_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Option<Verdict> {
-    strongest_failure(span, outcome, |ev, _, _| {
+fn failure_off_path(case: &Case) -> Option<Verdict> {
+    let (span, lineage) = (case.span, &case.lineage);
+    strongest_failure(case, |ev, _, _| {
         let failing = Some(ev.pid) == lineage.leaf()
             || (!lineage.on_path(ev.pid)
                 && span.processes.get(&ev.pid).is_some_and(|p| p.failed()));
@@ -362,16 +361,42 @@ fn failure_off_path(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -
     })
 }
 
+/// A full disk or a read-only filesystem met by any process of the span,
+/// before anyone stopped it, that the process did not get past: no program
+/// makes these on purpose. Chromium's writers hit ENOSPC in their profile
+/// databases, then the browser stops them on its way out and exits 1: the
+/// stop must not take their failure with it.
+fn disk_refused_anywhere(case: &Case) -> Option<Verdict> {
+    let (span, lineage) = (case.span, &case.lineage);
+    let v = strongest_failure(case, |ev, primitive, _| {
+        // one that exited 0 coped with it
+        let gave_up = lineage.stopped.contains_key(&ev.pid)
+            || span.processes.get(&ev.pid).is_none_or(|p| p.failed());
+        matches!(primitive, Primitive::FsSpace | Primitive::FsReadonly)
+            && gave_up
+            && !lineage.survived(ev)
+            && !lineage.is_cleanup(ev)
+            && !lineage.coped.contains(&ev.pid)
+    })?;
+    let pid = v.decisive.as_ref()?.pid;
+    let then = match lineage.stopped.contains_key(&pid) {
+        true => format!(", then {} was stopped on the way out", who(span, pid)),
+        false => String::new(),
+    };
+    Some(Verdict {
+        confidence: v.confidence * 0.9,
+        explanation: format!("{}{then}", v.explanation),
+        ..v
+    })
+}
+
 /// The call failed and nothing on its path did, but a process of the span
 /// that is still running met a failure no program makes on purpose
 /// ([`reported_failure`]) and reported it instead of failing: the server's
 /// process lives, its helper's connect was refused.
-fn reported_elsewhere(
-    span: &SpanEvidence,
-    outcome: &Outcome,
-    lineage: &Lineage,
-) -> Option<Verdict> {
-    let v = strongest_failure(span, outcome, |ev, primitive, _| {
+fn reported_elsewhere(case: &Case) -> Option<Verdict> {
+    let (span, lineage) = (case.span, &case.lineage);
+    let v = strongest_failure(case, |ev, primitive, _| {
         // still running when the call ended: it told someone (one that
         // exited 0 coped, and its parent failed for reasons of its own)
         reported_failure(ev, primitive)
@@ -418,7 +443,8 @@ fn memory_pressure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
 /// Nothing the kernel saw explains the status. Processes stopped on the
 /// way out are named, so the reader knows they were seen and why they
 /// are not the cause.
-fn no_kernel_cause(span: &SpanEvidence, outcome: &Outcome, lineage: &Lineage) -> Verdict {
+fn no_kernel_cause(case: &Case) -> Verdict {
+    let (span, outcome, lineage) = (case.span, case.outcome, &case.lineage);
     let mut stopped: Vec<(u64, u32)> = lineage.stopped.iter().map(|(&p, &at)| (at, p)).collect();
     stopped.sort();
     let stopped: Vec<String> = stopped
@@ -633,7 +659,8 @@ mod tests {
             exit(12, 6 * MS, None, "sleep"),
             exit(10, 7 * MS, Some(0), "bwrap"),
         ]);
-        let v = explain_signal(&s, 12, "SIGKILL");
+        let o = status(0);
+        let v = explain_signal(&testing::case(&s, &o), 12, "SIGKILL");
         assert_eq!(v.primitive, Primitive::Signal);
         assert_eq!(
             v.explanation,
@@ -747,7 +774,7 @@ mod tests {
             1,
         );
         assert_eq!(
-            Lineage::of(
+            super::super::lineage::Lineage::of(
                 &s,
                 &ExitStatus {
                     code: Some(1),
@@ -813,7 +840,10 @@ mod tests {
         events.push(failed(11, 5 * MS, "openat", libc::ENOENT, "/data/in.csv"));
         events.push(exit(11, 6 * MS, Some(1), "cat"));
         events.push(exit(10, 7 * MS, Some(1), "sh"));
-        let a = attribute(&span(events), &status(1));
+        let a = attribute(
+            &span(events),
+            &testing::said(1, "cat: /data/in.csv: No such file or directory"),
+        );
         assert_eq!(a.primitive, Primitive::FsMissing, "{}", a.explanation);
     }
 
@@ -879,8 +909,85 @@ mod tests {
             exit(13, 8 * MS, Some(1), "python3"),
             exit(10, 9 * MS, Some(1), "sh"),
         ]);
-        let a = attribute(&s, &status(1));
+        let said = "FileNotFoundError: [Errno 2] No such file or directory: '/tmp/t/report.pdf'";
+        let a = attribute(&s, &testing::said(1, said));
         assert_eq!(a.primitive, Primitive::NetEgress, "{}", a.explanation);
         assert_eq!(a.decisive.unwrap().pid, 12);
+    }
+
+    #[test]
+    fn a_command_a_shell_with_one_path_directory_could_not_find_is_exec_missing() {
+        // `PATH=/bin sh -c no-such-tool`: one candidate, then 127
+        let mut events = vec![exec(10, MS, "sh")];
+        events.extend(lookups(10, 2, &["/bin"], "no-such-tool"));
+        events.push(exit(10, 5 * MS, Some(127), "sh"));
+        let a = attribute(&span(events), &status(127));
+        assert_eq!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
+        assert!(
+            a.explanation
+                .contains("looked in the one PATH directory (/bin/no-such-tool) and exited 127"),
+            "{}",
+            a.explanation
+        );
+        // bash's message catalogs, looked up in several places before its
+        // "command not found", are no command
+        let mut events = vec![exec(10, MS, "bash")];
+        events.extend(lookups(
+            10,
+            2,
+            &[
+                "/usr/share/locale/C.UTF-8/LC_MESSAGES",
+                "/usr/share/locale/C.utf8/LC_MESSAGES",
+            ],
+            "bash.mo",
+        ));
+        events.extend(lookups(10, 4, &["/usr/local/bin", "/usr/bin"], "nope"));
+        events.extend(lookups(
+            10,
+            6,
+            &["/usr/share/locale/C/LC_MESSAGES", "/usr/share/locale-langpack/C/LC_MESSAGES"],
+            "bash.mo",
+        ));
+        events.push(exit(10, 9 * MS, Some(127), "bash"));
+        let a = attribute(&span(events), &status(127));
+        assert_eq!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
+        assert!(a.explanation.starts_with("`nope` is not installed"), "{}", a.explanation);
+    }
+
+    #[test]
+    fn a_full_disk_of_a_helper_its_browser_then_stopped_is_still_the_cause() {
+        // chromium 11 starts a writer 12, which hits ENOSPC; the browser
+        // stops it on its way out and exits 1
+        let s = span(vec![
+            fork(10, 11, MS, "sh"),
+            exec(11, 2 * MS, "chromium"),
+            fork(11, 12, 3 * MS, "chromium"),
+            failed(12, 4 * MS, "pwrite64", libc::ENOSPC, ""),
+            signal(12, 5 * MS, "SIGTERM", 11, "chromium", 0),
+            exit(12, 6 * MS, None, "chromium"),
+            exit(11, 7 * MS, Some(1), "chromium"),
+            exit(10, 8 * MS, Some(1), "sh"),
+        ]);
+        let a = attribute(&s, &status(1));
+        assert_eq!(a.primitive, Primitive::FsSpace, "{}", a.explanation);
+        assert!(
+            a.explanation
+                .ends_with("then chromium (pid 12) was stopped on the way out"),
+            "{}",
+            a.explanation
+        );
+        // a failure it met once being stopped is cleanup
+        let s = span(vec![
+            fork(10, 11, MS, "sh"),
+            exec(11, 2 * MS, "chromium"),
+            fork(11, 12, 3 * MS, "chromium"),
+            signal(12, 4 * MS, "SIGTERM", 11, "chromium", 0),
+            failed(12, 5 * MS, "pwrite64", libc::ENOSPC, ""),
+            exit(12, 6 * MS, None, "chromium"),
+            exit(11, 7 * MS, Some(1), "chromium"),
+            exit(10, 8 * MS, Some(1), "sh"),
+        ]);
+        let a = attribute(&s, &status(1));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
     }
 }

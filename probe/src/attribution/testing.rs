@@ -4,7 +4,9 @@
 use crate::event::{KernelEvent, Kind};
 use crate::spans::SpanEvidence;
 
-use super::{ExitStatus, Outcome};
+use super::grade::Grades;
+use super::lineage::Lineage;
+use super::{Case, ExitStatus, Outcome, Words};
 
 pub const MS: u64 = 1_000_000;
 
@@ -99,5 +101,26 @@ pub fn killed_by(sig: &str) -> Outcome {
             signal: Some(sig.into()),
         },
         ..Default::default()
+    }
+}
+
+/// `outcome(code)` of a workload that said `output`.
+pub fn said(code: i32, output: &str) -> Outcome {
+    Outcome {
+        words: Words {
+            command: None,
+            output: Some(output.into()),
+        },
+        ..outcome(code)
+    }
+}
+
+/// The case the stages judge, for calling one stage directly.
+pub fn case<'a>(span: &'a SpanEvidence, outcome: &'a Outcome) -> Case<'a> {
+    Case {
+        span,
+        outcome,
+        lineage: Lineage::of(span, &outcome.exit),
+        grades: Grades::of(span, &outcome.words),
     }
 }

@@ -1,0 +1,376 @@
+//! Grading: every failure event of a span is weighed once, before any
+//! ranking, and the ranking reads only these grades.
+//!
+//! - **Strong** evidence stands alone: a denial or a hard limit (seccomp,
+//!   EROFS, ENOSPC/EDQUOT, EAGAIN on fork, EMFILE/ENFILE, a refused or
+//!   unreachable connect, a missing privilege, a write refused by
+//!   permissions, an exec that failed, state an earlier call wrote and
+//!   this one lost).
+//! - **Weak** evidence is a failed lookup: ENOENT or ENOTDIR on any path,
+//!   EACCES or EPERM on a read, stat, access or readlink. Every program
+//!   makes such lookups by the hundred (search paths of compilers,
+//!   interpreters and loaders, message catalogs, optional configuration
+//!   files) and most tolerate them, so a weak failure is a cause only
+//!   when something **corroborates** it: the workload's own words (its
+//!   output, or the result the caller got) name the path, or the command
+//!   it was asked to run names it. A traceback, a failed test or an error
+//!   that names no failed path corroborates nothing.
+//!
+//! A path is named when a word of the text is the path as the failing
+//! call gave it, or when one side is relative and is the other's tail
+//! (`foo.h` names `/usr/include/foo.h`; a tail is a file name with an
+//! extension or several components). Two absolute paths must be equal:
+//! `/app/index.js` in a traceback does not name
+//! `/app/node_modules/x/index.js`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::event::{KernelEvent, Kind};
+use crate::primitive::{Primitive, classify};
+use crate::syscalls::SyscallClass;
+use crate::spans::SpanEvidence;
+
+use super::Words;
+
+/// How much a failure weighs on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strength {
+    Strong,
+    Weak,
+}
+
+/// What corroborated a weak failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Witness {
+    /// The workload's output (or the result its caller got) names the path.
+    Said,
+    /// The command the workload was asked to run names the path.
+    Asked,
+}
+
+impl Witness {
+    /// The clause an explanation ends with.
+    pub fn clause(self) -> &'static str {
+        match self {
+            Witness::Said => "the workload's own output names it",
+            Witness::Asked => "the command names it",
+        }
+    }
+}
+
+/// One failure's grade.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Grade {
+    pub primitive: Primitive,
+    /// The rule table's weight, refined (fs.noexec, fs.persistence).
+    pub weight: f64,
+    pub strength: Strength,
+    /// For weak evidence: what named it, if anything did.
+    pub witness: Option<Witness>,
+}
+
+impl Grade {
+    /// Whether the failure may be named as a cause: strong, or corroborated.
+    pub fn counts(&self) -> bool {
+        self.strength == Strength::Strong || self.witness.is_some()
+    }
+}
+
+/// The grades of one span's events, by index.
+pub struct Grades {
+    grades: Vec<Option<Grade>>,
+}
+
+impl Grades {
+    /// Grades every failure of `span`; `words` are the witnesses.
+    pub fn of(span: &SpanEvidence, words: &Words) -> Grades {
+        let said = Names::of(words.output.as_deref().unwrap_or(""));
+        let asked = Names::of(words.command.as_deref().unwrap_or(""));
+        let execs = last_exec(&span.events);
+        let grades = (0..span.events.len())
+            .map(|i| {
+                let (primitive, weight, strength) = weigh(span, &span.events, i, &execs)?;
+                let path = span.events[i].path.as_deref().unwrap_or("");
+                let witness = match strength {
+                    Strength::Strong => None,
+                    Strength::Weak if said.names(path) => Some(Witness::Said),
+                    Strength::Weak if asked.names(path) => Some(Witness::Asked),
+                    Strength::Weak => None,
+                };
+                Some(Grade {
+                    primitive,
+                    weight,
+                    strength,
+                    witness,
+                })
+            })
+            .collect();
+        Grades { grades }
+    }
+
+    /// Any graded failure at index `i`, corroborated or not.
+    pub fn get(&self, i: usize) -> Option<Grade> {
+        self.grades.get(i).copied().flatten()
+    }
+
+    /// The failure at `i` as evidence: primitive and weight, when it may
+    /// be named as a cause.
+    pub fn evidence(&self, i: usize) -> Option<(Primitive, f64)> {
+        self.get(i)
+            .filter(Grade::counts)
+            .map(|g| (g.primitive, g.weight))
+    }
+
+    /// The failure at `i` is weak and nothing corroborated it: shown as
+    /// noticed, never as the cause.
+    pub fn uncorroborated(&self, i: usize) -> bool {
+        self.get(i).is_some_and(|g| !g.counts())
+    }
+}
+
+/// Index of the last successful exec per pid: a failure before it belongs
+/// to a program image that was replaced.
+pub(super) fn last_exec(events: &VecDeque<KernelEvent>) -> HashMap<u32, usize> {
+    events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == Kind::Exec)
+        .map(|(i, e)| (e.pid, i))
+        .collect()
+}
+
+/// A failure event's primitive, weight and strength, or None when it is
+/// not evidence at all (matches no rule, or its program was replaced by a
+/// successful exec: it coped, as a PATH search or a wrapper does).
+fn weigh(
+    span: &SpanEvidence,
+    events: &VecDeque<KernelEvent>,
+    i: usize,
+    execs: &HashMap<u32, usize>,
+) -> Option<(Primitive, f64, Strength)> {
+    let ev = &events[i];
+    if !(ev.kind.is_failure() || ev.kind == Kind::SeccompDenied) {
+        return None;
+    }
+    let errno = ev.errno_nr()?;
+    let nr = ev.syscall_nr?;
+    if ev.kind == Kind::SeccompDenied {
+        let confirmed = ev.seccomp_filter == Some(true);
+        let weight = if confirmed { 0.97 } else { 0.6 };
+        return Some((Primitive::Seccomp, weight, Strength::Strong));
+    }
+    if execs.get(&ev.pid).is_some_and(|&x| x > i) {
+        return None;
+    }
+    if ev.written_earlier.is_some() && matches!(errno, libc::ENOENT | libc::ENOTDIR) {
+        return Some((Primitive::FsPersistence, 0.95, Strength::Strong));
+    }
+    let flags = ev.flags.unwrap_or(0);
+    let rule = classify(nr, errno, flags)?;
+    let lookup = rule.primitive == Primitive::FsMissing
+        || (rule.primitive == Primitive::FsPermission && rule.class == SyscallClass::PathRead);
+    let strength = if lookup {
+        Strength::Weak
+    } else {
+        Strength::Strong
+    };
+    let mut primitive = rule.primitive;
+    if primitive == Primitive::FsPermission && matches!(nr, 59 | 322) {
+        let path = ev.path.as_deref().unwrap_or("");
+        let noexec_mount_in_span = span.events.iter().any(|m| {
+            m.kind == Kind::Mount
+                && m.flags.unwrap_or(0) & libc::MS_NOEXEC != 0
+                && m.path.as_deref().is_some_and(|t| path.starts_with(t))
+        });
+        if ev.mount_noexec == Some(true) || noexec_mount_in_span {
+            primitive = Primitive::FsNoexec;
+        }
+    }
+    Some((primitive, rule.weight as f64, strength))
+}
+
+/// The path-like words of a text, for [`Names::names`].
+struct Names {
+    /// Every word as written.
+    words: HashSet<String>,
+    /// Tails of absolute words (`in.csv`, `data/in.csv` of
+    /// `/tmp/t/data/in.csv`): what a relative path may name.
+    tails: HashSet<String>,
+}
+
+impl Names {
+    fn of(text: &str) -> Names {
+        let mut words = HashSet::new();
+        let mut tails = HashSet::new();
+        // a path is letters, digits and `._-+~@%/`; quotes, colons,
+        // commas, brackets and spaces end it
+        let is_path_char = |c: char| c.is_alphanumeric() || "._-+~@%/".contains(c);
+        for word in text.split(|c: char| !is_path_char(c)) {
+            // a sentence's full stop is no part of the path
+            let word = word.trim_end_matches('.');
+            let word = word.strip_prefix("./").unwrap_or(word);
+            if word.is_empty() {
+                continue;
+            }
+            if word.starts_with('/') {
+                for tail in tails_of(word) {
+                    tails.insert(tail.to_string());
+                }
+            }
+            words.insert(word.to_string());
+        }
+        Names { words, tails }
+    }
+
+    /// Whether the text names `path` (see the module doc).
+    fn names(&self, path: &str) -> bool {
+        let path = path.strip_prefix("./").unwrap_or(path);
+        if path.is_empty() {
+            return false;
+        }
+        if self.words.contains(path) {
+            return true;
+        }
+        if path.starts_with('/') {
+            // a relative word naming the absolute path's tail
+            tails_of(path).any(|t| self.words.contains(t))
+        } else {
+            specific(path) && self.tails.contains(path)
+        }
+    }
+}
+
+/// The tails of absolute `path` after each `/` that say which file they
+/// are: a name with an extension, or more than one component.
+fn tails_of(path: &str) -> impl Iterator<Item = &str> {
+    path.match_indices('/')
+        .map(move |(i, _)| &path[i + 1..])
+        .filter(|t| specific(t))
+}
+
+/// A relative name specific enough to stand for a file: `foo.h`,
+/// `data/in.csv`; not `lib` or `bin`, which any text may say.
+fn specific(name: &str) -> bool {
+    let name = name.trim_end_matches('/');
+    !name.is_empty()
+        && (name.contains('/') || name.trim_start_matches('.').contains('.'))
+        && !name.starts_with('/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{MS, exit, failed, span};
+    use super::*;
+
+    fn words(command: &str, output: &str) -> Words {
+        Words {
+            command: Some(command.into()),
+            output: Some(output.into()),
+        }
+    }
+
+    fn grade_of(ev: KernelEvent, w: &Words) -> Grade {
+        let s = span(vec![ev, exit(10, 9 * MS, 1)]);
+        Grades::of(&s, w).get(0).expect("graded")
+    }
+
+    #[test]
+    fn a_failed_lookup_is_weak_and_a_denial_or_hard_limit_strong() {
+        let none = Words::default();
+        for (syscall, errno) in [
+            ("openat", libc::ENOENT),
+            ("newfstatat", libc::ENOENT),
+            ("access", libc::ENOTDIR),
+            ("readlink", libc::ENOENT),
+            ("openat", libc::EACCES),
+        ] {
+            let g = grade_of(failed(10, MS, syscall, errno, "/x/y.conf"), &none);
+            assert_eq!(g.strength, Strength::Weak, "{syscall} {errno}");
+            assert!(!g.counts(), "{syscall} {errno}: uncorroborated");
+        }
+        for (syscall, errno, path) in [
+            ("openat", libc::EROFS, "/x"),
+            ("write", libc::ENOSPC, ""),
+            ("clone", libc::EAGAIN, ""),
+            ("openat", libc::EMFILE, "/x"),
+            ("mkdir", libc::EACCES, "/x"),
+            ("connect", libc::ECONNREFUSED, ""),
+        ] {
+            let g = grade_of(failed(10, MS, syscall, errno, path), &none);
+            assert_eq!(g.strength, Strength::Strong, "{syscall} {errno}");
+            assert!(g.counts());
+        }
+    }
+
+    #[test]
+    fn the_workloads_output_naming_the_path_corroborates_it() {
+        let ev = || failed(10, MS, "openat", libc::ENOENT, "/data/in.csv");
+        let w = words("", "cat: /data/in.csv: No such file or directory\n");
+        assert_eq!(grade_of(ev(), &w).witness, Some(Witness::Said));
+        // python's repr, a relative path as written
+        let rel = failed(10, MS, "openat", libc::ENOENT, "data/in.csv");
+        let w = words(
+            "",
+            "FileNotFoundError: [Errno 2] No such file or directory: 'data/in.csv'",
+        );
+        assert_eq!(grade_of(rel, &w).witness, Some(Witness::Said));
+        // a compiler names the header it could not find by its name
+        let header = failed(10, MS, "openat", libc::ENOENT, "/usr/include/foo.h");
+        let w = words("", "main.c:1:10: fatal error: foo.h: No such file or directory");
+        assert_eq!(grade_of(header, &w).witness, Some(Witness::Said));
+        // a message ending a sentence with the path
+        let w = words("", "could not open /data/in.csv.");
+        assert_eq!(grade_of(ev(), &w).witness, Some(Witness::Said));
+    }
+
+    #[test]
+    fn the_command_naming_the_path_corroborates_it() {
+        let ev = failed(10, MS, "openat", libc::ENOENT, "/tmp/t/input.csv");
+        let w = words("python3 -c open(\"/tmp/t/input.csv\").read()", "");
+        assert_eq!(grade_of(ev, &w).witness, Some(Witness::Asked));
+    }
+
+    #[test]
+    fn an_error_that_names_no_failed_path_corroborates_nothing() {
+        let traceback = "Traceback (most recent call last):\n  File \"/app/main.py\", line 3, in <module>\n    raise ValueError('bad input')\nValueError: bad input\n";
+        for path in [
+            // a message catalog looked up while printing the error
+            "/usr/share/locale-langpack/en/LC_MESSAGES/grep.mo",
+            // a driver's optional configuration file
+            "/usr/share/nvidia/nvidia-application-profiles-rc",
+            // a compiler's include-path search
+            "/usr/include/x86_64-linux-gnu/stdc-predef.h",
+            // a relative library directory
+            "nvtx/lib",
+            // a module search: another file of the same name elsewhere
+            "/app/node_modules/main.py",
+        ] {
+            let g = grade_of(
+                failed(10, MS, "openat", libc::ENOENT, path),
+                &words("python3 /app/main.py", traceback),
+            );
+            assert_eq!(g.witness, None, "{path}");
+            assert!(!g.counts(), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_bare_word_does_not_name_a_path() {
+        // `lib` and `bin` are words any text may say
+        let w = words("", "error in lib: see bin for details");
+        let g = grade_of(failed(10, MS, "openat", libc::ENOENT, "/opt/x/lib"), &w);
+        assert_eq!(g.witness, None);
+        let g = grade_of(failed(10, MS, "openat", libc::ENOENT, "lib"), &w);
+        assert_eq!(g.witness, Some(Witness::Said), "the path as given is named");
+    }
+
+    #[test]
+    fn a_failure_whose_program_was_replaced_by_an_exec_is_no_evidence() {
+        let s = span(vec![
+            failed(10, MS, "openat", libc::EROFS, "/x"),
+            super::super::testing::exec(10, 2 * MS, "sh"),
+            exit(10, 9 * MS, 1),
+        ]);
+        assert!(Grades::of(&s, &Words::default()).get(0).is_none());
+    }
+}
