@@ -48,7 +48,10 @@ enum Cmd {
     /// Exits with the command's status (128+N when killed by signal N; 125
     /// when the probe itself cannot run). The command's output passes
     /// through; with --json its stdout goes to stderr so stdout carries
-    /// exactly one JSON object.
+    /// exactly one JSON object. Its stderr passes through a pipe whose
+    /// tail the probe keeps: a failed lookup (ENOENT, ENOTDIR, EACCES on a
+    /// read) is named as the cause only when the command line or that
+    /// output names the path; the others are listed as `noticed`.
     ///
     /// Examples:
     ///   probe trace -- python3 train.py

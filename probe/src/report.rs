@@ -103,6 +103,11 @@ pub fn render(a: &Attribution) -> String {
     if let Some(d) = &a.decisive {
         let _ = writeln!(out, "  decisive    {}", event_line(d));
     }
+    // seen, not the cause: failed lookups nothing corroborated
+    for (i, n) in a.noticed.iter().enumerate() {
+        let head = if i == 0 { "noticed" } else { "" };
+        let _ = writeln!(out, "  {head:<11} {n}");
+    }
     if !a.events.is_empty() {
         let _ = writeln!(out, "  events ({}):", a.events.len());
         for e in &a.events {

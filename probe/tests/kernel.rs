@@ -291,7 +291,7 @@ fn identical_failures_are_one_event_with_a_count_and_distinct_ones_are_not() {
         "python3",
         "-c",
         &format!(
-            "import sys\nfor _ in range(1000):\n    try: open({:?})\n    except OSError: pass\nsys.exit(1)",
+            "import sys\nfor _ in range(1000):\n    try: open({:?})\n    except OSError as e: err = e\nsys.exit(str(err))",
             f.to_str().unwrap()
         ),
     ]);
@@ -309,7 +309,7 @@ fn identical_failures_are_one_event_with_a_count_and_distinct_ones_are_not() {
         "python3",
         "-c",
         &format!(
-            "import sys\nfor i in range(300):\n    try: open({:?} + str(i))\n    except OSError: pass\nsys.exit(1)",
+            "import sys\nfor i in range(300):\n    try: open({:?} + str(i))\n    except OSError as e: err = e\nsys.exit(str(err))",
             f.to_str().unwrap()
         ),
     ]);
@@ -335,7 +335,7 @@ fn paths_of_every_length_arrive_whole_long_and_short_in_any_order() {
         "python3",
         "-c",
         &format!(
-            "import sys\nfor k in {lengths:?}:\n    try: open('/nonexistent/' + 'p' * k)\n    except OSError: pass\nsys.exit(1)"
+            "import sys\nfor k in {lengths:?}:\n    try: open('/nonexistent/' + 'p' * k)\n    except OSError as e: err = e\nsys.exit(str(err))"
         ),
     ]);
     t.expect("fs.missing", Some("openat"));
@@ -432,7 +432,7 @@ fn cut_paths_that_differ_past_the_cut_are_each_their_own_failure() {
         "python3",
         "-c",
         &format!(
-            "import sys\nfor i in range(300):\n    try: open({stem:?} + str(i))\n    except OSError: pass\nsys.exit(1)"
+            "import sys\nfor i in range(300):\n    try: open({stem:?} + str(i))\n    except OSError as e: err = e\nsys.exit(str(err))"
         ),
     ]);
     t.expect("fs.missing", Some("openat"));
@@ -1472,14 +1472,16 @@ fn a_process_that_joins_a_followed_cgroup_is_the_spans_though_nobody_traced_star
         let (ready, status) = (dir.path().join("ready"), dir.path().join("status"));
         let outside = format!(
             "while [ ! -e {r} ]; do sleep 0.02; done; echo $$ > {cg}/cgroup.procs; \
-             exec sh -c 'cat /nonexistent-probe-cgroup; echo $? > {s}.tmp; mv {s}.tmp {s}'",
+             exec sh -c 'cat /nonexistent-probe-cgroup 2> {s}.said; echo $? > {s}.tmp; mv {s}.tmp {s}'",
             r = ready.display(),
             s = status.display(),
             cg = cg.0.display(),
         );
         let mut container = Command::new("sh").args(["-c", &outside]).spawn().unwrap();
         let cli = format!(
-            "touch {r}; while [ ! -e {s} ]; do sleep 0.02; done; exit $(cat {s})",
+            // the CLI passes on what the container said, as docker does: the
+            // words that corroborate the container's failed open
+            "touch {r}; while [ ! -e {s} ]; do sleep 0.02; done; cat {s}.said >&2; exit $(cat {s})",
             r = ready.display(),
             s = status.display()
         );

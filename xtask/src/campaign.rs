@@ -284,6 +284,12 @@ pub fn confusion(count: usize, write: bool) -> anyhow::Result<()> {
              The clean run these rows are compared against:\n\n```\n{clean}```\n",
             (runs.len() + 1) * count / 400 + 9
         );
+        // the precision section is `cargo xtask precision`'s: kept as it is
+        let old = std::fs::read_to_string("docs/CONFUSION.md").unwrap_or_default();
+        let text = match crate::precision::section_of(&old) {
+            Some(section) => crate::precision::with_section(&text, section),
+            None => text,
+        };
         std::fs::write("docs/CONFUSION.md", text)?;
         eprintln!("xtask: wrote docs/CONFUSION.md");
     }

@@ -20,6 +20,7 @@ mod image;
 mod install_step;
 #[allow(dead_code)] // shared with the tests, which use all of it
 mod pgcluster;
+mod precision;
 mod runtimes;
 mod toolchain;
 
@@ -71,6 +72,15 @@ enum Cmd {
     Confusion {
         #[arg(long, default_value_t = 200)]
         count: usize,
+        /// Do not rewrite docs/CONFUSION.md.
+        #[arg(long)]
+        no_write: bool,
+    },
+    /// Real programs failing by their own logic, and failures the sandbox
+    /// caused, on the host and on Debian images built with mmdebstrap
+    /// (bookworm with a German locale and numpy; trixie with gcc, make and
+    /// Node.js): precision and recall per image into docs/CONFUSION.md.
+    Precision {
         /// Do not rewrite docs/CONFUSION.md.
         #[arg(long)]
         no_write: bool,
@@ -187,6 +197,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::ProbeDemo => {
             setup()?;
             demo::run(&build_probe()?)
+        }
+        Cmd::Precision { no_write } => {
+            setup()?;
+            precision::precision(!no_write)
         }
         Cmd::Confusion { count, no_write } => {
             setup()?;
@@ -477,6 +491,12 @@ fn test(args: &[String]) -> anyhow::Result<()> {
             "--test-threads=1",
         ])
         .envs(installed.env()))?;
+    // precision on images nobody tuned it for: own-logic failures are
+    // `none`, sandbox-caused ones keep their primitive
+    let manifest = precision::images()?;
+    if !precision::run_test(&manifest, None)? {
+        bail!("the precision corpus failed");
+    }
     // the static release executables, static by their ELF headers and
     // working in an empty root (no libc, no /bin/sh)
     let dist = dist::build()?;

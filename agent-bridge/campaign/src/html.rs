@@ -442,6 +442,12 @@ fn kernel(h: &mut String, k: &Value, step: Option<u64>, said: &str) {
     if let Some(hint) = text(&k["hint"]) {
         let _ = write!(h, "<p class=muted>hint: {}</p>", esc(&hint));
     }
+    // failed lookups the probe saw but nothing corroborated: never the cause
+    for n in k["noticed"].as_array().into_iter().flatten() {
+        if let Some(n) = n.as_str() {
+            let _ = write!(h, "<p class=muted>noticed, not the cause: {}</p>", esc(n));
+        }
+    }
     let decisive = &k["decisive"];
     let mut events: Vec<&Value> = k["events"].as_array().into_iter().flatten().collect();
     if decisive.is_object() && !events.contains(&decisive) {

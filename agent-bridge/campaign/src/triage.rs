@@ -133,11 +133,33 @@ pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
         primitive: Cause::Kernel(Primitive::None),
         confidence: if failing.kernel.is_some() { 0.7 } else { 0.4 },
         explanation: format!(
-            "step {failed_at}: {} (no interface or kernel evidence)",
-            failing.failures.join("; ")
+            "step {failed_at}: {} (no interface or kernel evidence{})",
+            failing.failures.join("; "),
+            noticed(failing)
         ),
         evidence,
     })
+}
+
+/// "; noticed, not the cause: …": the failed lookups the probe saw in the
+/// failing step but nothing corroborated, so a reader can still judge them.
+fn noticed(step: &StepOutcome) -> String {
+    let lines: Vec<&str> = step
+        .kernel
+        .as_ref()
+        .and_then(|k| k["noticed"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str())
+        .collect();
+    match lines.as_slice() {
+        [] => String::new(),
+        [one] => format!("; noticed, not the cause: {one}"),
+        [first, rest @ ..] => format!(
+            "; noticed, not the cause: {first} (and {} more)",
+            rest.len()
+        ),
+    }
 }
 
 /// A failure placed on a sandbox primitive.
@@ -180,6 +202,22 @@ mod tests {
         s.failures
             .push("expected exit code 0, got exit code 1".into());
         s
+    }
+
+    #[test]
+    fn a_failed_lookup_the_probe_only_noticed_is_shown_in_a_test_layer_failure() {
+        let mut s = failing(ok());
+        s.kernel = Some(json!({"available": true, "failed": true, "primitive": "none",
+            "noticed": ["`/usr/share/locale/de/LC_MESSAGES/grep.mo` was missing (openat ENOENT in grep (pid 7))"]}));
+        let t = triage(&[s]).unwrap();
+        assert_eq!((t.layer.id(), t.primitive.id()), ("test", "none"));
+        assert!(
+            t.explanation.ends_with(
+                "(no interface or kernel evidence; noticed, not the cause: `/usr/share/locale/de/LC_MESSAGES/grep.mo` was missing (openat ENOENT in grep (pid 7)))"
+            ),
+            "{}",
+            t.explanation
+        );
     }
 
     #[test]

@@ -21,7 +21,10 @@
 //! (`foo.h` names `/usr/include/foo.h`; a tail is a file name with an
 //! extension or several components). Two absolute paths must be equal:
 //! `/app/index.js` in a traceback does not name
-//! `/app/node_modules/x/index.js`.
+//! `/app/node_modules/x/index.js`. A stat or access is a check, not a
+//! need: the command naming it (`gcc … -o out` stats `out` before writing
+//! it) does not corroborate it, nor does any word for a bare name (no
+//! directory, no extension: `test_sum`), which any text may say.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -89,12 +92,20 @@ impl Grades {
         let execs = last_exec(&span.events);
         let grades = (0..span.events.len())
             .map(|i| {
-                let (primitive, weight, strength) = weigh(span, &span.events, i, &execs)?;
-                let path = span.events[i].path.as_deref().unwrap_or("");
+                let (primitive, weight, strength, probe) = weigh(span, &span.events, i, &execs)?;
+                let ev = &span.events[i];
+                let path = ev.path.as_deref().unwrap_or("");
+                let cut = ev.path_truncated == Some(true);
+                // a bare name (no directory, no extension) is a word any
+                // text may say: it is named only where the call needed it
+                let bare = !path.starts_with('/') && !specific(path);
                 let witness = match strength {
                     Strength::Strong => None,
-                    Strength::Weak if said.names(path) => Some(Witness::Said),
-                    Strength::Weak if asked.names(path) => Some(Witness::Asked),
+                    Strength::Weak if bare && probe => None,
+                    Strength::Weak if said.names(path, cut) => Some(Witness::Said),
+                    // a stat or access of a path the command names is a
+                    // check (does the output exist yet?), not a need
+                    Strength::Weak if !probe && asked.names(path, cut) => Some(Witness::Asked),
                     Strength::Weak => None,
                 };
                 Some(Grade {
@@ -139,15 +150,16 @@ pub(super) fn last_exec(events: &VecDeque<KernelEvent>) -> HashMap<u32, usize> {
         .collect()
 }
 
-/// A failure event's primitive, weight and strength, or None when it is
-/// not evidence at all (matches no rule, or its program was replaced by a
+/// A failure event's primitive, weight, strength, and whether it was a
+/// probe (stat, access: a check, not a need); or None when it is not
+/// evidence at all (matches no rule, or its program was replaced by a
 /// successful exec: it coped, as a PATH search or a wrapper does).
 fn weigh(
     span: &SpanEvidence,
     events: &VecDeque<KernelEvent>,
     i: usize,
     execs: &HashMap<u32, usize>,
-) -> Option<(Primitive, f64, Strength)> {
+) -> Option<(Primitive, f64, Strength, bool)> {
     let ev = &events[i];
     if !(ev.kind.is_failure() || ev.kind == Kind::SeccompDenied) {
         return None;
@@ -157,13 +169,13 @@ fn weigh(
     if ev.kind == Kind::SeccompDenied {
         let confirmed = ev.seccomp_filter == Some(true);
         let weight = if confirmed { 0.97 } else { 0.6 };
-        return Some((Primitive::Seccomp, weight, Strength::Strong));
+        return Some((Primitive::Seccomp, weight, Strength::Strong, false));
     }
     if execs.get(&ev.pid).is_some_and(|&x| x > i) {
         return None;
     }
     if ev.written_earlier.is_some() && matches!(errno, libc::ENOENT | libc::ENOTDIR) {
-        return Some((Primitive::FsPersistence, 0.95, Strength::Strong));
+        return Some((Primitive::FsPersistence, 0.95, Strength::Strong, false));
     }
     let flags = ev.flags.unwrap_or(0);
     let rule = classify(nr, errno, flags)?;
@@ -186,7 +198,8 @@ fn weigh(
             primitive = Primitive::FsNoexec;
         }
     }
-    Some((primitive, rule.weight as f64, strength))
+    let probe = rule.class == SyscallClass::PathProbe;
+    Some((primitive, rule.weight as f64, strength, probe))
 }
 
 /// The path-like words of a text, for [`Names::names`].
@@ -209,6 +222,11 @@ impl Names {
             // a sentence's full stop is no part of the path
             let word = word.trim_end_matches('.');
             let word = word.strip_prefix("./").unwrap_or(word);
+            // `file:///tmp/x` leaves `///tmp/x`
+            let word = match word.trim_start_matches('/') {
+                rest if rest.len() + 1 < word.len() => &word[word.len() - rest.len() - 1..],
+                _ => word,
+            };
             if word.is_empty() {
                 continue;
             }
@@ -222,13 +240,17 @@ impl Names {
         Names { words, tails }
     }
 
-    /// Whether the text names `path` (see the module doc).
-    fn names(&self, path: &str) -> bool {
+    /// Whether the text names `path` (see the module doc); `cut`: the
+    /// kernel cut the path short, so a word that begins with it names it.
+    fn names(&self, path: &str, cut: bool) -> bool {
         let path = path.strip_prefix("./").unwrap_or(path);
         if path.is_empty() {
             return false;
         }
         if self.words.contains(path) {
+            return true;
+        }
+        if cut && self.words.iter().any(|w| w.starts_with(path)) {
             return true;
         }
         if path.starts_with('/') {
@@ -331,6 +353,32 @@ mod tests {
     }
 
     #[test]
+    fn a_check_of_a_path_the_command_names_is_no_need_of_it() {
+        // ld stats its output before writing it: `gcc x.c -o /tmp/link`
+        let w = words("gcc /tmp/link.c -o /tmp/link", "undefined reference to `f'");
+        let stat = failed(10, MS, "newfstatat", libc::ENOENT, "/tmp/link");
+        assert_eq!(grade_of(stat.clone(), &w).witness, None);
+        // an open of it is a need; and the output naming a stat corroborates
+        let open = failed(10, MS, "openat", libc::ENOENT, "/tmp/link");
+        assert_eq!(grade_of(open, &w).witness, Some(Witness::Asked));
+        let said = words("", "ls: cannot access '/tmp/link': No such file or directory");
+        assert_eq!(grade_of(stat, &said).witness, Some(Witness::Said));
+    }
+
+    #[test]
+    fn a_check_of_a_bare_name_the_output_says_is_no_need_of_it() {
+        // `python3 -m unittest test_sum` checks whether `test_sum` is a
+        // path; the report then says `test_sum` as a module's name
+        let w = words("python3 -m unittest test_sum", "FAIL: test_sum (test_sum.T.test_sum)");
+        let stat = failed(10, MS, "newfstatat", libc::ENOENT, "test_sum");
+        assert_eq!(grade_of(stat, &w).witness, None);
+        // `cat notes`: an open of a bare name the output says is a need
+        let w = words("cat notes", "cat: notes: No such file or directory");
+        let open = failed(10, MS, "openat", libc::ENOENT, "notes");
+        assert_eq!(grade_of(open, &w).witness, Some(Witness::Said));
+    }
+
+    #[test]
     fn an_error_that_names_no_failed_path_corroborates_nothing() {
         let traceback = "Traceback (most recent call last):\n  File \"/app/main.py\", line 3, in <module>\n    raise ValueError('bad input')\nValueError: bad input\n";
         for path in [
@@ -352,6 +400,25 @@ mod tests {
             assert_eq!(g.witness, None, "{path}");
             assert!(!g.counts(), "{path}");
         }
+    }
+
+    #[test]
+    fn a_path_the_kernel_cut_short_is_named_by_a_word_it_begins() {
+        let whole = format!("/nonexistent/{}", "m".repeat(300));
+        let mut ev = failed(10, MS, "openat", libc::ENOENT, &whole[..255]);
+        ev.path_truncated = Some(true);
+        let w = words("", &format!("[Errno 2] No such file or directory: '{whole}7'"));
+        assert_eq!(grade_of(ev.clone(), &w).witness, Some(Witness::Said));
+        // uncut, it must be the word itself
+        ev.path_truncated = None;
+        assert_eq!(grade_of(ev, &w).witness, None);
+    }
+
+    #[test]
+    fn a_file_url_names_its_path() {
+        let ev = failed(10, MS, "openat", libc::ENOENT, "/tmp/page.html");
+        let w = words(r#"{"params":{"arguments":{"url":"file:///tmp/page.html"}}}"#, "");
+        assert_eq!(grade_of(ev, &w).witness, Some(Witness::Asked));
     }
 
     #[test]

@@ -461,7 +461,8 @@ fn evidence_events(case: &Case, decisive: Option<&KernelEvent>) -> Vec<KernelEve
             Kind::SeccompDenied | Kind::Signal | Kind::OomVictim | Kind::UringUnderSeccomp => true,
             Kind::Exit => Some(e.pid) == span.root_pid || e.exit_code.is_none(),
             Kind::SyscallFailed | Kind::UringFailed => {
-                failing(e.pid) && case.grades.evidence(i).is_some_and(|(_, w)| w >= 0.5)
+                // weak ones too, corroborated or not: shown, not blamed
+                failing(e.pid) && case.grades.get(i).is_some_and(|g| g.weight >= 0.5)
             }
             _ => false,
         };
