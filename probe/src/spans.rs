@@ -267,7 +267,15 @@ impl SpanEvidence {
             Kind::Repeated => return, // credited by credit_repeats above, never kept
         }
         if self.events.len() >= self.cap {
-            self.events.pop_front();
+            // evidence that stands alone (an OOM kill, a seccomp denial, a
+            // fatal signal) outlives the routine events around it: a tab the
+            // OOM killer took early in a busy call must not be evicted
+            let evictable = self
+                .events
+                .iter()
+                .position(|e| !stands_alone(e.kind))
+                .unwrap_or(0);
+            self.events.remove(evictable);
             self.drops.retention += 1;
         }
         self.events.push_back(ev);
@@ -331,6 +339,11 @@ pub fn psi_memory_some_us() -> Option<u64> {
         .ok()
 }
 
+/// Kinds retention keeps while it can: each names a cause on its own.
+fn stands_alone(kind: Kind) -> bool {
+    matches!(kind, Kind::OomVictim | Kind::SeccompDenied | Kind::Signal)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,6 +353,24 @@ mod tests {
             serde_json::json!({"kind": kind, "ts_ns": 0, "pid": pid, "tid": pid, "comm": "x"}),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn retention_keeps_an_oom_kill_over_routine_events() {
+        // a tab OOM-killed early in a busy call: hundreds of failures later
+        // the kill is still the span's evidence
+        let mut s = SpanEvidence::new(1, None, "t".into(), 0);
+        s.cap = 3;
+        s.add(ev(Kind::OomVictim, 7));
+        for i in 1..6 {
+            let mut e = ev(Kind::ReclaimStall, 1);
+            e.ts_ns = i;
+            s.add(e);
+        }
+        assert_eq!(s.events.len(), 3);
+        assert_eq!(s.events.front().unwrap().kind, Kind::OomVictim);
+        assert_eq!(s.events.back().unwrap().ts_ns, 5);
+        assert_eq!(s.drops.retention, 3);
     }
 
     #[test]

@@ -565,6 +565,19 @@ fn podman_memory_limit_is_mem_oom() {
 }
 
 #[test]
+fn podman_missing_command_through_the_containers_shell_is_exec_missing() {
+    let Some(podman) = Podman::new() else { return };
+    // dash in the minimal Debian root looks the name up itself and exits 127
+    twice(
+        || podman.run(&[], &["sh", "-c", "probe-no-such-command"]),
+        |t| {
+            t.expect("exec.missing", None);
+            assert_eq!(t.code, Some(127), "{}", t.context());
+        },
+    );
+}
+
+#[test]
 fn podman_missing_command_is_exec_missing_not_its_own_setrlimit() {
     let Some(podman) = Podman::new() else { return };
     twice(

@@ -214,13 +214,17 @@ fn failure_reported_before(case: &Case, then: &Verdict) -> Option<Verdict> {
 
 /// A crash, or a kill by a process that did not start it, of a process off
 /// the exit-status path (the earliest). Kills by an ancestor or at
-/// namespace teardown are somebody shutting things down, not a cause.
+/// namespace teardown are somebody shutting things down, not a cause; nor
+/// is SIGPIPE off the path: a pipeline's writer whose reader had already
+/// exited (`echo x | sed 's/(/'`), whose exit is the story.
 fn signal_off_path(case: &Case) -> Option<Verdict> {
     let (span, lineage) = (case.span, &case.lineage);
+    let sigpipe = |pid: u32| span.processes[&pid].signal.as_deref() == Some("SIGPIPE");
     let (_, pid) = span
         .processes
         .keys()
         .filter(|&&pid| killed_by_signal(span, pid) && !lineage.stopped.contains_key(&pid))
+        .filter(|&&pid| !sigpipe(pid))
         .map(|&pid| {
             (
                 fatal_signal(span, pid).map(|e| e.ts_ns).unwrap_or(u64::MAX),
@@ -989,5 +993,35 @@ mod tests {
         ]);
         let a = attribute(&s, &status(1));
         assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+    }
+
+    #[test]
+    fn a_writer_killed_by_sigpipe_after_its_reader_failed_is_no_cause() {
+        // `echo x | sed 's/(/'`: sed 12 exits 1 on its syntax error before
+        // the subshell 11 writes; the kernel's SIGPIPE ends the writer
+        let s = span(vec![
+            fork(10, 11, MS, "sh"),
+            fork(10, 12, MS, "sh"),
+            exec(12, 2 * MS, "sed"),
+            exit(12, 3 * MS, Some(1), "sed"),
+            signal(11, 4 * MS, "SIGPIPE", 11, "sh", 0),
+            exit(11, 5 * MS, None, "sh"),
+            exit(10, 6 * MS, Some(1), "sh"),
+        ]);
+        let a = attribute(&s, &status(1));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        // on the path it is the outcome: the status the caller got
+        let s = span(vec![
+            signal(10, 4 * MS, "SIGPIPE", 10, "yes", 0),
+            exit(10, 5 * MS, None, "yes"),
+        ]);
+        let killed = Outcome {
+            exit: ExitStatus {
+                code: None,
+                signal: Some("SIGPIPE".into()),
+            },
+            ..Default::default()
+        };
+        assert_eq!(attribute(&s, &killed).primitive, Primitive::Signal);
     }
 }
