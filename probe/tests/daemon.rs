@@ -134,7 +134,9 @@ fn run_span(client: &mut Client, session: &str, cmd: &[&str]) -> probe::attribut
     };
     // what it was asked and said: the witnesses of a failed lookup
     let words = probe::attribution::Words::new(Some(cmd.join(" ")), Some(&output.stderr));
-    client.end_span_with(span, Some(&exit), None, &words).unwrap()
+    client
+        .end_span_with(span, Some(&exit), None, &words)
+        .unwrap()
 }
 
 /// Ids of loaded BPF programs called `name` (ids are never reused, so

@@ -225,7 +225,9 @@ fn images() -> Vec<Image> {
             !ci(),
             "CI=true: PRECISION_IMAGES must name the images `cargo xtask test` builds"
         );
-        eprintln!("PRECISION_IMAGES unset: the host only (`cargo xtask precision` builds the images)");
+        eprintln!(
+            "PRECISION_IMAGES unset: the host only (`cargo xtask precision` builds the images)"
+        );
         return images;
     };
     let manifest: Value = serde_json::from_slice(

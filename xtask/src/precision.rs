@@ -114,13 +114,13 @@ pub fn images() -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir())?;
     // the two builds are network- and dpkg-bound: side by side
     let built: Vec<anyhow::Result<Value>> = std::thread::scope(|s| {
-        let handles: Vec<_> = RECIPES
-            .iter()
-            .map(|r| s.spawn(|| build(r, &uri)))
-            .collect();
+        let handles: Vec<_> = RECIPES.iter().map(|r| s.spawn(|| build(r, &uri))).collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| bail!("an image build panicked")))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("an image build panicked"))
+            })
             .collect()
     });
     let manifest: Vec<Value> = built.into_iter().collect::<anyhow::Result<_>>()?;
@@ -185,7 +185,14 @@ fn install_wheels(root: &Path, wheels: &[&str]) -> anyhow::Result<()> {
     crate::install_step::run(
         &format!("installing {} into the image from PyPI", wheels.join(" ")),
         Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "--no-deps", "--only-binary=:all:"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+            ])
             .args(["--python-version", "3.11", "--implementation", "cp"])
             .args(["--platform", "manylinux2014_x86_64", "--target"])
             .arg(root.join("opt/wheels"))
@@ -220,8 +227,16 @@ pub fn precision(write: bool) -> anyhow::Result<()> {
 /// Runs the precision test binary over `manifest`'s images; true if it passed.
 pub fn run_test(manifest: &Path, results: Option<&Path>) -> anyhow::Result<bool> {
     let mut cmd = Command::new("cargo");
-    cmd.args(["test", "-p", "probe", "--test", "precision", "--", "--nocapture"])
-        .env("PRECISION_IMAGES", manifest);
+    cmd.args([
+        "test",
+        "-p",
+        "probe",
+        "--test",
+        "precision",
+        "--",
+        "--nocapture",
+    ])
+    .env("PRECISION_IMAGES", manifest);
     if let Some(r) = results {
         cmd.env("PRECISION_RESULTS", r);
     }
@@ -237,7 +252,11 @@ pub fn with_section(doc: &str, section: &str) -> String {
     let block = format!("{SECTION_BEGIN}\n{section}{SECTION_END}\n");
     match (doc.find(SECTION_BEGIN), doc.find(SECTION_END)) {
         (Some(a), Some(b)) if b > a => {
-            format!("{}{block}{}", &doc[..a], doc[b + SECTION_END.len()..].trim_start_matches('\n'))
+            format!(
+                "{}{block}{}",
+                &doc[..a],
+                doc[b + SECTION_END.len()..].trim_start_matches('\n')
+            )
         }
         _ => format!("{}\n{block}", doc.trim_end()),
     }
@@ -331,7 +350,10 @@ mod tests {
         assert!(once.ends_with(&format!("{SECTION_BEGIN}\nA\n{SECTION_END}\n")));
         let twice = with_section(&once, "B\n");
         assert_eq!(twice.matches(SECTION_BEGIN).count(), 1);
-        assert!(twice.contains("\nB\n") && !twice.contains("\nA\n"), "{twice}");
+        assert!(
+            twice.contains("\nB\n") && !twice.contains("\nA\n"),
+            "{twice}"
+        );
         let mut later = once.clone();
         later.push_str("\n## after\n");
         let replaced = with_section(&later, "C\n");

@@ -207,8 +207,10 @@ mod tests {
     #[test]
     fn a_failed_lookup_the_probe_only_noticed_is_shown_in_a_test_layer_failure() {
         let mut s = failing(ok());
-        s.kernel = Some(json!({"available": true, "failed": true, "primitive": "none",
-            "noticed": ["`/usr/share/locale/de/LC_MESSAGES/grep.mo` was missing (openat ENOENT in grep (pid 7))"]}));
+        s.kernel = Some(
+            json!({"available": true, "failed": true, "primitive": "none",
+            "noticed": ["`/usr/share/locale/de/LC_MESSAGES/grep.mo` was missing (openat ENOENT in grep (pid 7))"]}),
+        );
         let t = triage(&[s]).unwrap();
         assert_eq!((t.layer.id(), t.primitive.id()), ("test", "none"));
         assert!(

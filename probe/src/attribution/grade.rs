@@ -30,8 +30,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::event::{KernelEvent, Kind};
 use crate::primitive::{Primitive, classify};
-use crate::syscalls::SyscallClass;
 use crate::spans::SpanEvidence;
+use crate::syscalls::SyscallClass;
 
 use super::Words;
 
@@ -338,7 +338,10 @@ mod tests {
         assert_eq!(grade_of(rel, &w).witness, Some(Witness::Said));
         // a compiler names the header it could not find by its name
         let header = failed(10, MS, "openat", libc::ENOENT, "/usr/include/foo.h");
-        let w = words("", "main.c:1:10: fatal error: foo.h: No such file or directory");
+        let w = words(
+            "",
+            "main.c:1:10: fatal error: foo.h: No such file or directory",
+        );
         assert_eq!(grade_of(header, &w).witness, Some(Witness::Said));
         // a message ending a sentence with the path
         let w = words("", "could not open /data/in.csv.");
@@ -361,7 +364,10 @@ mod tests {
         // an open of it is a need; and the output naming a stat corroborates
         let open = failed(10, MS, "openat", libc::ENOENT, "/tmp/link");
         assert_eq!(grade_of(open, &w).witness, Some(Witness::Asked));
-        let said = words("", "ls: cannot access '/tmp/link': No such file or directory");
+        let said = words(
+            "",
+            "ls: cannot access '/tmp/link': No such file or directory",
+        );
         assert_eq!(grade_of(stat, &said).witness, Some(Witness::Said));
     }
 
@@ -369,7 +375,10 @@ mod tests {
     fn a_check_of_a_bare_name_the_output_says_is_no_need_of_it() {
         // `python3 -m unittest test_sum` checks whether `test_sum` is a
         // path; the report then says `test_sum` as a module's name
-        let w = words("python3 -m unittest test_sum", "FAIL: test_sum (test_sum.T.test_sum)");
+        let w = words(
+            "python3 -m unittest test_sum",
+            "FAIL: test_sum (test_sum.T.test_sum)",
+        );
         let stat = failed(10, MS, "newfstatat", libc::ENOENT, "test_sum");
         assert_eq!(grade_of(stat, &w).witness, None);
         // `cat notes`: an open of a bare name the output says is a need
@@ -407,7 +416,10 @@ mod tests {
         let whole = format!("/nonexistent/{}", "m".repeat(300));
         let mut ev = failed(10, MS, "openat", libc::ENOENT, &whole[..255]);
         ev.path_truncated = Some(true);
-        let w = words("", &format!("[Errno 2] No such file or directory: '{whole}7'"));
+        let w = words(
+            "",
+            &format!("[Errno 2] No such file or directory: '{whole}7'"),
+        );
         assert_eq!(grade_of(ev.clone(), &w).witness, Some(Witness::Said));
         // uncut, it must be the word itself
         ev.path_truncated = None;
@@ -417,7 +429,10 @@ mod tests {
     #[test]
     fn a_file_url_names_its_path() {
         let ev = failed(10, MS, "openat", libc::ENOENT, "/tmp/page.html");
-        let w = words(r#"{"params":{"arguments":{"url":"file:///tmp/page.html"}}}"#, "");
+        let w = words(
+            r#"{"params":{"arguments":{"url":"file:///tmp/page.html"}}}"#,
+            "",
+        );
         assert_eq!(grade_of(ev, &w).witness, Some(Witness::Asked));
     }
 

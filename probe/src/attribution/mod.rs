@@ -707,7 +707,10 @@ mod tests {
         events.push(exit(10, 9, 1));
         let a = attribute(
             &span(events),
-            &said(1, "FileNotFoundError: [Errno 2] No such file or directory: '/data/in.csv'"),
+            &said(
+                1,
+                "FileNotFoundError: [Errno 2] No such file or directory: '/data/in.csv'",
+            ),
         );
         assert_eq!(a.primitive, Primitive::FsMissing);
         assert_eq!(a.decisive.unwrap().path.as_deref(), Some("/data/in.csv"));
@@ -791,7 +794,10 @@ mod tests {
             failed(10, 4, "openat", libc::EACCES, "/etc/shadow"),
             exit(10, 5, 1),
         ];
-        let a = attribute(&span(events), &said(1, "tool: /etc/shadow: Permission denied"));
+        let a = attribute(
+            &span(events),
+            &said(1, "tool: /etc/shadow: Permission denied"),
+        );
         assert_eq!(a.primitive, Primitive::FsPermission);
     }
 
@@ -1186,7 +1192,10 @@ mod tests {
             failed(10, 2, "newfstatat", libc::ENOENT, "/tmp/build/deps"),
             exit(10, 4, 1),
         ];
-        let a = attribute(&span(events), &said(1, "no such directory: /tmp/build/deps"));
+        let a = attribute(
+            &span(events),
+            &said(1, "no such directory: /tmp/build/deps"),
+        );
         assert_eq!(
             a.primitive,
             Primitive::FsMissing,
@@ -1208,7 +1217,9 @@ mod tests {
         assert_eq!(a.layer, Some(Layer::Test));
         assert_eq!(a.noticed.len(), 1, "{:?}", a.noticed);
         assert!(
-            a.noticed[0].starts_with(&format!("`{catalog}` was missing (openat ENOENT in w (pid 10))")),
+            a.noticed[0].starts_with(&format!(
+                "`{catalog}` was missing (openat ENOENT in w (pid 10))"
+            )),
             "{:?}",
             a.noticed
         );
@@ -1229,7 +1240,8 @@ mod tests {
         assert_eq!(a.primitive, Primitive::FsMissing, "{}", a.explanation);
         assert_eq!(a.decisive.unwrap().path.as_deref(), Some("/nonexistent"));
         assert!(
-            a.explanation.ends_with("(the workload's own output names it)"),
+            a.explanation
+                .ends_with("(the workload's own output names it)"),
             "{}",
             a.explanation
         );
@@ -1244,7 +1256,10 @@ mod tests {
             ("openat", libc::EMFILE, Primitive::ProcLimit),
             ("clone", libc::EAGAIN, Primitive::ProcLimit),
         ] {
-            let events = vec![failed(10, MS, syscall, errno, "/out/x"), exit(10, 2 * MS, 1)];
+            let events = vec![
+                failed(10, MS, syscall, errno, "/out/x"),
+                exit(10, 2 * MS, 1),
+            ];
             let a = attribute(&span(events), &outcome(1));
             assert_eq!(a.primitive, primitive, "{syscall}: {}", a.explanation);
             assert!(a.noticed.is_empty());

@@ -263,7 +263,9 @@ fn explain_signal(case: &Case, pid: u32, sig: &str) -> Verdict {
         };
     }
     let name = |p: u32| who(span, p);
-    if let Some(v) = resource_failure_behind_crash(span, &case.grades, pid, sig, decisive.as_ref(), &name) {
+    if let Some(v) =
+        resource_failure_behind_crash(span, &case.grades, pid, sig, decisive.as_ref(), &name)
+    {
         return v;
     }
     let crash = [
@@ -949,13 +951,20 @@ mod tests {
         events.extend(lookups(
             10,
             6,
-            &["/usr/share/locale/C/LC_MESSAGES", "/usr/share/locale-langpack/C/LC_MESSAGES"],
+            &[
+                "/usr/share/locale/C/LC_MESSAGES",
+                "/usr/share/locale-langpack/C/LC_MESSAGES",
+            ],
             "bash.mo",
         ));
         events.push(exit(10, 9 * MS, Some(127), "bash"));
         let a = attribute(&span(events), &status(127));
         assert_eq!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
-        assert!(a.explanation.starts_with("`nope` is not installed"), "{}", a.explanation);
+        assert!(
+            a.explanation.starts_with("`nope` is not installed"),
+            "{}",
+            a.explanation
+        );
     }
 
     #[test]
