@@ -424,6 +424,20 @@ pub fn exit_status(s: std::process::ExitStatus) -> ExitStatus {
     }
 }
 
+/// A stream's capture: the one that finished before the span ended, else
+/// what its task gets within 2 s more (a handle that finished must not be
+/// awaited again).
+async fn rest_of(done: Option<Captured>, task: tokio::task::JoinHandle<Captured>) -> Captured {
+    match done {
+        Some(c) => c,
+        None => tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default(),
+    }
+}
+
 /// How long a call's end waits for the workload's output to close, so its
 /// words can corroborate the attribution. A background process still
 /// holding the pipes costs the call this much; its words are then only
@@ -532,24 +546,8 @@ impl Running {
             let tree = self.tree.clone();
             let _ = tokio::task::spawn_blocking(move || tree.kill_all()).await;
         }
-        // a handle that finished above must not be awaited again
-        let grace = Duration::from_secs(2);
-        let stdout = match stdout {
-            Some(c) => c,
-            None => tokio::time::timeout(grace, out)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or_default(),
-        };
-        let stderr = match stderr {
-            Some(c) => c,
-            None => tokio::time::timeout(grace, err)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or_default(),
-        };
+        let stdout = rest_of(stdout, out).await;
+        let stderr = rest_of(stderr, err).await;
         // the tree's cgroups serve the next call unless something in them
         // was killed (see `Spare::give_back`); the others are removed when
         // the last reference goes, off the runtime's threads (see

@@ -9,6 +9,8 @@
 //! runs as `probe trace -- bwrap --ro-bind ROOT / … -- sh -c SCRIPT`: the
 //! image's own programs, its locale, its search paths. The results go to
 //! `PRECISION_RESULTS` (JSON) when set, for docs/CONFUSION.md.
+//! `PRECISION_PROBE` judges another probe binary (an older build, for a
+//! before/after comparison); by default, this build's.
 
 mod common;
 
@@ -157,6 +159,18 @@ const OWN_LOGIC: &[Case] = &[
         script: "node -e \"require('assert').strictEqual(1 + 1, 3)\"",
         expect: "none",
     },
+    Case {
+        name: "Java exception",
+        needs: &["javac", "java"],
+        script: "printf 'public class Boom { public static void main(String[] a) { throw new IllegalStateException(\"boom\"); } }\n' > Boom.java && javac Boom.java && java Boom",
+        expect: "none",
+    },
+    Case {
+        name: "Java compile error",
+        needs: &["javac"],
+        script: "printf 'public class Bad { int x = ; }\n' > Bad.java && javac Bad.java",
+        expect: "none",
+    },
 ];
 
 const SANDBOX: &[Case] = &[
@@ -290,7 +304,8 @@ fn run(image: &Image, script: &str) -> Value {
         bwrap.extend(["--setenv".into(), k.clone(), v.clone()]);
     }
     bwrap.extend(["--".into(), "sh".into(), "-c".into(), script.into()]);
-    let out = Command::new(PROBE)
+    let probe = std::env::var("PRECISION_PROBE").unwrap_or_else(|_| PROBE.to_string());
+    let out = Command::new(probe)
         .args(["trace", "--json", "--"])
         .args(&bwrap)
         .output()

@@ -201,7 +201,8 @@ pub(super) fn reported_failure(ev: &KernelEvent, primitive: Primitive) -> bool {
 /// init` looks the command up itself and the runtime reports 127); with any
 /// other status, a lookup in two bin directories or more by a process that
 /// then exited non-zero (firejail looks it up and exits 1). Not a lookup
-/// its process got past (`survived`: it went on to start a program).
+/// its process got past or whose failure its parent outlived and succeeded
+/// anyway (`survived`).
 /// Only bin directories (`…/bin`, `…/sbin`) are a command's candidates: a
 /// name looked up in several other places is a message catalog or a
 /// configuration file, not a program.
@@ -237,7 +238,8 @@ pub(super) fn command_not_found(
         .enumerate()
         .filter(|(i, e)| execs.get(&e.pid).is_none_or(|x| x < i))
         .map(|(_, e)| e)
-        // podman looks for the OCI runtimes it knows (krun…), then goes on
+        // podman looks for the OCI runtimes it knows (krun…), then goes
+        // on; `cargo new`'s child cannot run `hg`, and cargo succeeds
         .filter(|e| !survived(e))
         .filter(|e| {
             e.kind.is_failure()

@@ -59,6 +59,11 @@ pub struct Lineage {
     /// Processes that failed before their parent went on to start another
     /// program: the parent looked at their status and carried on.
     pub coped: HashSet<u32>,
+    /// Processes that failed, whose parent then exited 0 after them: the
+    /// parent saw their status and succeeded anyway (`cargo new`'s child
+    /// that could not run `hg`). Not a parent that exited before its child
+    /// failed (runc's CHILD, which leaves its INIT to run the container).
+    pub outlived_by_a_succeeding_parent: HashSet<u32>,
 }
 
 impl Lineage {
@@ -124,6 +129,16 @@ impl Lineage {
             if went_on {
                 let at = lineage.went_on_at.entry(e.pid).or_default();
                 *at = (*at).max(e.ts_ns);
+            }
+        }
+        for (&pid, p) in &span.processes {
+            let parent = p.parent.and_then(|pp| Some((pp, span.processes.get(&pp)?)));
+            if let (Some((parent, info)), Some(&ended)) = (parent, exit_at.get(&pid))
+                && p.failed()
+                && info.exit_code == Some(0)
+                && exit_at.get(&parent).is_some_and(|&at| at > ended)
+            {
+                lineage.outlived_by_a_succeeding_parent.insert(pid);
             }
         }
         // a child that failed and exited before its parent went on to

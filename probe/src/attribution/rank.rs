@@ -309,7 +309,11 @@ fn sent_by(span: &SpanEvidence, pid: u32) -> String {
 /// which outranks the other refusals.
 fn strong_failure_on_path(case: &Case) -> Option<Verdict> {
     let (span, outcome, lineage) = (case.span, case.outcome, &case.lineage);
-    let missing = || command_not_found(span, outcome, |ev| lineage.survived(ev));
+    let missing = || {
+        command_not_found(span, outcome, |ev| {
+            lineage.survived(ev) || lineage.outlived_by_a_succeeding_parent.contains(&ev.pid)
+        })
+    };
     match failure_on_path(case) {
         // a shell that went on to look the command up after the denial (its
         // NSS lookup of the user hit a seccomp filter on unix sockets) did
@@ -352,14 +356,16 @@ fn failure_on_path(case: &Case) -> Option<Verdict> {
 /// Failures of the span's other processes that exited non-zero; not of the
 /// path's processes that passed a status on (podman's own cleanup errors
 /// when the container exited 3), nor of a check its parent coped with (it
-/// went on to start another program), nor of a helper its ancestor stopped
+/// went on to start another program, or exited 0 itself: `cargo new`'s
+/// child that could not run `hg`), nor of a helper its ancestor stopped
 /// (its non-zero exit is the stop's).
 fn failure_off_path(case: &Case) -> Option<Verdict> {
     let (span, lineage) = (case.span, &case.lineage);
     strongest_failure(case, |ev, _, _| {
         let failing = Some(ev.pid) == lineage.leaf()
             || (!lineage.on_path(ev.pid)
-                && span.processes.get(&ev.pid).is_some_and(|p| p.failed()));
+                && span.processes.get(&ev.pid).is_some_and(|p| p.failed())
+                && !lineage.outlived_by_a_succeeding_parent.contains(&ev.pid));
         failing
             && !lineage.survived(ev)
             && !lineage.stopped.contains_key(&ev.pid)
@@ -1032,5 +1038,46 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(attribute(&s, &killed).primitive, Primitive::Signal);
+    }
+
+    #[test]
+    fn a_command_a_child_could_not_start_is_no_cause_when_its_parent_coped() {
+        // `cargo new` forks 11 to run `hg`, whose execs fail in every PATH
+        // directory (11 exits 127); cargo goes on and exits 0; the span
+        // fails later on `cargo test`'s own 101
+        let mut events = vec![fork(10, 11, MS, "cargo")];
+        for (i, dir) in ["/usr/local/bin", "/usr/bin", "/bin"].iter().enumerate() {
+            events.push(failed(
+                11,
+                (2 + i as u64) * MS,
+                "execve",
+                libc::ENOENT,
+                &format!("{dir}/hg"),
+            ));
+        }
+        events.push(exit(11, 6 * MS, Some(127), "cargo"));
+        events.push(exit(10, 7 * MS, Some(0), "cargo"));
+        let mut s = span(events);
+        s.root_pid = Some(9);
+        s.add(testing::fork(9, 10, 0));
+        let a = attribute(&s, &status(101));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        // runc's shape: the parent exits 0 first (it hands the container's
+        // init on), then the init's shell looks the command up and exits
+        // 127: nobody coped with that
+        let mut events = vec![fork(10, 11, MS, "runc"), exit(10, 2 * MS, Some(0), "runc")];
+        events.push(exec(11, 3 * MS, "sh"));
+        events.extend(lookups(
+            11,
+            4,
+            &["/usr/local/bin", "/usr/bin", "/bin"],
+            "nope",
+        ));
+        events.push(exit(11, 8 * MS, Some(127), "sh"));
+        let mut s = span(events);
+        s.root_pid = Some(9);
+        s.add(testing::fork(9, 10, 0));
+        let a = attribute(&s, &status(127));
+        assert_eq!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
     }
 }
