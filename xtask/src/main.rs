@@ -44,8 +44,8 @@ enum Cmd {
     /// mmdebstrap).
     Setup,
     /// Run every test: unit tests, the Python SDK and conformance clients,
-    /// then the kernel, daemon, runtime (srt, podman, bubblewrap) and
-    /// bridge tests (as root).
+    /// then the kernel, daemon, runtime (srt, podman, bubblewrap),
+    /// precision corpus and bridge tests (as root).
     Test {
         /// Extra arguments for the kernel test binary (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]

@@ -390,9 +390,14 @@ fn disk_refused_anywhere(case: &Case) -> Option<Verdict> {
             && !lineage.is_cleanup(ev)
             && !lineage.coped.contains(&ev.pid)
     })?;
-    let pid = v.decisive.as_ref()?.pid;
-    let then = match lineage.stopped.contains_key(&pid) {
-        true => format!(", then {} was stopped on the way out", who(span, pid)),
+    let failed = v.decisive.as_ref()?;
+    // named as the failure names it (a thread's name may have replaced the
+    // process's by the time it was stopped)
+    let then = match lineage.stopped.contains_key(&failed.pid) {
+        true => format!(
+            ", then {} (pid {}) was stopped on the way out",
+            failed.comm, failed.pid
+        ),
         false => String::new(),
     };
     Some(Verdict {
@@ -981,7 +986,7 @@ mod tests {
             fork(10, 11, MS, "sh"),
             exec(11, 2 * MS, "chromium"),
             fork(11, 12, 3 * MS, "chromium"),
-            failed(12, 4 * MS, "pwrite64", libc::ENOSPC, ""),
+            named(failed(12, 4 * MS, "pwrite64", libc::ENOSPC, ""), "chromium"),
             signal(12, 5 * MS, "SIGTERM", 11, "chromium", 0),
             exit(12, 6 * MS, None, "chromium"),
             exit(11, 7 * MS, Some(1), "chromium"),
