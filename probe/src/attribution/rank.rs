@@ -24,9 +24,9 @@
 //!    in any process, also one its parent stopped afterwards (Chromium's
 //!    writers on ENOSPC, stopped by the browser on its way out).
 //! 10. [`reported_elsewhere`]: a refused connection, a full disk or a
-//!    read-only filesystem that a process still running reported rather
-//!    than failed on: a browser MCP server whose navigation failed while
-//!    Chromium's network service lives on.
+//!     read-only filesystem that a process still running reported rather
+//!     than failed on: a browser MCP server whose navigation failed while
+//!     Chromium's network service lives on.
 //! 11. [`memory_pressure`], then [`no_kernel_cause`].
 //!
 //! Never a cause, at any stage ([`Lineage`](super::lineage::Lineage)): a kill of a helper by the
