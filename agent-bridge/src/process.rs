@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use probe::attribution::ExitStatus;
+use probe::attribution::{ExitStatus, Words};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
@@ -48,7 +48,9 @@ pub struct Snapshot {
 }
 
 impl Background {
-    pub fn spawn(running: Running) -> Arc<Background> {
+    /// Starts pumping `running`'s output; `command` is what it was asked
+    /// to run (a witness for the attribution at its end).
+    pub fn spawn(running: Running, command: String) -> Arc<Background> {
         let Running {
             pid,
             stdin,
@@ -80,9 +82,21 @@ impl Background {
                 _ => ExitStatus::default(),
             };
             let duration = started.elapsed();
+            // its last words: the pumps end at once unless something it
+            // left running holds the pipes
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+            while !(out.is_finished() && err.is_finished())
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let said = me.said();
+            let words = Words::new(Some(command), Some(&said));
             // attribution first: killing the leftovers is ours, not the workload's
             // the call that started it has answered already
-            let kernel = kernel.end(&span, Some(&exit), None, false).await;
+            let kernel = kernel
+                .end_with_words(&span, Some(&exit), None, false, &words)
+                .await;
             let tree = me.tree.clone();
             let _ = tokio::task::spawn_blocking(move || Running::kill_tree(&tree, pid)).await;
             let _ = tokio::time::timeout(Duration::from_secs(2), async {
@@ -113,6 +127,17 @@ impl Background {
             }
             self.version.send_modify(|v| *v += 1);
         }
+    }
+
+    /// The tails of what it wrote to stdout, then stderr.
+    fn said(&self) -> Vec<u8> {
+        let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let mut said = Vec::new();
+        for s in streams.iter() {
+            said.extend_from_slice(&s.data[s.data.len().saturating_sub(Words::MAX)..]);
+            said.push(b'\n');
+        }
+        said
     }
 
     fn snapshot(&self, cursors: (u64, u64)) -> Snapshot {

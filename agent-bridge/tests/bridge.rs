@@ -1087,6 +1087,85 @@ async fn a_restarted_probe_daemon_is_picked_up_at_once() {
     assert_eq!(kernel["exit"]["code"], 1, "{kernel}");
 }
 
+/// The workload's words reach the probe: a missing file only its output
+/// names (the path comes from the environment, not the command) is
+/// `fs.missing`; a program failing by its own logic after lookups nothing
+/// names is `none`, with those lookups listed as noticed. The same for a
+/// background process.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_lookup_is_the_cause_only_when_the_workloads_words_name_it() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("probe.sock");
+    let _daemon = Killed(
+        std::process::Command::new(probe_binary())
+            .args(["run", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(dir.path().join("evidence.db"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    probe::client::wait_until_ready(&socket, Duration::from_secs(30))
+        .expect("the probe daemon did not start");
+    let b = Bridge::stdio(Opts {
+        probe_at: Some(socket),
+        ..Opts::default()
+    })
+    .await;
+    let read = "import os; open(os.environ['INPUT']).read()";
+    let r = b
+        .call(
+            "exec",
+            json!({"argv": ["python3", "-c", read], "env": {"INPUT": "/nonexistent-words/in.csv"}}),
+        )
+        .await;
+    let kernel = &structured(&r)["kernel"];
+    assert_eq!(kernel["primitive"], "fs.missing", "{kernel}");
+    assert_eq!(kernel["decisive"]["path"], "/nonexistent-words/in.csv");
+    assert!(
+        kernel["explanation"]
+            .as_str()
+            .unwrap()
+            .ends_with("(the workload's own output names it)"),
+        "{kernel}"
+    );
+    // its own logic, after lookups it got past or never needed
+    let r = b
+        .call(
+            "exec",
+            json!({"argv": ["python3", "-c", "raise ValueError('bad input')"]}),
+        )
+        .await;
+    let kernel = &structured(&r)["kernel"];
+    assert_eq!(kernel["exit"]["code"], 1, "{kernel}");
+    assert_eq!(kernel["primitive"], "none", "{kernel}");
+    assert_eq!(kernel["layer"], "test", "{kernel}");
+    // a background process's words too
+    let r = b
+        .call(
+            "start_process",
+            json!({"argv": ["python3", "-c", read], "env": {"INPUT": "/nonexistent-words/bg.csv"}}),
+        )
+        .await;
+    let id = structured(&r)["id"].clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let kernel = loop {
+        let r = b.call("poll_process", json!({"id": id})).await;
+        let k = structured(&r)["kernel"].clone();
+        if k.is_object() {
+            break k;
+        }
+        assert!(std::time::Instant::now() < deadline, "{r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(kernel["primitive"], "fs.missing", "{kernel}");
+    assert_eq!(kernel["decisive"]["path"], "/nonexistent-words/bg.csv");
+}
+
 /// A daemon that accepts connections and never answers costs a call a few
 /// seconds, not the bridge: the workload runs untraced, the call says why,
 /// and the next call is answered too (a lone launch holds the bridge's

@@ -19,6 +19,7 @@ impl Session {
     ) -> Result<Reply, ArgError> {
         let a: tools::StartProcessArgs = tools::parse(args)?;
         let argv = tools::command_line(&a.argv, &a.command)?;
+        let command = probe::tee::command_line(&argv);
         let spec = Spec {
             label: label("process", &argv),
             argv,
@@ -33,7 +34,7 @@ impl Session {
         };
         let id = self.next_process.fetch_add(1, Ordering::Relaxed);
         let pid = running.pid;
-        let bg = Background::spawn(running);
+        let bg = Background::spawn(running, command);
         self.processes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
