@@ -9,6 +9,7 @@ use std::process::Command;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
+mod apt;
 mod bench;
 mod browser_demo;
 mod campaign;

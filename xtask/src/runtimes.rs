@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::bail;
 
-use crate::image::{MIRRORS, SUITE, sha256_hex};
+use crate::image::{SUITE, mirrors, sha256_hex};
 use crate::{ensure_debian, workspace_root};
 
 /// Debian packages the runtimes need, with a check for each.
@@ -87,10 +87,11 @@ const ROOTFS_ARGS: [&str; 7] = [
 ];
 
 fn rootfs() -> anyhow::Result<PathBuf> {
+    let mirrors = mirrors()?;
     let recipe = format!(
         "{SUITE}\n{}\n{}\n",
         ROOTFS_ARGS.join("\n"),
-        MIRRORS.join("\n")
+        mirrors.join("\n")
     );
     let key = &sha256_hex(recipe.as_bytes())[..16];
     let rootfs = runtimes_dir().join(format!("rootfs-{key}"));
@@ -107,7 +108,7 @@ fn rootfs() -> anyhow::Result<PathBuf> {
             .args(ROOTFS_ARGS)
             .arg(SUITE)
             .arg(&tmp)
-            .args(MIRRORS),
+            .args(&mirrors),
     )?;
     std::fs::write(tmp.join(".complete"), recipe)?;
     std::fs::rename(&tmp, &rootfs)?;

@@ -39,11 +39,11 @@ pub use demo::{binaries, demo, test};
 pub use sandbox::{Ports, Sandbox};
 
 pub const SUITE: &str = "bookworm";
-pub const MIRRORS: [&str; 3] = [
-    "deb http://deb.debian.org/debian bookworm main",
-    "deb http://deb.debian.org/debian bookworm-updates main",
-    "deb http://deb.debian.org/debian-security bookworm-security main",
-];
+/// The Debian archive's sources for [`SUITE`], as this machine's apt
+/// configuration names them.
+pub fn mirrors() -> anyhow::Result<Vec<String>> {
+    crate::apt::mirrors(SUITE)
+}
 
 /// The Debian packages on top of the essential set (which brings sh, bash,
 /// coreutils, findutils, grep, sed, tar, gzip, util-linux, perl-base), and
@@ -214,9 +214,9 @@ pub fn image_dir() -> PathBuf {
 }
 
 /// The recipe's text: everything that decides the base's contents.
-fn recipe() -> String {
+fn recipe() -> anyhow::Result<String> {
     let mut r = format!("recipe {RECIPE_VERSION}\nsuite {SUITE}\nvariant apt\n");
-    for m in MIRRORS {
+    for m in mirrors()? {
         let _ = writeln!(r, "mirror {m}");
     }
     for (p, _) in PACKAGES {
@@ -225,7 +225,7 @@ fn recipe() -> String {
     for h in HOOKS {
         let _ = writeln!(r, "hook {h}");
     }
-    r
+    Ok(r)
 }
 
 /// Checks a directory of binaries to install: both there, executable, and
@@ -274,7 +274,7 @@ fn check_bin_dir(bin_dir: &Path) -> anyhow::Result<()> {
 pub fn build(bin_dir: &Path, rebuild: bool) -> anyhow::Result<Image> {
     require_root("image")?;
     let dir = image_dir();
-    let key = sha256_hex(recipe().as_bytes())[..16].to_string();
+    let key = sha256_hex(recipe()?.as_bytes())[..16].to_string();
     let base = dir.join(format!("base-{key}"));
     let cached = !rebuild && base.join(".complete").exists();
     let mut tools = vec![("openssh-client", "command -v ssh-keygen")];
@@ -356,7 +356,7 @@ fn build_base(dir: &Path, base: &Path) -> anyhow::Result<()> {
     for h in HOOKS {
         cmd.arg(format!("--customize-hook={h}"));
     }
-    cmd.arg(SUITE).arg(&tmp).args(MIRRORS);
+    cmd.arg(SUITE).arg(&tmp).args(mirrors()?);
     let out = std::fs::File::create(&log)?;
     let mut child = cmd
         .stdout(out.try_clone()?)
@@ -391,7 +391,7 @@ fn build_base(dir: &Path, base: &Path) -> anyhow::Result<()> {
             tail.join("\n")
         );
     }
-    std::fs::write(tmp.join(".complete"), recipe())?;
+    std::fs::write(tmp.join(".complete"), recipe()?)?;
     let _ = std::fs::remove_dir_all(base);
     std::fs::rename(&tmp, base)?;
     say(format!(
