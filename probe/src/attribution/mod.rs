@@ -16,8 +16,11 @@
 //! - here: the attribution object, a successful span's verdict and its
 //!   hidden failure, the events worth showing, hints.
 //!
-//! Processes that exited 0 handled their own failures, and failures that
-//! match no rule (ENOTTY, EAGAIN on reads, module searches) are never blamed.
+//! Processes that exited 0 handled their own failures; failures that match
+//! no rule (ENOTTY, EAGAIN on reads) are never blamed, nor are failed
+//! lookups that nothing the workload said or was asked names (a compiler's
+//! include search, a message catalog, an optional config file): those are
+//! `noticed`.
 
 mod failures;
 mod grade;
