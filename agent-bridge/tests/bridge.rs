@@ -1052,19 +1052,7 @@ async fn a_restarted_probe_daemon_is_picked_up_at_once() {
     }
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("probe.sock");
-    let start = || {
-        let child = std::process::Command::new(probe_binary())
-            .args(["run", "--socket"])
-            .arg(&socket)
-            .arg("--db")
-            .arg(dir.path().join("evidence.db"))
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        probe::client::wait_until_ready(&socket, Duration::from_secs(30))
-            .expect("the probe daemon did not start");
-        Killed(child)
-    };
+    let start = || probe_daemon(dir.path()).0;
     let daemon = start();
     let b = Bridge::stdio(Opts {
         probe_at: Some(socket.clone()),
@@ -1098,19 +1086,7 @@ async fn a_failed_lookup_is_the_cause_only_when_the_workloads_words_name_it() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("probe.sock");
-    let _daemon = Killed(
-        std::process::Command::new(probe_binary())
-            .args(["run", "--socket"])
-            .arg(&socket)
-            .arg("--db")
-            .arg(dir.path().join("evidence.db"))
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    probe::client::wait_until_ready(&socket, Duration::from_secs(30))
-        .expect("the probe daemon did not start");
+    let (_daemon, socket) = probe_daemon(dir.path());
     let b = Bridge::stdio(Opts {
         probe_at: Some(socket),
         ..Opts::default()

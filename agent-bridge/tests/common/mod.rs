@@ -506,6 +506,23 @@ pub fn ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A probe daemon of the test's own (killed on drop), ready; its socket.
+/// `dir` holds socket and DB.
+pub fn probe_daemon(dir: &Path) -> (Killed, PathBuf) {
+    let socket = dir.join("probe.sock");
+    let child = Command::new(probe_binary())
+        .args(["run", "--socket"])
+        .arg(&socket)
+        .arg("--db")
+        .arg(dir.join("evidence.db"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start probe run");
+    probe::client::wait_until_ready(&socket, Duration::from_secs(30))
+        .expect("the probe daemon did not come up");
+    (Killed(child), socket)
+}
+
 /// A probe daemon of the test's own that exports its spans over OTLP to
 /// `otlp_url` (killed on drop); its socket. `dir` holds socket and DB.
 pub fn otlp_probe(dir: &Path, otlp_url: &str) -> (Killed, PathBuf) {
