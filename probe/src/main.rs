@@ -531,11 +531,7 @@ fn span(socket: &Path, args: SpanArgs, command: Vec<OsString>) -> anyhow::Result
         cgroup,
     } = args;
     let mut client = Client::connect(socket)?;
-    let line = command
-        .iter()
-        .map(|a| a.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let line = command_line(&command);
     let label = label.as_deref().unwrap_or(&line);
     let span = match &cgroup {
         None => client.begin_span(session.as_deref(), label)?,
@@ -576,7 +572,7 @@ fn span(socket: &Path, args: SpanArgs, command: Vec<OsString>) -> anyhow::Result
         }
     };
     let words = Words::new(
-        Some(command_line(&command)),
+        Some(line.clone()),
         stderr.as_ref().map(|t| t.said()).as_deref(),
     );
     let timed_out_ms = timed_out.map(|t| t.as_millis() as u64);

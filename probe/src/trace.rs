@@ -70,12 +70,7 @@ pub fn drain(probe: &mut Probe, span: &mut SpanEvidence) -> usize {
 /// Runs `opts.command` under `probe` and attributes the outcome.
 pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     let (program, args) = opts.command.split_first().context("no command given")?;
-    let label = opts
-        .command
-        .iter()
-        .map(|a| a.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let label = command_line(&opts.command);
 
     let (sig_r, sig_w) = UnixStream::pair().context("signal pipe")?;
     sig_r.set_nonblocking(true)?;
@@ -97,7 +92,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     let drops_before = probe.drops();
     let start_ns = crate::clock::monotonic_ns();
     let started = Instant::now();
-    let mut span = SpanEvidence::new(TRACE_SPAN, None, label, start_ns);
+    let mut span = SpanEvidence::new(TRACE_SPAN, None, label.clone(), start_ns);
     if let Some(cap) = opts.event_cap {
         span.cap = cap;
     }
@@ -165,10 +160,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         timed_out,
         duration_ns: started.elapsed().as_nanos() as u64,
         all_events: opts.all_events,
-        words: Words::new(
-            Some(command_line(&opts.command)),
-            stderr.as_ref().map(|t| t.said()).as_deref(),
-        ),
+        words: Words::new(Some(label), stderr.as_ref().map(|t| t.said()).as_deref()),
     };
     Ok(Traced {
         attribution: attribute(&span, &outcome),

@@ -264,7 +264,6 @@ pub(super) fn command_not_found(
         .collect();
     let mut seen = std::collections::HashSet::new();
     tried.retain(|p| seen.insert(*p));
-    let bin_dirs = tried.len();
     let status_127 = exited_127(last.pid);
     // a program looking for itself on PATH (python finding its prefix)
     let itself = span.processes.get(&last.pid).is_some_and(|p| {
@@ -276,7 +275,8 @@ pub(super) fn command_not_found(
             && e.ts_ns >= last.ts_ns
             && e.path.as_deref().and_then(|p| p.rsplit('/').next()) == Some(name.as_str())
     });
-    if found || (!status_127 && (bin_dirs < 2 || itself)) {
+    // every candidate is in a bin directory (see `misses`)
+    if found || (!status_127 && (tried.len() < 2 || itself)) {
         return None;
     }
     Some(Verdict {
