@@ -30,6 +30,17 @@ fn connect_blocking(socket: &std::path::Path) -> Result<Client, probe::client::C
     Ok(client)
 }
 
+/// Why the daemon cannot be reached: on a kernel where no probe can run
+/// (gVisor, no bpf(2), no tracing programs) the one sentence saying so,
+/// which outlives every retry; else the connect error.
+fn unreachable_reason(e: &probe::client::ClientError) -> String {
+    static CANNOT_RUN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    CANNOT_RUN
+        .get_or_init(probe::preflight::cannot_run)
+        .clone()
+        .unwrap_or_else(|| e.to_string())
+}
+
 pub struct Kernel {
     socket: Option<PathBuf>,
     session: String,
@@ -112,7 +123,7 @@ impl Kernel {
         };
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
-            *guard = Some(connect_blocking(socket).map_err(|e| e.to_string())?);
+            *guard = Some(connect_blocking(socket).map_err(|e| unreachable_reason(&e))?);
         }
         let client = guard.as_mut().expect("just connected");
         let result = f(client);
@@ -149,7 +160,7 @@ impl Kernel {
         if guard.is_none() {
             match connect_blocking(socket) {
                 Ok(c) => *guard = Some(c),
-                Err(e) => return (spawn(None).0, Span::Unavailable(e.to_string())),
+                Err(e) => return (spawn(None).0, Span::Unavailable(unreachable_reason(&e))),
             }
         }
         let client = guard.as_mut().expect("just connected");
@@ -353,7 +364,10 @@ impl Kernel {
         })
         .await;
         match asked {
-            Ok(r) => r.map_err(|e| e.to_string()),
+            Ok(r) => r.map_err(|e| match e.code() {
+                Some(_) => e.to_string(),
+                None => unreachable_reason(&e),
+            }),
             Err(_) => Err(format!(
                 "the probe daemon did not answer within {} s",
                 END_TIMEOUT.as_secs()

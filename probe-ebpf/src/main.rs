@@ -40,7 +40,7 @@ use aya_ebpf::{
         bpf_probe_read_user_str_bytes, generated as helper,
     },
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use probe_abi::{
@@ -320,9 +320,30 @@ fn in_syscall_set(set: &'static SyscallSet, nr: i64) -> bool {
     if nr < 0 || nr as usize >= ROLES_LEN {
         return false;
     }
+    let nr = bounded_nr(nr);
     // SAFETY: in bounds; volatile for the reason given in `role`.
-    let word = unsafe { read_volatile(set.as_ptr().add(nr as usize / 64)) };
-    word & (1 << (nr as usize % 64)) != 0
+    let word = unsafe { read_volatile(set.as_ptr().add(nr / 64)) };
+    word & (1 << (nr % 64)) != 0
+}
+
+/// `ROLES_LEN - 1`, in read-only data: see [`bounded_nr`].
+#[unsafe(no_mangle)]
+static ROLE_INDEX_MASK: u64 = ROLES_LEN as u64 - 1;
+const _: () = assert!(
+    ROLES_LEN.is_power_of_two(),
+    "bounded_nr masks with ROLES_LEN - 1"
+);
+
+/// A syscall number already checked against `ROLES_LEN`, masked once
+/// more right before it indexes a table. LLVM may spill the checked value
+/// and reload it for the index; verifiers before 6.x lose the bounds of a
+/// reloaded scalar ("math between map_value pointer and register with
+/// unbounded min value", seen on 6.1). The mask is a volatile read of a
+/// read-only global, so LLVM keeps the AND and the verifier knows its value.
+#[inline(always)]
+fn bounded_nr(nr: i64) -> usize {
+    // SAFETY: plain read of a read-only static.
+    (nr as u64 & unsafe { read_volatile(&ROLE_INDEX_MASK) }) as usize
 }
 
 /// What syscall `nr`'s arguments carry (`probe_abi::syscall_arg_role`), by
@@ -332,7 +353,7 @@ fn role(nr: i64) -> ArgRole {
     if nr >= 0 && (nr as usize) < ROLES_LEN {
         // SAFETY: in bounds; a volatile read keeps the table in .rodata
         // instead of a chain of compares the optimizer would rebuild.
-        unsafe { read_volatile(ROLE_TABLE.as_ptr().add(nr as usize)) }
+        unsafe { read_volatile(ROLE_TABLE.as_ptr().add(bounded_nr(nr))) }
     } else {
         ArgRole::None
     }
@@ -588,6 +609,71 @@ fn reg_arg(regs: *const u8, i: u8) -> u64 {
     }
 }
 
+/// Where a traced syscall's number and arguments come from: the BTF
+/// tracepoints' typed `pt_regs` (plain loads), or, on the tracepoint rung
+/// (a kernel without BTF), what the classic `sys_enter` program saved.
+trait SyscallArgs: Copy {
+    /// Argument `i` (0..6).
+    fn arg(self, i: u8) -> u64;
+    /// The number of the syscall in flight (read for one seccomp stopped
+    /// before its enter).
+    fn nr(self) -> i64;
+    /// False when the arguments are unknown: a syscall seccomp stopped
+    /// never reached the classic `sys_enter`, which saves them.
+    fn known(self) -> bool {
+        true
+    }
+}
+
+#[derive(Clone, Copy)]
+struct BtfRegs(*const u8);
+
+impl SyscallArgs for BtfRegs {
+    #[inline(always)]
+    fn arg(self, i: u8) -> u64 {
+        reg_arg(self.0, i)
+    }
+    #[inline(always)]
+    fn nr(self) -> i64 {
+        // SAFETY: BTF-typed pt_regs pointer, see `reg_arg`.
+        unsafe { core::ptr::read_volatile(self.0.add(REG_ORIG_AX) as *const i64) }
+    }
+}
+
+/// The six arguments the classic `sys_enter` read from its record (on the
+/// stack there, in `ARGS` at the exit; null: not known) and the syscall's
+/// number.
+#[derive(Clone, Copy)]
+struct SavedArgs {
+    args: *const u64,
+    nr: i64,
+}
+
+impl SyscallArgs for SavedArgs {
+    #[inline(always)]
+    fn arg(self, i: u8) -> u64 {
+        if self.args.is_null() || i > 5 {
+            return 0;
+        }
+        // SAFETY: six u64s on the stack or in a map value; i < 6.
+        unsafe { read_volatile(self.args.add(i as usize)) }
+    }
+    #[inline(always)]
+    fn nr(self) -> i64 {
+        self.nr
+    }
+    #[inline(always)]
+    fn known(self) -> bool {
+        !self.args.is_null()
+    }
+}
+
+/// Tracepoint rung: thread id → the arguments of its syscall in flight,
+/// saved by the classic `sys_enter` for its exit (traced threads only;
+/// sized 1 by the loader on the BTF rung, which reads `pt_regs`).
+#[map]
+static ARGS: LruHashMap<u32, [u64; 6]> = LruHashMap::with_max_entries(65536, 0);
+
 /// This thread's `TRACKED` slot, when it is traced.
 #[inline(always)]
 fn tracked_slot(tid: u32) -> Option<*mut u64> {
@@ -612,6 +698,41 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
         return 0;
     };
     let id: i64 = ctx.arg(1);
+    on_enter(ptr, tid, id, BtfRegs(regs));
+    0
+}
+
+/// Tracepoint rung: the classic `raw_syscalls:sys_enter`, fields at the
+/// offsets of its tracefs format. Saves a traced thread's arguments for
+/// its exit.
+#[tracepoint]
+pub fn sys_enter_tp(ctx: TracePointContext) -> u32 {
+    let tid = current_tid();
+    let Some(ptr) = tracked_slot(tid).or_else(|| adopt(tid)) else {
+        return 0;
+    };
+    let Some(off) = offsets() else { return 0 };
+    // SAFETY: offsets parsed from this kernel's format file.
+    let id = unsafe { ctx.read_at::<i64>(off.sys_enter_id as usize) }.unwrap_or(-1);
+    // SAFETY: as above.
+    let args = unsafe { ctx.read_at::<[u64; 6]>(off.sys_enter_args as usize) }.unwrap_or([0; 6]);
+    let _ = ARGS.insert(tid, args, 0);
+    on_enter(
+        ptr,
+        tid,
+        id,
+        SavedArgs {
+            args: args.as_ptr(),
+            nr: id,
+        },
+    );
+    0
+}
+
+/// A traced thread enters syscall `id`: marks it in flight, keeps what
+/// its exit or its process's end needs. The common case is one store.
+#[inline(always)]
+fn on_enter<A: SyscallArgs>(ptr: *mut u64, tid: u32, id: i64, args: A) {
     let marker = if id >= 0 && (id as u64) < slot::NR_UNKNOWN - 1 {
         id as u64 + 1
     } else {
@@ -621,32 +742,30 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> u32 {
     // runs (fork writes a child's slot before the child runs).
     unsafe { *ptr = (*ptr & !slot::NR_MASK) | marker };
     if !in_syscall_set(&ENTER_STATE_SET, id) {
-        return 0;
+        return;
     }
     if id == nr::EXIT_GROUP {
         // the process's status; a thread's own exit(2) (glibc ends every
         // pthread that way) says nothing about the process
         let tgid = (current_pid_tgid() >> 32) as u32;
-        let _ = EXIT_CODES.insert(tgid, reg_arg(regs, 0) as i32, 0);
-        return 0;
+        let _ = EXIT_CODES.insert(tgid, args.arg(0) as i32, 0);
+        return;
     }
     if id == nr::EXIT {
-        return 0;
+        return;
     }
     if let Some(state) = TASKS.get_ptr_mut(tid) {
         // SAFETY: this thread's own TASKS entry.
         let st = unsafe { &mut *state };
         st.enter_ts = now();
         if id == nr::CLONE {
-            st.clone_flags = reg_arg(regs, 0);
+            st.clone_flags = args.arg(0);
         } else if id == nr::CLONE3 {
             // clone3(struct clone_args *): flags is the first u64
             // SAFETY: user pointer read with the fault-tolerant helper.
-            st.clone_flags =
-                unsafe { bpf_probe_read_user(reg_arg(regs, 0) as *const u64) }.unwrap_or(0);
+            st.clone_flags = unsafe { bpf_probe_read_user(args.arg(0) as *const u64) }.unwrap_or(0);
         }
     }
-    0
 }
 
 /// Empty programs on the same two tracepoints, attached only by the
@@ -675,6 +794,50 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
         let _ = adopt(tid);
         return 0;
     };
+    let ret: i64 = ctx.arg(1);
+    on_exit(ptr, ids, ret, BtfRegs(regs));
+    0
+}
+
+/// Tracepoint rung: the classic `raw_syscalls:sys_exit`. The arguments
+/// are the ones `sys_enter_tp` saved; a syscall seccomp stopped before its
+/// enter has its number (the record's `id`) but no arguments.
+#[tracepoint]
+pub fn sys_exit_tp(ctx: TracePointContext) -> u32 {
+    let ids = current_pid_tgid();
+    let tid = ids as u32;
+    let Some(ptr) = tracked_slot(tid) else {
+        let _ = adopt(tid);
+        return 0;
+    };
+    let Some(off) = offsets() else { return 0 };
+    // SAFETY: offsets parsed from this kernel's format file.
+    let ret = unsafe { ctx.read_at::<i64>(off.sys_exit_ret as usize) }.unwrap_or(0);
+    // SAFETY: as above.
+    let id = unsafe { ctx.read_at::<i64>(off.sys_exit_id as usize) }.unwrap_or(-1);
+    // SAFETY: this thread's own slot, read only.
+    let entered = unsafe { *ptr } & slot::NR_MASK != 0;
+    let saved = match ARGS.get_ptr(tid) {
+        Some(a) if entered => a as *const u64,
+        _ => core::ptr::null(),
+    };
+    on_exit(
+        ptr,
+        ids,
+        ret,
+        SavedArgs {
+            args: saved,
+            nr: id,
+        },
+    );
+    0
+}
+
+/// A traced thread's syscall returned `ret`: a seccomp denial (an exit
+/// with no enter), a success worth recording, or a failure.
+#[inline(always)]
+fn on_exit<A: SyscallArgs>(ptr: *mut u64, ids: u64, ret: i64, args: A) {
+    let tid = ids as u32;
     // SAFETY: this thread's own slot, see sys_enter.
     let v = unsafe { *ptr };
     let marker = v & slot::NR_MASK;
@@ -686,19 +849,17 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
         & !(((task::SKIP_ORPHAN_EXIT | task::REPORT_FORK) as u64) << slot::FLAGS_SHIFT);
     // SAFETY: as above.
     unsafe { *ptr = cleared };
-    let ret: i64 = ctx.arg(1);
 
     if marker == 0 {
         if tflags & task::SKIP_ORPHAN_EXIT != 0 {
             if tflags & task::REPORT_FORK != 0 {
                 report_fork(tid, span);
             }
-            return 0;
+            return;
         }
         // An exit with no enter: seccomp stopped the syscall before it ran.
         // The registers still hold its number and arguments.
-        // SAFETY: BTF-typed pt_regs pointer, see `reg_arg`.
-        let id = unsafe { core::ptr::read_volatile(regs.add(REG_ORIG_AX) as *const i64) };
+        let id = args.nr();
         if let Some(mut entry) = reserve(EventKind::SeccompDenied, span, now()) {
             let ev = entry.as_mut_ptr();
             // SAFETY: reserved Event, header already written.
@@ -709,7 +870,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
                     &mut (*ev).data,
                     &mut (*ev).data_len,
                     &mut (*ev).flags,
-                    regs,
+                    args,
                     role(id),
                 );
                 if tflags & task::SECCOMP_ON != 0 {
@@ -718,7 +879,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
             }
             submit(entry, true);
         }
-        return 0;
+        return;
     }
     let entered = if marker == slot::NR_UNKNOWN {
         -1
@@ -728,13 +889,12 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
 
     if ret >= 0 {
         if in_syscall_set(&SUCCESS_SET, entered) {
-            on_success(ptr, regs, span, entered, ret);
+            on_success(ptr, args, span, entered, ret);
         }
-        return 0;
+        return;
     }
 
-    on_failure(ids, regs, span, entered, ret, tflags);
-    0
+    on_failure(ids, args, span, entered, ret, tflags);
 }
 
 /// PID-namespace mode: a fresh child's first syscall exit (its return from
@@ -775,7 +935,7 @@ fn report_fork(tid: u32, span: u64) {
 /// Otherwise the count so far goes out as a Repeated event, then the
 /// failure as a SyscallFailed event.
 #[inline(always)]
-fn on_failure(ids: u64, regs: *const u8, span: u64, entered: i64, ret: i64, tflags: u32) {
+fn on_failure<A: SyscallArgs>(ids: u64, args: A, span: u64, entered: i64, ret: i64, tflags: u32) {
     // SAFETY: no preconditions (inlined by the verifier).
     let cpu = unsafe { helper::bpf_get_smp_processor_id() };
     let Some(ev) = RECORD.get_ptr_mut(cpu) else {
@@ -791,14 +951,14 @@ fn on_failure(ids: u64, regs: *const u8, span: u64, entered: i64, ret: i64, tfla
     let ev = unsafe { &mut *ev };
     let role = role(entered);
     let aux0 = match role {
-        ArgRole::Path { flags: Some(f), .. } => reg_arg(regs, f),
+        ArgRole::Path { flags: Some(f), .. } => args.arg(f),
         // the socket: a later getsockopt(SO_ERROR) on it completes a
         // non-blocking connect
-        ArgRole::First | ArgRole::SockAddr { .. } => reg_arg(regs, 0),
+        ArgRole::First | ArgRole::SockAddr { .. } => args.arg(0),
         _ => 0,
     };
     let (mut data_len, mut data_flags) = (0u32, 0u32);
-    fill_data(&mut ev.data, &mut data_len, &mut data_flags, regs, role);
+    fill_data(&mut ev.data, &mut data_len, &mut data_flags, args, role);
     let cur = FailureKey {
         nr: entered,
         ret,
@@ -932,18 +1092,25 @@ fn same_failure(last: &Failure, cur: &FailureKey, data: &[u8; DATA_LEN]) -> bool
         last.data.as_ptr() as *const u64,
         data.as_ptr() as *const u64,
     );
-    let mut i = 0;
-    while i < DATA_LEN / 8 && i < n {
-        let mask = if i + 1 == n { last_mask } else { u64::MAX };
-        // SAFETY: i < DATA_LEN / 8: both reads are inside the arrays, which
+    // every word, the ones past `n` masked out: a loop whose bound is a
+    // constant (see `copy_data`)
+    let mut diff = 0;
+    let mut w = 0;
+    while w < DATA_LEN / 8 {
+        let mask = if w + 1 < n {
+            u64::MAX
+        } else if w + 1 == n {
+            last_mask
+        } else {
+            0
+        };
+        // SAFETY: w < DATA_LEN / 8: both reads are inside the arrays, which
         // sit 8-aligned in their repr(C) structs (see `copy_data`).
-        let (x, y) = unsafe { (read_volatile(a.add(i)), read_volatile(b.add(i))) };
-        if (x ^ y) & mask != 0 {
-            return false;
-        }
-        i += 1;
+        let (x, y) = unsafe { (read_volatile(a.add(w)), read_volatile(b.add(w))) };
+        diff |= (x ^ y) & mask;
+        w += 1;
     }
-    true
+    diff == 0
 }
 
 /// Copies the first `len` bytes (whole words) of `src` into `dst`. Word by
@@ -952,35 +1119,37 @@ fn same_failure(last: &Failure, cur: &FailureKey, data: &[u8; DATA_LEN]) -> bool
 /// at an 8-aligned offset of an 8-aligned repr(C) struct (`Event`,
 /// `Failure`), so the words are aligned.
 #[inline(always)]
-fn copy_data(dst: &mut [u8; DATA_LEN], src: &[u8; DATA_LEN], len: u32) {
-    let n = words(len);
+fn copy_data(dst: &mut [u8; DATA_LEN], src: &[u8; DATA_LEN], _len: u32) {
     let (d, s) = (dst.as_mut_ptr() as *mut u64, src.as_ptr() as *const u64);
-    let mut i = 0;
-    while i < DATA_LEN / 8 && i < n {
-        // SAFETY: i < DATA_LEN / 8: both accesses are inside the arrays.
-        unsafe { write_volatile(d.add(i), read_volatile(s.add(i))) };
-        i += 1;
+    // Every word, whatever `len`: a loop bounded by the length let LLVM
+    // advance a pointer next to a counter derived from it, which verifiers
+    // before 6.x cannot tie together ("invalid access to map value …
+    // off=368" on 5.10 and 6.1). With a constant bound each step's offset
+    // is a constant.
+    let mut w = 0;
+    while w < DATA_LEN / 8 {
+        // SAFETY: w < DATA_LEN / 8: both accesses are inside the arrays.
+        unsafe { write_volatile(d.add(w), read_volatile(s.add(w))) };
+        w += 1;
     }
 }
 
 /// A syscall succeeded: record file writes, mounts, fd dups and seccomp
 /// filters installed. Everything else costs nothing more.
 #[inline(always)]
-fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64) {
+fn on_success<A: SyscallArgs>(ptr: *mut u64, args: A, span: u64, entered: i64, ret: i64) {
     let set_seccomp = || {
         // SAFETY: this thread's own slot, see sys_enter.
         unsafe { *ptr |= (task::SECCOMP_ON as u64) << slot::FLAGS_SHIFT };
     };
     match entered {
         nr::SECCOMP => set_seccomp(),
-        nr::PRCTL if reg_arg(regs, 0) == nr::PR_SET_SECCOMP => set_seccomp(),
+        nr::PRCTL if args.arg(0) == nr::PR_SET_SECCOMP => set_seccomp(),
         // a non-blocking connect's outcome: the call succeeds and writes
         // the connection's error into *optval (ECONNREFUSED, ETIMEDOUT…)
-        nr::GETSOCKOPT
-            if reg_arg(regs, 1) == nr::SOL_SOCKET && reg_arg(regs, 2) == nr::SO_ERROR =>
-        {
+        nr::GETSOCKOPT if args.arg(1) == nr::SOL_SOCKET && args.arg(2) == nr::SO_ERROR => {
             // SAFETY: user pointer read with the fault-tolerant helper.
-            let err = unsafe { bpf_probe_read_user(reg_arg(regs, 3) as *const i32) }.unwrap_or(0);
+            let err = unsafe { bpf_probe_read_user(args.arg(3) as *const i32) }.unwrap_or(0);
             if err <= 0 {
                 return;
             }
@@ -990,7 +1159,7 @@ fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64)
                 unsafe {
                     (*ev).syscall = entered;
                     (*ev).ret = -(err as i64);
-                    (*ev).aux[0] = reg_arg(regs, 0);
+                    (*ev).aux[0] = args.arg(0);
                     (*ev).flags |= flags::SOCKET_ERROR;
                 }
                 submit(entry, false);
@@ -1003,14 +1172,14 @@ fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64)
                 unsafe {
                     (*ev).syscall = entered;
                     (*ev).ret = ret;
-                    (*ev).aux[0] = reg_arg(regs, 0);
+                    (*ev).aux[0] = args.arg(0);
                 }
                 submit(entry, false);
             }
         }
         nr::OPEN | nr::OPENAT | nr::CREAT | nr::MKDIR | nr::MKDIRAT | nr::MOUNT => {
             let open_flags = match role(entered) {
-                ArgRole::Path { flags: Some(f), .. } => reg_arg(regs, f),
+                ArgRole::Path { flags: Some(f), .. } => args.arg(f),
                 // creat and mkdir always create
                 _ => 0o100,
             };
@@ -1035,7 +1204,7 @@ fn on_success(ptr: *mut u64, regs: *const u8, span: u64, entered: i64, ret: i64)
                     &mut (*ev).data,
                     &mut (*ev).data_len,
                     &mut (*ev).flags,
-                    regs,
+                    args,
                     role(entered),
                 );
             }
@@ -1062,16 +1231,19 @@ fn path_cut(ptr: *const u8, read: usize) -> u32 {
 /// Copies the path or socket address a syscall's `role` names into `data`,
 /// setting its length and the DATA_* flag that says which it is.
 #[inline(always)]
-fn fill_data(
+fn fill_data<A: SyscallArgs>(
     data: &mut [u8; DATA_LEN],
     len: &mut u32,
     data_flags: &mut u32,
-    regs: *const u8,
+    args: A,
     role: ArgRole,
 ) {
+    if !args.known() {
+        return;
+    }
     match role {
         ArgRole::Path { path, .. } => {
-            let ptr = reg_arg(regs, path);
+            let ptr = args.arg(path);
             // SAFETY: a user pointer read with the fault-tolerant helper.
             match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, data) } {
                 Ok(s) => {
@@ -1084,12 +1256,12 @@ fn fill_data(
         ArgRole::SockAddr { addr, len: len_arg } => {
             // sockaddr_in6 is 28 bytes, sockaddr_un 110: copy a fixed 112.
             const N: usize = 112;
-            let ptr = reg_arg(regs, addr);
+            let ptr = args.arg(addr);
             let buf = &mut data[..N];
             // SAFETY: a user pointer read with the fault-tolerant helper.
             match unsafe { bpf_probe_read_user_buf(ptr as *const u8, buf) } {
                 Ok(()) => {
-                    let n = reg_arg(regs, len_arg) as u32;
+                    let n = args.arg(len_arg) as u32;
                     *len = if n > N as u32 { N as u32 } else { n };
                     *data_flags |= flags::DATA_SOCKADDR;
                 }
@@ -1269,6 +1441,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         }
         set_tracked(tid, 0);
         let _ = TASKS.remove(tid);
+        let _ = ARGS.remove(&tid);
     }
     let Some(off) = offsets() else { return 0 };
     let group_dead = if off.exit_group_dead == u32::MAX {

@@ -12,6 +12,7 @@
 const MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
 
 /// Byte offset of `member` in the struct named `name`, searching anonymous
 /// unions and structs inside it. None when the BTF is unreadable, the
@@ -28,10 +29,15 @@ pub struct TaskIdOffsets {
     pub tgid: u32,
 }
 
-/// The running kernel's [`TaskIdOffsets`].
+/// The running kernel's [`TaskIdOffsets`], when its programs may read
+/// them: only where the kernel has `bpf_get_current_task_btf` (5.11 on;
+/// 5.10 refuses the whole program with "invalid func unknown#158").
 pub fn task_id_offsets() -> Option<TaskIdOffsets> {
     let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
     let types = Types::parse(&btf)?;
+    if !types.has_enumerator("bpf_func_id", "BPF_FUNC_get_current_task_btf") {
+        return None;
+    }
     let task = types.struct_named("task_struct")?;
     Some(TaskIdOffsets {
         pid: types.find_member(task, "pid", 0)?,
@@ -112,6 +118,24 @@ impl<'a> Types<'a> {
         (1..=self.at.len() as u32).find(|&id| {
             self.header(id)
                 .is_some_and(|t| t.kind() == KIND_STRUCT && self.name(t.name_off) == Some(name))
+        })
+    }
+
+    /// Whether enum `name` has a value called `value`: the kernel's BTF
+    /// lists the helpers it knows in `enum bpf_func_id`, which is how a
+    /// helper is probed here without loading a program.
+    fn has_enumerator(&self, name: &str, value: &str) -> bool {
+        (1..=self.at.len() as u32).any(|id| {
+            let Some(t) = self.header(id) else {
+                return false;
+            };
+            if t.kind() != KIND_ENUM || self.name(t.name_off) != Some(name) {
+                return false;
+            }
+            let first = self.at[id as usize - 1] as usize + 12;
+            (0..t.vlen()).any(|i| {
+                u32_at(self.types, first + i * 8).is_some_and(|off| self.name(off) == Some(value))
+            })
         })
     }
 
@@ -209,6 +233,15 @@ mod tests {
         let mut b = blob();
         b.truncate(40);
         assert_eq!(member_offset(&b, "outer", "a"), None);
+    }
+
+    #[test]
+    fn this_kernel_lists_its_helpers_in_bpf_func_id() {
+        let btf = std::fs::read("/sys/kernel/btf/vmlinux").expect("kernel BTF");
+        let types = Types::parse(&btf).unwrap();
+        assert!(types.has_enumerator("bpf_func_id", "BPF_FUNC_map_lookup_elem"));
+        assert!(types.has_enumerator("bpf_func_id", "BPF_FUNC_get_current_task_btf"));
+        assert!(!types.has_enumerator("bpf_func_id", "BPF_FUNC_no_such_helper"));
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //! primitive that made it fail.
 //!
 //! Layout (data flows down this list, never back up):
+//! - [`preflight`]: what the kernel offers (`probe check`), and the one
+//!   sentence said where no probe can run (gVisor, no bpf(2), no tracing).
 //! - [`loader`]: checks the machine, loads and attaches the embedded eBPF
-//!   programs ([`tracefs`] and [`btf`] supply tracepoint and struct offsets).
+//!   programs on the highest rung the kernel accepts ([`tracefs`] and
+//!   [`btf`] supply tracepoint and struct offsets).
 //! - [`spawn`]: starts a workload attached to its span before it execs;
 //!   [`proctree`] and [`cgroup`] let a span follow a running tree or a cgroup.
 //! - [`event`]: decodes ring-buffer records into [`event::KernelEvent`]s.
@@ -36,6 +39,7 @@ pub mod loader;
 pub mod mounts;
 pub mod otlp;
 pub mod otlp_receiver;
+pub mod preflight;
 pub mod primitive;
 pub mod proctree;
 pub mod protocol;

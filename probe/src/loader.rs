@@ -4,7 +4,7 @@
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, TracePoint},
+    programs::{BtfTracePoint, TracePoint, tp_btf::BtfTracePointLink, trace_point::TracePointLink},
 };
 use probe_abi::{EVENT_KINDS, TaskState, UringReq, slot, task};
 
@@ -36,7 +36,7 @@ fn object() -> Result<&'static [u8], LoadError> {
 /// reclaim).
 /// io_uring requests of traced tasks are followed from submission to
 /// completion (optional: kernels without io_uring lack the tracepoints).
-const PROGRAMS: [(&str, &str, &str, bool); 14] = [
+pub const PROGRAMS: [(&str, &str, &str, bool); 14] = [
     // exit first: the syscall programs trust their per-CPU task cache only
     // while it invalidates it
     ("sched_process_exit", "sched", "sched_process_exit", true),
@@ -79,6 +79,10 @@ const PROGRAMS: [(&str, &str, &str, bool); 14] = [
 /// what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// This kernel cannot run tracing programs at all: the sentence says
+    /// what is missing or what the sandbox is.
+    #[error("{0}")]
+    Unsupported(String),
     /// Not root and without the capabilities eBPF tracing needs.
     #[error(
         "cannot load eBPF programs: permission denied (run as root, or grant \
@@ -99,10 +103,18 @@ pub enum LoadError {
     Map(&'static str),
 }
 
+/// An attached program's link, owned here so that dropping it detaches.
+enum Link {
+    Classic(#[allow(dead_code)] TracePointLink),
+    Btf(#[allow(dead_code)] BtfTracePointLink),
+}
+
 /// Loaded and attached programs. Dropping it detaches everything.
 pub struct Probe {
-    /// Keeps programs and links alive.
+    /// Keeps the programs and maps alive.
     _ebpf: Ebpf,
+    /// Dropped first, all at once (see `Drop`).
+    links: Vec<Link>,
     tracked: Array<MapData, u64>,
     tasks: HashMap<MapData, u32, TaskState>,
     /// Set when the probe runs in a PID namespace other than the host's:
@@ -119,6 +131,49 @@ pub struct Probe {
     pub attached: Vec<String>,
     /// Optional tracepoints this kernel lacks.
     pub missing: Vec<String>,
+    /// How the syscall programs are attached.
+    pub rung: Rung,
+    /// Why the probe is on a lower rung than the kernel seemed to offer
+    /// (the kernel refused the BTF programs), or None.
+    pub fell_back: Option<String>,
+}
+
+/// How the syscall programs attach: the rungs of the ladder the loader
+/// climbs down until the kernel accepts the programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rung {
+    /// BTF tracepoints (`tp_btf`) on raw_syscalls: typed `pt_regs`, no
+    /// record copy. Needs the kernel's own BTF (/sys/kernel/btf/vmlinux).
+    Btf,
+    /// Classic tracepoints on raw_syscalls, fields at the offsets of their
+    /// tracefs formats; a traced thread's arguments are saved at the enter.
+    /// Needs no BTF at all.
+    Tracepoint,
+}
+
+impl Rung {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rung::Btf => "btf",
+            Rung::Tracepoint => "tracepoint",
+        }
+    }
+
+    /// What this rung cannot see that the top one does, in one sentence.
+    pub fn cannot_see(self) -> Option<&'static str> {
+        match self {
+            Rung::Btf => None,
+            Rung::Tracepoint => Some(crate::preflight::TRACEPOINT_RUNG_CANNOT_SEE),
+        }
+    }
+
+    /// The object's programs for raw_syscalls:sys_enter and sys_exit.
+    fn syscall_programs(self) -> (&'static str, &'static str) {
+        match self {
+            Rung::Btf => ("sys_enter", "sys_exit"),
+            Rung::Tracepoint => ("sys_enter_tp", "sys_exit_tp"),
+        }
+    }
 }
 
 /// The PID namespace the probe runs in, when it is not the host's.
@@ -144,18 +199,6 @@ impl PidNamespace {
             ino: meta.ino(),
         }))
     }
-}
-
-/// Effective capabilities from /proc/self/status.
-fn effective_caps() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .unwrap_or(0)
 }
 
 /// Attaches only the empty `floor_enter`/`floor_exit` programs to the
@@ -191,14 +234,55 @@ fn kernel_btf() -> Result<aya::Btf, LoadError> {
     })
 }
 
+impl Drop for Probe {
+    /// Detaching one tracepoint program waits for an RCU grace period
+    /// (~70 ms on a 2-CPU VM); one after another, 14 of them took 0.9 s
+    /// after the traced command had exited. Dropped on threads of their
+    /// own, the grace periods overlap.
+    fn drop(&mut self) {
+        let links = std::mem::take(&mut self.links);
+        std::thread::scope(|scope| {
+            for link in links {
+                scope.spawn(move || drop(link));
+            }
+        });
+    }
+}
+
 impl Probe {
     /// Checks privileges and tracefs, loads the object and attaches all
-    /// programs.
+    /// programs on the highest rung the kernel accepts: BTF tracepoints
+    /// where it has BTF, else (or when it refuses them) classic ones.
     pub fn load() -> Result<Probe, LoadError> {
+        if let Some(reason) = crate::preflight::cannot_run() {
+            return Err(LoadError::Unsupported(reason));
+        }
+        let btf = if crate::preflight::btf_switched_off() {
+            None
+        } else {
+            aya::Btf::from_sys_fs().ok()
+        };
+        let Some(btf) = btf else {
+            return Self::load_on(Rung::Tracepoint, None);
+        };
+        match Self::load_on(Rung::Btf, Some(&btf)) {
+            Err(LoadError::Attach(what, why)) if what.starts_with("raw_syscalls:") => {
+                let mut probe = Self::load_on(Rung::Tracepoint, None)?;
+                probe.fell_back = Some(format!(
+                    "the kernel refused the BTF program on {what} ({}); on the tracepoint rung",
+                    why.lines().last().unwrap_or(&why).trim()
+                ));
+                Ok(probe)
+            }
+            other => other,
+        }
+    }
+
+    fn load_on(rung: Rung, btf: Option<&aya::Btf>) -> Result<Probe, LoadError> {
         const CAP_SYS_ADMIN: u64 = 1 << 21;
         const CAP_PERFMON: u64 = 1 << 38;
         const CAP_BPF: u64 = 1 << 39;
-        let caps = effective_caps();
+        let caps = crate::preflight::effective_caps();
         let euid = nix::unistd::geteuid().as_raw();
         if caps & CAP_SYS_ADMIN == 0 && caps & (CAP_BPF | CAP_PERFMON) != (CAP_BPF | CAP_PERFMON) {
             return Err(LoadError::NotPermitted(euid));
@@ -227,15 +311,27 @@ impl Probe {
             .map_err(|e| LoadError::Load(format!("reading /proc/self/ns/pid: {e}")))?;
         let (ns_dev, ns_ino) = pidns.map_or((0, 0), |ns| (ns.dev, ns.ino));
         // 0 (not found) makes the programs call bpf_get_current_pid_tgid
-        let (pid_at, tgid_at) = crate::btf::task_id_offsets()
-            .map_or((0u64, 0u64), |o| (u64::from(o.pid), u64::from(o.tgid)));
+        let task_ids = match rung {
+            Rung::Btf => crate::btf::task_id_offsets(),
+            Rung::Tracepoint => None,
+        };
+        let (pid_at, tgid_at) =
+            task_ids.map_or((0u64, 0u64), |o| (u64::from(o.pid), u64::from(o.tgid)));
+        // the tracepoint rung saves a traced thread's arguments per thread
+        let saved_args = match rung {
+            Rung::Btf => 1,
+            Rung::Tracepoint => 65536,
+        };
         // RECORD is indexed by CPU number
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| {
             LoadError::Load(format!("reading the possible CPUs from {path}: {e}"))
         })? as u32;
         let mut ebpf = EbpfLoader::new()
+            // parsed once, by `load` (aya would read and parse it again)
+            .btf(btf)
             .map_max_entries("TRACKED", pid_max)
             .map_max_entries("RECORD", cpus)
+            .map_max_entries("ARGS", saved_args)
             .override_global("PIDNS_DEV", &ns_dev, true)
             .override_global("PIDNS_INO", &ns_ino, true)
             .override_global("TASK_PID_OFFSET", &pid_at, true)
@@ -256,9 +352,15 @@ impl Probe {
             arr.set(0, offsets, 0)
                 .map_err(|e| LoadError::Load(e.to_string()))?;
         }
-        let btf = kernel_btf()?;
+        let (enter_prog, exit_prog) = rung.syscall_programs();
         let mut attached = Vec::new();
+        let mut links = Vec::new();
         for (prog, cat, name, _) in PROGRAMS {
+            let prog = match prog {
+                "sys_enter" => enter_prog,
+                "sys_exit" => exit_prog,
+                other => other,
+            };
             if missing.contains(&format!("{cat}:{name}")) {
                 continue;
             }
@@ -268,14 +370,16 @@ impl Probe {
                 .ok_or_else(|| LoadError::Load(format!("program {prog} missing from object")))?;
             let attach_err =
                 |e: aya::programs::ProgramError| LoadError::Attach(what.clone(), error_chain(&e));
-            if cat == "raw_syscalls" {
+            if let (Some(btf), "raw_syscalls") = (btf, cat) {
                 let program: &mut BtfTracePoint = program.try_into().map_err(attach_err)?;
-                program.load(name, &btf).map_err(attach_err)?;
-                program.attach().map_err(attach_err)?;
+                program.load(name, btf).map_err(attach_err)?;
+                let id = program.attach().map_err(attach_err)?;
+                links.push(Link::Btf(program.take_link(id).map_err(attach_err)?));
             } else {
                 let program: &mut TracePoint = program.try_into().map_err(attach_err)?;
                 program.load().map_err(attach_err)?;
-                program.attach(cat, name).map_err(attach_err)?;
+                let id = program.attach(cat, name).map_err(attach_err)?;
+                links.push(Link::Classic(program.take_link(id).map_err(attach_err)?));
             }
             attached.push(what);
         }
@@ -311,6 +415,7 @@ impl Probe {
         .map_err(|e| LoadError::Load(e.to_string()))?;
         Ok(Probe {
             _ebpf: ebpf,
+            links,
             tracked,
             tasks,
             cgroup_spans,
@@ -323,6 +428,8 @@ impl Probe {
             uring_reqs,
             attached,
             missing,
+            rung,
+            fell_back: None,
         })
     }
 

@@ -245,6 +245,28 @@ enum Cmd {
         /// A `probe export` file (jsonl or sqlite, detected by content).
         input: PathBuf,
     },
+    /// Preflight: will the probe run on this kernel, and on which rung?
+    ///
+    /// One line per item — kernel and its config, user-space kernels
+    /// (gVisor), bpf(2), BTF, tracefs and every tracepoint the probe uses
+    /// with its format, JIT, PSI, cgroup v2, capabilities, io_uring — with
+    /// what to do about a miss; then it loads and attaches the programs
+    /// for real and detaches them.
+    ///
+    /// Exit status: 0 the probe runs on the BTF rung (everything seen);
+    /// 2 it runs on the tracepoint rung (a kernel without BTF: seccomp
+    /// denials without their arguments); 125 it cannot run here (the
+    /// reason is one sentence). PROBE_BTF=none checks the tracepoint rung.
+    ///
+    /// Examples:
+    ///   probe check
+    ///   probe check --json | jq .rung
+    #[command(verbatim_doc_comment)]
+    Check {
+        /// One JSON object: runs, rung, reason, items.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the primitives reference (the taxonomy and its rules) as Markdown.
     Primitives,
     /// Benchmark baseline: run CMD with only empty programs on the syscall
@@ -295,6 +317,7 @@ fn seconds(t: Option<f64>) -> anyhow::Result<Option<Duration>> {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Cmd::Check { json } => check(json),
         Cmd::Primitives => {
             print!("{}", reference_markdown());
             Ok(ExitCode::SUCCESS)
@@ -329,8 +352,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 cgroup,
             };
             let traced = trace(&mut probe, &opts)?;
-            drop(probe);
+            // the report first: detaching takes grace periods
             print_attribution(&traced.attribution, json)?;
+            drop(probe);
             if traced.interrupted {
                 eprintln!("probe: interrupted; the workload was stopped");
             }
@@ -712,6 +736,96 @@ fn render_spans(rows: &[SpanRow]) -> String {
         );
     }
     out
+}
+
+/// `probe check`: the preflight items, then a real load and detach.
+fn check(json: bool) -> anyhow::Result<ExitCode> {
+    use probe::loader::{PROGRAMS, Probe};
+    use probe::preflight::{self, Item};
+    let tracepoints: Vec<(&str, &str, bool)> = PROGRAMS
+        .iter()
+        .map(|&(_, cat, name, req)| (cat, name, req))
+        .collect();
+    let mut items = preflight::items(&tracepoints);
+    let started = std::time::Instant::now();
+    let (rung, reason, note) = match Probe::load() {
+        Ok(probe) => {
+            let loaded = format!(
+                "{} programs attached on the {} rung in {} ms",
+                probe.attached.len(),
+                probe.rung.name(),
+                started.elapsed().as_millis()
+            );
+            items.push(Item {
+                item: "load".into(),
+                ok: true,
+                found: loaded,
+                fix: String::new(),
+                required: true,
+            });
+            let note = [
+                probe.fell_back.clone(),
+                probe.rung.cannot_see().map(String::from),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("; ");
+            (Some(probe.rung), None, note)
+        }
+        Err(e) => {
+            let reason = e.to_string();
+            items.push(Item {
+                item: "load".into(),
+                ok: false,
+                found: reason.clone(),
+                fix: "see the items above and docs/KERNELS.md".into(),
+                required: true,
+            });
+            (None, Some(reason), String::new())
+        }
+    };
+    let code = match rung {
+        Some(probe::loader::Rung::Btf) => 0,
+        Some(probe::loader::Rung::Tracepoint) => 2,
+        None => PROBE_FAILED,
+    };
+    if json {
+        let out = serde_json::json!({
+            "runs": rung.is_some(),
+            "rung": rung.map(|r| r.name()),
+            "reason": reason,
+            "cannot_see": (!note.is_empty()).then_some(&note),
+            "kernel": probe::preflight::release(),
+            "items": items,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for i in &items {
+            let mark = if i.ok {
+                "ok  "
+            } else if i.required {
+                "FAIL"
+            } else {
+                "miss"
+            };
+            println!("{mark} {:<48} {}", i.item, i.found);
+            if !i.ok && !i.fix.is_empty() {
+                println!("     {:<48} -> {}", "", i.fix);
+            }
+        }
+        match (rung, &reason) {
+            (Some(r), _) => {
+                println!("\nthe probe runs here, on the {} rung", r.name());
+                if !note.is_empty() {
+                    println!("  {note}");
+                }
+            }
+            (None, Some(reason)) => println!("\nthe probe cannot run here: {reason}"),
+            (None, None) => {}
+        }
+    }
+    Ok(ExitCode::from(code))
 }
 
 #[cfg(test)]

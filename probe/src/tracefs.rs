@@ -97,6 +97,8 @@ pub fn offsets(root: &Path) -> Result<Offsets, TracefsError> {
     let exit = format(root, "sched/sched_process_exit")?;
     let sig = format(root, "signal/signal_generate")?;
     let oom = format(root, "oom/mark_victim")?;
+    let enter = format(root, "raw_syscalls/sys_enter")?;
+    let exit_sys = format(root, "raw_syscalls/sys_exit")?;
     let f = |fields: &[(String, u32)], tp: &str, name: &str| field(fields, tp, name);
     // io_uring is optional (CONFIG_IO_URING=n, or a kernel without these
     // tracepoints): u32::MAX everywhere, and its programs are not attached
@@ -136,6 +138,10 @@ pub fn offsets(root: &Path) -> Result<Offsets, TracefsError> {
         uring_failed_addr2: uring("io_uring_req_failed", "off"),
         uring_failed_op_flags: uring("io_uring_req_failed", "op_flags"),
         uring_failed_error: uring("io_uring_req_failed", "error"),
+        sys_enter_id: f(&enter, "sys_enter", "id")?,
+        sys_enter_args: f(&enter, "sys_enter", "args")?,
+        sys_exit_id: f(&exit_sys, "sys_exit", "id")?,
+        sys_exit_ret: f(&exit_sys, "sys_exit", "ret")?,
     })
 }
 

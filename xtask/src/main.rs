@@ -19,6 +19,7 @@ mod dist;
 mod foreign;
 mod image;
 mod install_step;
+mod kernels;
 #[allow(dead_code)] // shared with the tests, which use all of it
 mod pgcluster;
 mod precision;
@@ -42,11 +43,12 @@ enum Cmd {
     /// Debian packages (iproute2, util-linux, strace, bpftrace, gcc,
     /// musl-tools, Chromium with its fonts for the campaign's browser domain,
     /// and the sandbox runtimes: bubblewrap, socat, ripgrep, podman, runc,
-    /// mmdebstrap).
+    /// mmdebstrap), and QEMU, busybox-static and runsc for the kernel matrix.
     Setup,
     /// Run every test: unit tests, the Python SDK and conformance clients,
     /// then the kernel, daemon, runtime (srt, podman, bubblewrap),
-    /// precision corpus and bridge tests (as root).
+    /// precision corpus and bridge tests, and the kernel matrix (5.10, 6.1,
+    /// 6.12 under QEMU; gVisor) (as root).
     Test {
         /// Extra arguments for the kernel test binary (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
@@ -126,6 +128,18 @@ enum Cmd {
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
         campaign_tests: usize,
+    },
+    /// Boot Debian's current cloud kernels of bullseye (5.10), bookworm
+    /// (6.1) and trixie (6.12) under QEMU (TCG) with the static
+    /// executables of `cargo xtask dist`, and run `probe check`, the
+    /// faults and the daemon inside each (root; part of `cargo xtask test`).
+    Kernels {
+        /// Put the executables of this directory in the guests;
+        /// default: `cargo xtask dist`.
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// Only these suites (bullseye, bookworm, trixie).
+        suites: Vec<String>,
     },
     /// Regenerate docs/PRIMITIVES.md from the taxonomy in the code.
     Docs,
@@ -284,6 +298,13 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Docs => docs(),
+        Cmd::Kernels { bin_dir, suites } => {
+            let dist = match bin_dir {
+                Some(dir) => dir,
+                None => dist::build()?,
+            };
+            kernels::run(&dist, &suites)
+        }
         Cmd::Image { bin_dir, rebuild } => {
             image::build(&image::binaries(bin_dir)?, rebuild).map(|_| ())
         }
@@ -367,7 +388,8 @@ const DEBIAN_PACKAGES: [(&str, &str); 14] = [
 fn setup() -> anyhow::Result<()> {
     toolchain::Pin::load(&workspace_root())?.ensure()?;
     ensure_debian(&DEBIAN_PACKAGES)?;
-    ensure_debian(&runtimes::PACKAGES)
+    ensure_debian(&runtimes::PACKAGES)?;
+    ensure_debian(&kernels::PACKAGES)
 }
 
 /// Installs the Debian packages of `packages` whose check fails, with
@@ -504,6 +526,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     run(Command::new("cargo")
         .args(["test", "-p", "agent-bridge", "--test", "dist"])
         .env("DIST_DIR", &dist))?;
+    // those executables on the kernels sandboxes boot (5.10, 6.1, 6.12
+    // under QEMU, both rungs) and under gVisor, where the probe refuses
+    kernels::run(&dist, &[])?;
     // the sandbox image with those executables installed, booted (the
     // Debian base is cached in target/image/ after the first build)
     image::test(&dist, 30)

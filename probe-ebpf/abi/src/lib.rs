@@ -333,6 +333,12 @@ pub struct Offsets {
     pub uring_failed_addr2: u32,
     pub uring_failed_op_flags: u32,
     pub uring_failed_error: u32,
+    /// raw_syscalls:sys_enter/sys_exit, read by the classic-tracepoint
+    /// programs of the tracepoint rung (kernels without BTF).
+    pub sys_enter_id: u32,
+    pub sys_enter_args: u32,
+    pub sys_exit_id: u32,
+    pub sys_exit_ret: u32,
 }
 
 /// What the eBPF side keeps from a syscall's arguments.
