@@ -750,10 +750,12 @@ impl Core {
                 .trim()
                 .to_owned(),
             features: Features {
-                btf: Path::new("/sys/kernel/btf/vmlinux").exists(),
+                btf: self.probe.rung == crate::loader::Rung::Btf,
                 ring_buffer: true,
                 raw_tracepoints: true,
                 kprobes: Path::new("/sys/kernel/tracing/kprobe_events").exists(),
+                rung: self.probe.rung.name().to_owned(),
+                jit: crate::preflight::jit(),
             },
             programs: self.probe.attached.clone(),
             missing_optional: self.probe.missing.clone(),
@@ -942,12 +944,24 @@ fn bind(
     Ok(listener)
 }
 
+/// Says on stderr when the probe runs on a rung that sees less, and why.
+pub fn warn_lower_rung(probe: &Probe) {
+    if let Some(cannot_see) = probe.rung.cannot_see() {
+        let why = probe
+            .fell_back
+            .clone()
+            .unwrap_or_else(|| "no kernel BTF".to_owned());
+        tracing::warn!("on the {} rung ({why}): {cannot_see}", probe.rung.name());
+    }
+}
+
 /// Runs the daemon until SIGTERM/SIGINT.
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     // the DB first: a locked, full or corrupt DB is reported even without root
     let store = Store::open(&config.db)?;
     let next_span = store.next_span_id()?;
     let probe = Probe::load()?;
+    warn_lower_rung(&probe);
     let listener = bind(&config.socket, config.group)?;
     tracing::info!(socket = %config.socket.display(), db = %config.db.display(), "probe daemon ready");
 

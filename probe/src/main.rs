@@ -343,6 +343,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map(|p| probe::cgroup::Cgroup::open(&p))
                 .transpose()?;
             let mut probe = Probe::load()?;
+            probe::daemon::warn_lower_rung(&probe);
             let opts = TraceOptions {
                 command,
                 timeout: seconds(timeout)?,

@@ -41,12 +41,20 @@ pub struct PidNamespaceId {
     pub inode: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Features {
     pub btf: bool,
     pub ring_buffer: bool,
     pub raw_tracepoints: bool,
     pub kprobes: bool,
+    /// The rung the syscall programs run on: `btf` or `tracepoint`
+    /// (docs/KERNELS.md).
+    #[serde(default)]
+    pub rung: String,
+    /// The JIT's state (`net.core.bpf_jit_enable`): "on", or the
+    /// interpreter's, slower.
+    #[serde(default)]
+    pub jit: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,7 +135,7 @@ impl DaemonStatus {
         format!(
             "probe daemon   pid {}, up {}s, protocol {}, version {}\n\
              pids           {pids}\n\
-             kernel         {} (btf: {}, kprobes: {})\n\
+             kernel         {} (rung: {}, btf: {}, jit: {}, kprobes: {})\n\
              programs       {} attached: {}{missing}\n\
              events         {} total, {}/s, {} late (after their span ended), {} undecodable\n\
              drops          kernel {} (ring buffer full), retention {} (per-span cap), {} children untraced (task map full)\n\
@@ -140,7 +148,9 @@ impl DaemonStatus {
             self.protocol,
             self.version,
             self.kernel,
+            self.features.rung,
             self.features.btf,
+            self.features.jit,
             self.features.kprobes,
             self.programs.len(),
             self.programs.join(", "),

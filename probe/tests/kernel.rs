@@ -1520,3 +1520,125 @@ fn following_a_directory_that_is_no_cgroup_is_a_clear_usage_error() {
         "{stderr}"
     );
 }
+
+// ------------------------------------------------------------ the rungs
+
+/// `probe trace --json` with kernel BTF switched off (`PROBE_BTF=none`):
+/// the tracepoint rung, as on a kernel built without BTF.
+fn trace_without_btf(cmd: &[&str]) -> Traced {
+    let out = Command::new(PROBE)
+        .args(["trace", "--json", "--"])
+        .args(cmd)
+        .env("PROBE_BTF", "none")
+        .output()
+        .expect("run probe");
+    let t = parse(out);
+    assert!(
+        t.stderr.contains("on the tracepoint rung"),
+        "the lower rung is said on stderr: {}",
+        t.stderr
+    );
+    t
+}
+
+#[test]
+fn the_tracepoint_rung_names_the_same_primitives_with_their_paths() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let missing = dir.path().join("input.csv");
+    let t = trace_without_btf(&["cat", missing.to_str().unwrap()]);
+    t.expect("fs.missing", Some("openat"));
+    assert_eq!(t.decisive("path"), missing.to_str(), "{}", t.context());
+
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let script = format!(
+        "mount -t tmpfs -o ro tmpfs {0} && echo x > {0}/out.json",
+        ro.display()
+    );
+    let t = trace_without_btf(&["unshare", "-m", "sh", "-c", &script]);
+    t.expect("fs.readonly", Some("openat"));
+    assert_eq!(
+        t.decisive("path"),
+        Some(format!("{}/out.json", ro.display()).as_str()),
+        "{}",
+        t.context()
+    );
+
+    let t = trace_without_btf(&[
+        "unshare",
+        "-n",
+        "bash",
+        "-c",
+        "echo hi > /dev/tcp/10.1.2.3/80",
+    ]);
+    t.expect("net.egress", Some("connect"));
+    assert_eq!(t.decisive("addr"), Some("10.1.2.3:80"), "{}", t.context());
+}
+
+#[test]
+fn the_tracepoint_rung_names_a_seccomp_denial_without_its_arguments() {
+    if !root() {
+        return;
+    }
+    let dir = tempdir();
+    let target = dir.path().join("out");
+    let t = trace_without_btf(&[
+        FAULT,
+        "--seccomp",
+        "errno:mkdir",
+        "--",
+        "mkdir",
+        target.to_str().unwrap(),
+    ]);
+    t.expect("seccomp", Some("mkdir"));
+    assert_eq!(t.decisive("errno"), Some("EPERM"));
+    // what this rung cannot see (docs/KERNELS.md): the path of a syscall
+    // that never reached sys_enter
+    assert_eq!(t.decisive("path"), None, "{}", t.context());
+}
+
+#[test]
+fn probe_check_names_the_rung_and_exits_by_it() {
+    if !root() {
+        return;
+    }
+    let check = |btf_off: bool| {
+        let mut cmd = Command::new(PROBE);
+        cmd.args(["check", "--json"]);
+        if btf_off {
+            cmd.env("PROBE_BTF", "none");
+        }
+        let out = cmd.output().expect("run probe check");
+        let json: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        (out.status.code(), json)
+    };
+    let (code, json) = check(false);
+    assert_eq!(code, Some(0), "{json}");
+    assert_eq!(json["runs"], true);
+    assert_eq!(json["rung"], "btf");
+    let items = json["items"].as_array().unwrap();
+    for name in [
+        "bpf(2)",
+        "btf",
+        "tracefs",
+        "tracepoint raw_syscalls:sys_exit",
+        "jit",
+        "load",
+    ] {
+        let item = items
+            .iter()
+            .find(|i| i["item"] == name)
+            .unwrap_or_else(|| panic!("no item {name}: {json}"));
+        assert_eq!(item["ok"], true, "{item}");
+    }
+    let (code, json) = check(true);
+    assert_eq!(code, Some(2), "{json}");
+    assert_eq!(json["rung"], "tracepoint");
+    assert!(
+        json["cannot_see"].as_str().unwrap().contains("seccomp"),
+        "{json}"
+    );
+}

@@ -339,10 +339,17 @@ poweroff -f
     s
 }
 
-/// Builds the initramfs: busybox (every applet linked), the static
-/// executables of `dist`, each kernel's config under `/boot`, `/init`.
-fn initramfs(dist: &Path, kernels: &[Kernel]) -> anyhow::Result<PathBuf> {
-    let work = dir().join("initramfs");
+/// Builds an initramfs: busybox (every applet linked), the executables of
+/// `dist` (with their libraries when dynamic), `extra` files in `/bin`,
+/// each kernel's config under `/boot`, and `init`.
+fn initramfs(
+    dist: &Path,
+    kernels: &[Kernel],
+    name: &str,
+    init: &str,
+    extra: &[&Path],
+) -> anyhow::Result<PathBuf> {
+    let work = dir().join(name);
     let _ = std::fs::remove_dir_all(&work);
     for sub in ["bin", "boot", "etc", "proc", "sys", "dev", "tmp", "root"] {
         std::fs::create_dir_all(work.join(sub))?;
@@ -378,11 +385,18 @@ fn initramfs(dist: &Path, kernels: &[Kernel]) -> anyhow::Result<PathBuf> {
     )?;
     std::fs::write(work.join("etc/shadow"), "root::1::::::\nnobody:*:1::::::\n")?;
     std::fs::write(work.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n")?;
-    let init = work.join("init");
-    std::fs::write(&init, init_script())?;
+    for file in extra {
+        let to = work
+            .join("bin")
+            .join(file.file_name().context("a file name")?);
+        std::fs::copy(file, &to).with_context(|| format!("copying {}", file.display()))?;
+    }
+    let init_path = work.join("init");
+    std::fs::write(&init_path, init)?;
+    let init = init_path;
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755))?;
-    let image = dir().join("initramfs.cpio.gz");
+    let image = dir().join(format!("{name}.cpio.gz"));
     crate::run(Command::new("sh").arg("-c").arg(format!(
         "cd {} && find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1 > {}",
         work.display(),
@@ -535,7 +549,7 @@ pub fn run(dist: &Path, only: &[String]) -> anyhow::Result<()> {
     for k in &kernels {
         eprintln!("xtask: kernel {:<9} {} {}", k.suite, k.package, k.version);
     }
-    let initrd = initramfs(dist, &kernels)?;
+    let initrd = initramfs(dist, &kernels, "initramfs", &init_script(), &[])?;
     eprintln!(
         "xtask: booting {} kernels under QEMU (TCG), {} cases each on two rungs",
         kernels.len(),
@@ -625,4 +639,110 @@ fn gvisor(dist: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The interpreter's cost, for `cargo xtask bench`: the bookworm (6.1)
+/// guest runs the syscall storms unprobed, under `probe trace`, and with
+/// the programs attached but the storm untraced (what every task of a
+/// guest pays), with the JIT on and then off (`bpf_jit_enable=0`, as in a
+/// microVM guest built without BPF_JIT). Ratios are to the unprobed run of
+/// the same guest and JIT setting: TCG makes absolute times meaningless.
+pub fn jit_bench(dist: &Path, storm: &Path, n: u64, runs: usize) -> anyhow::Result<String> {
+    crate::ensure_debian(&PACKAGES)?;
+    let kernel = fetch("bookworm")?;
+    let mut init = String::from("#!/bin/sh\n");
+    init.push_str(INIT_SETUP);
+    init.push_str(&format!(
+        r#"
+one() {{ echo "@@bench $1 $2 $3 $(cat /tmp/e)"; }}
+for jit in 1 0; do
+  echo $jit > /proc/sys/net/core/bpf_jit_enable
+  for round in $(seq {runs}); do
+    for what in getppid open-distinct; do
+      storm $what {n} /tmp/e; one $jit unprobed $what
+      probe trace -- storm $what {n} /tmp/e >/dev/null 2>&1; one $jit traced $what
+      probe trace -- sleep 600 >/dev/null 2>&1 &
+      p=$!
+      sleep 3
+      storm $what {n} /tmp/e; one $jit untraced $what
+      kill $p; wait $p
+    done
+  done
+done
+echo "@@done"
+poweroff -f
+"#
+    ));
+    let initrd = initramfs(
+        dist,
+        std::slice::from_ref(&kernel),
+        "initramfs-bench",
+        &init,
+        &[storm],
+    )?;
+    eprintln!(
+        "bench: the interpreter: {} {} under QEMU (TCG), {n} syscalls × {runs} rounds",
+        kernel.package, kernel.version
+    );
+    let console = boot(&kernel, &initrd)?;
+    // (jit, mode, storm) -> ns per syscall, one per round
+    let mut got: std::collections::BTreeMap<(String, String, String), Vec<f64>> =
+        Default::default();
+    for line in console
+        .lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("bench "))
+    {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if let [jit, mode, what, ns] = w.as_slice()
+            && let Ok(ns) = ns.parse::<f64>()
+        {
+            got.entry((jit.to_string(), mode.to_string(), what.to_string()))
+                .or_default()
+                .push(ns / n as f64);
+        }
+    }
+    let median = |k: (&str, &str, &str)| {
+        let mut v = got
+            .get(&(k.0.to_string(), k.1.to_string(), k.2.to_string()))
+            .cloned()
+            .unwrap_or_default();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let mut out = String::from(
+        "## The interpreter (no JIT)\n\n\
+         MicroVM guests are often built without BPF_JIT. The 6.1 guest of the kernel \
+         matrix (QEMU TCG, so only ratios mean anything) runs each storm unprobed, \
+         traced, and untraced with the programs attached, with `net.core.bpf_jit_enable` \
+         1 and then 0 (`cargo xtask bench --only kernels`). ns per syscall are medians \
+         of the rounds; ratios are to the unprobed run with the same setting.\n\n\
+         | storm | JIT | unprobed ns | traced ns (ratio) | untraced, attached ns (ratio) |\n\
+         |---|---|---:|---:|---:|\n",
+    );
+    for what in ["getppid", "open-distinct"] {
+        for (jit, label) in [("1", "on"), ("0", "off (interpreter)")] {
+            let (Some(base), Some(traced), Some(untraced)) = (
+                median((jit, "unprobed", what)),
+                median((jit, "traced", what)),
+                median((jit, "untraced", what)),
+            ) else {
+                bail!(
+                    "the guest gave no {what} figures with bpf_jit_enable={jit}:\n{}",
+                    tail(&console.text, 30)
+                );
+            };
+            out.push_str(&format!(
+                "| {what} | {label} | {base:.0} | {traced:.0} ({:.2}×) | {untraced:.0} ({:.2}×) |\n",
+                traced / base,
+                untraced / base
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "\nKernel: `{}` {}. The interpreter's extra cost is the difference between the two \
+         JIT rows of each storm.\n\n",
+        kernel.package, kernel.version
+    ));
+    Ok(out)
 }

@@ -123,7 +123,7 @@ enum Cmd {
         no_write: bool,
         /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
         /// and the others are kept.
-        #[arg(long, value_parser = ["probe", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet"])]
+        #[arg(long, value_parser = ["probe", "kernels", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
@@ -255,6 +255,9 @@ fn main() -> anyhow::Result<()> {
                 let (clock, ticks) = (std::time::Instant::now(), bench::cpu_ticks());
                 let text = match section {
                     "probe" => bench::probe_section(&build_probe_release()?, n, runs)?,
+                    "kernels" => {
+                        bench::kernels_section(&build_probe_release()?, &dist::build()?, n, runs)?
+                    }
                     "daemon" => bench::cargo_bench_section("probe", "daemon")?,
                     "otlp" => bench::cargo_bench_section("probe", "otlp")?,
                     "bridge" => bench::cargo_bench_section("agent-bridge", "bridge")?,
