@@ -355,7 +355,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let traced = trace(&mut probe, &opts)?;
             // the report first: detaching takes grace periods
             print_attribution(&traced.attribution, json)?;
-            drop(probe);
+            probe.detach_after_exit();
             if traced.interrupted {
                 eprintln!("probe: interrupted; the workload was stopped");
             }

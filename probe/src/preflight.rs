@@ -308,6 +308,9 @@ pub fn items(tracepoints: &[(&str, &str, bool)]) -> Vec<Item> {
                     ok,
                     match &format {
                         Ok(fields) => format!("{} fields", fields.len()),
+                        Err(_) if !root.join("events").join(&tp).is_dir() => {
+                            "not in this kernel's tracefs events".to_string()
+                        }
                         Err(e) => e.to_string(),
                     },
                 )

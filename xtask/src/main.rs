@@ -141,6 +141,18 @@ enum Cmd {
         /// Only these suites (bullseye, bookworm, trixie).
         suites: Vec<String>,
     },
+    /// Build a microVM guest kernel from Debian's linux-source-6.1 with the
+    /// given config plus docs/KERNELS.md's fragment, and boot the kernel
+    /// matrix on it (root; the one-time check of the fragment, not CI).
+    GuestKernel {
+        /// The guest config, e.g. Firecracker's microvm-kernel-ci-x86_64-6.1.config.
+        #[arg(long)]
+        config: PathBuf,
+        /// Put the executables of this directory in the guest;
+        /// default: `cargo xtask dist`.
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+    },
     /// Regenerate docs/PRIMITIVES.md from the taxonomy in the code.
     Docs,
     /// Build the sandbox image (root): Debian bookworm from mmdebstrap,
@@ -301,6 +313,13 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Docs => docs(),
+        Cmd::GuestKernel { config, bin_dir } => {
+            let dist = match bin_dir {
+                Some(dir) => dir,
+                None => dist::build()?,
+            };
+            kernels::guest_kernel(&config, &dist)
+        }
         Cmd::Kernels { bin_dir, suites } => {
             let dist = match bin_dir {
                 Some(dir) => dir,
@@ -460,6 +479,8 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         eprintln!("xtask: NOT ROOT — kernel tests skipped (run `sudo -E cargo xtask test`)");
         return Ok(());
     }
+    // runsc: the bridge test under gVisor; QEMU and busybox: the kernel matrix
+    ensure_debian(&kernels::PACKAGES)?;
     // the bridge (and the proxy) through rmcp's client, and every profile on the real kernel
     run(Command::new("cargo").args([
         "test",

@@ -259,7 +259,24 @@ impl Bridge {
 
     /// `agent-bridge ARGS…` speaking MCP on stdio, driven through rmcp's client.
     pub async fn stdio_with(args: &[String], sessionless: bool) -> Result<Bridge, String> {
-        let mut child = tokio::process::Command::new(BRIDGE)
+        Bridge::stdio_under(&[], args, sessionless).await
+    }
+
+    /// [`Bridge::stdio_with`], started by `wrapper` (e.g. `runsc do`).
+    pub async fn stdio_under(
+        wrapper: &[&str],
+        args: &[String],
+        sessionless: bool,
+    ) -> Result<Bridge, String> {
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = tokio::process::Command::new(program);
+                c.args(rest).arg(BRIDGE);
+                c
+            }
+            None => tokio::process::Command::new(BRIDGE),
+        };
+        let mut child = command
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
