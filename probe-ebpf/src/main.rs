@@ -1026,7 +1026,7 @@ fn on_failure<A: SyscallArgs>(ids: u64, args: A, span: u64, entered: i64, ret: i
         last.aux0 = cur.aux0;
         last.data_len = cur.data_len;
         last.data_flags = cur.data_flags;
-        copy_data(&mut last.data, &ev.data, cur.data_len);
+        copy_data(&mut last.data, &ev.data);
     }
 }
 
@@ -1119,7 +1119,7 @@ fn same_failure(last: &Failure, cur: &FailureKey, data: &[u8; DATA_LEN]) -> bool
 /// at an 8-aligned offset of an 8-aligned repr(C) struct (`Event`,
 /// `Failure`), so the words are aligned.
 #[inline(always)]
-fn copy_data(dst: &mut [u8; DATA_LEN], src: &[u8; DATA_LEN], _len: u32) {
+fn copy_data(dst: &mut [u8; DATA_LEN], src: &[u8; DATA_LEN]) {
     let (d, s) = (dst.as_mut_ptr() as *mut u64, src.as_ptr() as *const u64);
     // Every word, whatever `len`: a loop bounded by the length let LLVM
     // advance a pointer next to a counter derived from it, which verifiers
@@ -1835,7 +1835,7 @@ pub fn uring_complete(ctx: TracePointContext) -> u32 {
             (*ev).aux[0] = r.opcode as u64;
             (*ev).aux[1] = r.open_flags;
             (*ev).flags |= r.flags & !flags::REPORT_SUCCESS;
-            copy_data(&mut (*ev).data, &r.data, r.data_len);
+            copy_data(&mut (*ev).data, &r.data);
             (*ev).data_len = r.data_len;
         }
         submit(entry, false);

@@ -944,24 +944,13 @@ fn bind(
     Ok(listener)
 }
 
-/// Says on stderr when the probe runs on a rung that sees less, and why.
-pub fn warn_lower_rung(probe: &Probe) {
-    if let Some(cannot_see) = probe.rung.cannot_see() {
-        let why = probe
-            .fell_back
-            .clone()
-            .unwrap_or_else(|| "no kernel BTF".to_owned());
-        tracing::warn!("on the {} rung ({why}): {cannot_see}", probe.rung.name());
-    }
-}
-
 /// Runs the daemon until SIGTERM/SIGINT.
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     // the DB first: a locked, full or corrupt DB is reported even without root
     let store = Store::open(&config.db)?;
     let next_span = store.next_span_id()?;
     let probe = Probe::load()?;
-    warn_lower_rung(&probe);
+    probe.warn_if_lower_rung();
     let listener = bind(&config.socket, config.group)?;
     tracing::info!(socket = %config.socket.display(), db = %config.db.display(), "probe daemon ready");
 

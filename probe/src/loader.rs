@@ -251,6 +251,14 @@ impl Drop for Probe {
 }
 
 impl Probe {
+    /// Says on stderr when the probe runs on a rung that sees less, and why.
+    pub fn warn_if_lower_rung(&self) {
+        if let Some(cannot_see) = self.rung.cannot_see() {
+            let why = self.fell_back.as_deref().unwrap_or("no kernel BTF");
+            tracing::warn!("on the {} rung ({why}): {cannot_see}", self.rung.name());
+        }
+    }
+
     /// Detaches for a command-line run that is about to exit, without
     /// making it wait: the kernel detaches tracepoint programs one after
     /// another, each after a grace period (~35 ms here, under a mutex, so

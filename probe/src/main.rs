@@ -343,7 +343,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map(|p| probe::cgroup::Cgroup::open(&p))
                 .transpose()?;
             let mut probe = Probe::load()?;
-            probe::daemon::warn_lower_rung(&probe);
+            probe.warn_if_lower_rung();
             let opts = TraceOptions {
                 command,
                 timeout: seconds(timeout)?,

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{FAULT, PROBE, Traced, ci, parse, root, trace_with};
+use common::{FAULT, PROBE, Traced, ci, parse, root, trace_env, trace_with};
 
 fn trace(cmd: &[&str]) -> Traced {
     trace_with(&[], cmd)
@@ -1526,13 +1526,7 @@ fn following_a_directory_that_is_no_cgroup_is_a_clear_usage_error() {
 /// `probe trace --json` with kernel BTF switched off (`PROBE_BTF=none`):
 /// the tracepoint rung, as on a kernel built without BTF.
 fn trace_without_btf(cmd: &[&str]) -> Traced {
-    let out = Command::new(PROBE)
-        .args(["trace", "--json", "--"])
-        .args(cmd)
-        .env("PROBE_BTF", "none")
-        .output()
-        .expect("run probe");
-    let t = parse(out);
+    let t = trace_env(&[("PROBE_BTF", "none")], cmd);
     assert!(
         t.stderr.contains("on the tracepoint rung"),
         "the lower rung is said on stderr: {}",

@@ -314,19 +314,9 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Docs => docs(),
         Cmd::GuestKernel { config, bin_dir } => {
-            let dist = match bin_dir {
-                Some(dir) => dir,
-                None => dist::build()?,
-            };
-            kernels::guest_kernel(&config, &dist)
+            kernels::guest_kernel(&config, &image::binaries(bin_dir)?)
         }
-        Cmd::Kernels { bin_dir, suites } => {
-            let dist = match bin_dir {
-                Some(dir) => dir,
-                None => dist::build()?,
-            };
-            kernels::run(&dist, &suites)
-        }
+        Cmd::Kernels { bin_dir, suites } => kernels::run(&image::binaries(bin_dir)?, &suites),
         Cmd::Image { bin_dir, rebuild } => {
             image::build(&image::binaries(bin_dir)?, rebuild).map(|_| ())
         }

@@ -100,11 +100,21 @@ pub fn trace_with(extra: &[&str], cmd: &[&str]) -> Traced {
 /// [`trace_with`], run in directory `dir` (podman's conmon leaves files in
 /// its working directory).
 pub fn trace_in(dir: &Path, extra: &[&str], cmd: &[&str]) -> Traced {
+    run_trace(dir, extra, &[], cmd)
+}
+
+/// `probe trace --json -- CMD` with the probe's environment extended by `env`.
+pub fn trace_env(env: &[(&str, &str)], cmd: &[&str]) -> Traced {
+    run_trace(Path::new("."), &[], env, cmd)
+}
+
+fn run_trace(dir: &Path, extra: &[&str], env: &[(&str, &str)], cmd: &[&str]) -> Traced {
     let out = Command::new(PROBE)
         .args(["trace", "--json"])
         .args(extra)
         .arg("--")
         .args(cmd)
+        .envs(env.iter().copied())
         .current_dir(dir)
         .output()
         .expect("run probe");
