@@ -169,23 +169,13 @@ impl Client {
     }
 
     pub fn begin_span(&mut self, session: Option<&str>, label: &str) -> Result<u64, ClientError> {
-        let r = self.call(json!({"op": "begin_span", "session": session, "label": label}))?;
-        r["span_id"]
-            .as_u64()
-            .ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
+        self.begin_span_with(json!({"op": "begin_span", "session": session, "label": label}))
     }
 
-    /// Opens a span and attaches `pid` to it in one round trip.
-    /// Opens a span that follows a cgroup (v2 directory) for its life.
-    pub fn begin_span_following(
-        &mut self,
-        session: Option<&str>,
-        label: &str,
-        cgroup: &std::path::Path,
-    ) -> Result<u64, ClientError> {
-        let r = self.call(
-            json!({"op": "begin_span", "session": session, "label": label, "cgroup": cgroup}),
-        )?;
+    /// Sends a `begin_span` request built by the caller (a cgroup to
+    /// follow, `keep_events`…); answers the span.
+    pub fn begin_span_with(&mut self, request: Value) -> Result<u64, ClientError> {
+        let r = self.call(request)?;
         r["span_id"]
             .as_u64()
             .ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))

@@ -6,9 +6,11 @@
 //! group = "probe"             # may use the socket besides root
 //! events_per_span = 20000
 //! max_open_spans = 4096
-//! [retention]
-//! max_age_secs = 604800       # a week
-//! max_db_bytes = 1073741824   # 1 GiB
+//! [retention]                 # docs/RETENTION.md
+//! max_age_secs = 604800       # a week (default: no age limit)
+//! max_db_bytes = 1073741824   # 1 GiB (the default)…
+//! max_disk_share = 0.1        # …or a tenth of the free disk, if smaller
+//! keep_events = "failed"      # or "all": every event of every span
 //! [otlp]                      # OpenTelemetry export (off without an endpoint)
 //! endpoint = "http://127.0.0.1:4318/v1/traces"
 //! headers = { authorization = "Bearer xyz" }

@@ -41,7 +41,7 @@ use crate::spans::SpanEvidence;
 use crate::status::{
     DaemonStatus, DbStatus, Features, OtlpStatus, PidNamespaceId, RetentionRemoved, StatusDrops,
 };
-use crate::store::{RetentionPolicy, SpanFilter, Store, StoredSpan};
+use crate::store::{KeepEvents, RetentionPolicy, RetentionTotals, SpanFilter, Store, StoredSpan};
 use crate::trace::READ_INTERVAL;
 
 /// Daemon settings (flags override the config file).
@@ -83,6 +83,8 @@ enum Command {
         cgroup: Option<std::path::PathBuf>,
         /// For OpenTelemetry export: tool, MCP session, trace context.
         meta: Box<BeginMeta>,
+        /// What the store keeps of it, when the client said.
+        keep_events: Option<KeepEvents>,
         /// The span, and with `tree` how many threads were attached.
         reply: Reply<(u64, Option<usize>)>,
     },
@@ -168,6 +170,18 @@ struct StoreStats {
     errors: AtomicU64,
     retention_spans: AtomicU64,
     retention_events: AtomicU64,
+    /// Of `retention_spans`, those that explained something.
+    retention_explaining: AtomicU64,
+    /// Spans in the DB now (all probes').
+    in_db: AtomicU64,
+    /// Event rows written.
+    events_written: AtomicU64,
+    /// Time spent writing batches and making room (µs), and its longest
+    /// stretch: how long ingestion waited at worst.
+    busy_us: AtomicU64,
+    longest_write_us: AtomicU64,
+    /// The size budget of the moment.
+    budget_bytes: AtomicU64,
 }
 
 /// `begin_span`'s fields for OpenTelemetry, as the client sent them.
@@ -190,6 +204,8 @@ struct OpenSpan {
     drops_before: u64,
     /// The id of the cgroup it follows, to stop following at its end.
     cgroup: Option<u64>,
+    /// What the store keeps of its events.
+    keep_events: KeepEvents,
 }
 
 struct Subscriber {
@@ -215,6 +231,9 @@ struct Core {
     decode_errors: u64,
     spans_ended: u64,
     retention_drops_total: u64,
+    /// The DB's auto-vacuum mode (`incremental` unless made by an older
+    /// version).
+    auto_vacuum: &'static str,
     rate: (Instant, u64, f64),
     otlp: Option<Arc<Exporter>>,
     /// `begin_span` traceparents that were not valid W3C trace context.
@@ -381,41 +400,43 @@ impl Core {
                 memory_limited,
                 cgroup,
                 meta,
+                keep_events,
                 reply,
             } => {
-                let begun = self.begin(session, label, *meta).and_then(|span| {
-                    let attached =
-                        self.follow_cgroup(span, cgroup.as_deref())
-                            .and_then(|in_cgroup| {
-                                let in_tree = match pid {
-                                    None => None,
-                                    Some(pid) => {
-                                        tree.then_some(self.attach_pid(span, pid, tree, seccomp)?)
+                let begun = self
+                    .begin(session, label, *meta, keep_events)
+                    .and_then(|span| {
+                        let attached =
+                            self.follow_cgroup(span, cgroup.as_deref())
+                                .and_then(|in_cgroup| {
+                                    let in_tree = match pid {
+                                        None => None,
+                                        Some(pid) => tree
+                                            .then_some(self.attach_pid(span, pid, tree, seccomp)?),
+                                    };
+                                    // `tids`: how many threads were attached by walking
+                                    let tids = match (in_tree, in_cgroup) {
+                                        (None, None) => None,
+                                        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+                                    };
+                                    if memory_limited
+                                        && let (Some(pid), Some(open)) =
+                                            (pid, self.spans.get_mut(&span))
+                                    {
+                                        open.evidence.memory_cgroup = crate::cgroup::memory_of(pid);
                                     }
-                                };
-                                // `tids`: how many threads were attached by walking
-                                let tids = match (in_tree, in_cgroup) {
-                                    (None, None) => None,
-                                    (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-                                };
-                                if memory_limited
-                                    && let (Some(pid), Some(open)) =
-                                        (pid, self.spans.get_mut(&span))
-                                {
-                                    open.evidence.memory_cgroup = crate::cgroup::memory_of(pid);
-                                }
-                                Ok((span, tids))
-                            });
-                    if attached.is_err() {
-                        // nothing was traced: the span never existed
-                        if let Some(open) = self.spans.remove(&span)
-                            && let Some(id) = open.cgroup
-                        {
-                            self.probe.unfollow_cgroup(id, span);
+                                    Ok((span, tids))
+                                });
+                        if attached.is_err() {
+                            // nothing was traced: the span never existed
+                            if let Some(open) = self.spans.remove(&span)
+                                && let Some(id) = open.cgroup
+                            {
+                                self.probe.unfollow_cgroup(id, span);
+                            }
                         }
-                    }
-                    attached
-                });
+                        attached
+                    });
                 let _ = reply.send(begun);
             }
             Command::Attach { span, pid, reply } => {
@@ -449,6 +470,7 @@ impl Core {
         session: Option<String>,
         label: String,
         meta: BeginMeta,
+        keep_events: Option<KeepEvents>,
     ) -> Result<u64, ErrorBody> {
         if self.spans.len() >= self.config.max_open_spans {
             return Err(ErrorBody::new(
@@ -498,6 +520,7 @@ impl Core {
                 started: Instant::now(),
                 drops_before,
                 cgroup: None,
+                keep_events: keep_events.unwrap_or(self.config.retention.keep_events),
             },
         );
         Ok(id)
@@ -686,8 +709,7 @@ impl Core {
                 crate::otlp::probe_span(&meta, &a, start, end)
             }));
         }
-        let mut stored = attribution.clone();
-        stored.events = std::mem::take(&mut open.evidence.events).into();
+        let stored = kept(&attribution, &mut open);
         self.store_stats.queued.fetch_add(1, Ordering::Relaxed);
         let sent = self.store_tx.as_ref().is_some_and(|tx| {
             tx.send(StoredSpan {
@@ -787,10 +809,33 @@ impl Core {
                 retention_removed: RetentionRemoved {
                     spans: load(&s.retention_spans),
                     events: load(&s.retention_events),
+                    explaining_spans: load(&s.retention_explaining),
                 },
+                budget_bytes: load(&s.budget_bytes),
+                spans_in_db: load(&s.in_db),
+                bytes_per_span: db_size.checked_div(load(&s.in_db)).unwrap_or(0),
+                keep_events: self.config.retention.keep_events.id().to_owned(),
+                auto_vacuum: self.auto_vacuum.to_owned(),
+                events_stored: load(&s.events_written),
+                store_busy_ms: load(&s.busy_us) as f64 / 1e3,
+                longest_write_ms: load(&s.longest_write_us) as f64 / 1e3,
             },
         }
     }
+}
+
+/// What the store keeps of an ended span: every event of one that
+/// explains something (or whose keep_events is `all`); of one that does
+/// not, only the evidence its attribution carries, the rest counted.
+fn kept(attribution: &Attribution, open: &mut OpenSpan) -> Attribution {
+    let mut stored = attribution.clone();
+    let all = std::mem::take(&mut open.evidence.events);
+    if open.keep_events == KeepEvents::All || attribution.explains() {
+        stored.events = all.into();
+    } else {
+        stored.drops.not_kept = all.len().saturating_sub(stored.events.len()) as u64;
+    }
+    stored
 }
 
 /// The first process's exit as the kernel saw it, when the caller did not say.
@@ -846,19 +891,13 @@ fn store_loop(
     policy: RetentionPolicy,
     stats: Arc<StoreStats>,
 ) {
-    let mut last_retention = Instant::now();
-    let apply = |store: &mut Store| match store.apply_retention(&policy) {
-        Ok(r) => {
-            stats
-                .retention_spans
-                .fetch_add(r.spans_removed, Ordering::Relaxed);
-            stats
-                .retention_events
-                .fetch_add(r.events_removed, Ordering::Relaxed);
-        }
-        Err(e) => tracing::error!("retention failed: {e}"),
+    let retention = Retention {
+        policy,
+        stats: &stats,
     };
-    apply(&mut store);
+    retention.by_age(&mut store);
+    retention.fit(&mut store);
+    let mut last_age_pass = Instant::now();
     loop {
         match rx.recv_timeout(Duration::from_secs(10)) {
             Ok(first) => {
@@ -877,33 +916,26 @@ fn store_loop(
                     std::thread::sleep(STORE_GATHER);
                     batch.extend(rx.try_iter().take(BATCH - batch.len()));
                 }
-                if let Err(e) = store.insert(&batch) {
-                    // one bad span must not take the batch down: retry one by one
-                    tracing::warn!(
-                        "batch of {} span(s) failed ({e}); storing them one by one",
-                        batch.len()
-                    );
-                    for span in &batch {
-                        match store.insert(std::slice::from_ref(span)) {
-                            Ok(()) => stats.written.fetch_add(1, Ordering::Relaxed),
-                            Err(e) => {
-                                tracing::error!("cannot store span {}: {e}", span.attribution.span);
-                                stats.errors.fetch_add(1, Ordering::Relaxed)
-                            }
-                        };
-                    }
-                } else {
-                    stats
-                        .written
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                }
+                let busy = Instant::now();
+                let (spans, events) = write_batch(&mut store, &batch, &stats);
+                stats.in_db.fetch_add(spans, Ordering::Relaxed);
+                // the cap holds as spans arrive, not once a minute
+                retention.fit(&mut store);
+                // stored, for status and `stored_so_far`: room made too
+                stats.written.fetch_add(spans, Ordering::Relaxed);
+                stats.events_written.fetch_add(events, Ordering::Relaxed);
+                let us = busy.elapsed().as_micros() as u64;
+                stats.busy_us.fetch_add(us, Ordering::Relaxed);
+                stats.longest_write_us.fetch_max(us, Ordering::Relaxed);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        if last_retention.elapsed() >= Duration::from_secs(60) {
-            apply(&mut store);
-            last_retention = Instant::now();
+        if last_age_pass.elapsed() >= Duration::from_secs(60) {
+            retention.by_age(&mut store);
+            // the free disk may have shrunk (the workload writes too)
+            retention.fit(&mut store);
+            last_age_pass = Instant::now();
         }
     }
     if let Err(e) = store
@@ -911,6 +943,87 @@ fn store_loop(
         .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
     {
         tracing::warn!("final checkpoint: {e}");
+    }
+}
+
+/// Writes a batch in one transaction; when that fails, span by span, so
+/// one bad span does not take the batch down. Answers (spans, events)
+/// written; failures are counted in `stats`.
+fn write_batch(store: &mut Store, batch: &[StoredSpan], stats: &StoreStats) -> (u64, u64) {
+    let events = |spans: &[StoredSpan]| -> u64 {
+        spans
+            .iter()
+            .map(|s| s.attribution.events.len() as u64)
+            .sum()
+    };
+    let Err(e) = store.insert(batch) else {
+        return (batch.len() as u64, events(batch));
+    };
+    tracing::warn!(
+        "batch of {} span(s) failed ({e}); storing them one by one",
+        batch.len()
+    );
+    let mut written = (0, 0);
+    for span in batch {
+        let one = std::slice::from_ref(span);
+        match store.insert(one) {
+            Ok(()) => written = (written.0 + 1, written.1 + events(one)),
+            Err(e) => {
+                tracing::error!("cannot store span {}: {e}", span.attribution.span);
+                stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    written
+}
+
+/// The store thread's retention: the policy, and where it counts.
+struct Retention<'a> {
+    policy: RetentionPolicy,
+    stats: &'a StoreStats,
+}
+
+impl Retention<'_> {
+    fn by_age(&self, store: &mut Store) {
+        if let Some(age) = self.policy.max_age_secs {
+            let removed = store.enforce_age(age);
+            self.count(removed);
+        }
+    }
+
+    /// Under the budget of the moment (bytes, and the share of free disk).
+    fn fit(&self, store: &mut Store) {
+        let budget = self
+            .policy
+            .budget_bytes(store.path(), store.size_bytes().unwrap_or(0));
+        if self.stats.budget_bytes.swap(budget, Ordering::Relaxed) != budget
+            && let Err(e) = store.limit_wal(budget)
+        {
+            tracing::warn!("cannot limit the WAL: {e}");
+        }
+        let removed = store.enforce_size(budget);
+        self.count(removed);
+    }
+
+    fn count(&self, removed: Result<RetentionTotals, crate::store::StoreError>) {
+        match removed {
+            Ok(r) => {
+                let s = self.stats;
+                s.retention_spans
+                    .fetch_add(r.spans_removed, Ordering::Relaxed);
+                s.retention_events
+                    .fetch_add(r.events_removed, Ordering::Relaxed);
+                s.retention_explaining
+                    .fetch_add(r.explaining_removed, Ordering::Relaxed);
+                // saturating: spans imported by hand are removed too
+                let _ = s
+                    .in_db
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        Some(n.saturating_sub(r.spans_removed))
+                    });
+            }
+            Err(e) => tracing::error!("retention failed: {e}"),
+        }
     }
 }
 
@@ -955,7 +1068,17 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     tracing::info!(socket = %config.socket.display(), db = %config.db.display(), "probe daemon ready");
 
     let (store_tx, store_rx) = mpsc::sync_channel::<StoredSpan>(4096);
-    let stats = Arc::new(StoreStats::default());
+    let stats = Arc::new(StoreStats {
+        in_db: AtomicU64::new(store.span_count()?),
+        ..Default::default()
+    });
+    let auto_vacuum = store.auto_vacuum()?;
+    if auto_vacuum == "none" {
+        tracing::warn!(
+            "{} was made before incremental auto-vacuum: retention reuses the pages it frees but cannot give them back to the filesystem (docs/RETENTION.md says how to convert it offline)",
+            config.db.display()
+        );
+    }
     let store_thread = {
         let stats = stats.clone();
         let policy = config.retention;
@@ -987,6 +1110,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         decode_errors: 0,
         spans_ended: 0,
         retention_drops_total: 0,
+        auto_vacuum,
         rate: (Instant::now(), 0, 0.0),
         otlp: otlp.clone(),
         invalid_traceparents: 0,
@@ -1273,6 +1397,7 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             traceparent,
             tracestate,
             ends_with_connection: _,
+            keep_events,
         } => core
             .ask(|reply| Command::Begin {
                 session,
@@ -1289,6 +1414,7 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
                     traceparent,
                     tracestate,
                 }),
+                keep_events,
                 reply,
             })
             .await

@@ -100,7 +100,8 @@ enum Cmd {
         #[arg(long)]
         db: Option<PathBuf>,
         /// TOML config file (socket, db, group, events_per_span,
-        /// max_open_spans, [retention] max_age_secs, max_db_bytes, [otlp]
+        /// max_open_spans, [retention] max_age_secs, max_db_bytes,
+        /// max_disk_share, keep_events, [otlp]
         /// endpoint, headers, timeout_ms, service_name, queue_capacity).
         #[arg(long)]
         config: Option<PathBuf>,
@@ -150,6 +151,11 @@ enum Cmd {
         /// processes are the span's, even those CMD did not start.
         #[arg(long, value_name = "PATH")]
         cgroup: Option<PathBuf>,
+        /// Store every event of this span even if it succeeds (by default
+        /// a span that explains nothing keeps only its evidence: see
+        /// `[retention] keep_events`).
+        #[arg(long)]
+        keep_all_events: bool,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
@@ -414,6 +420,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             timeout,
             cgroup,
+            keep_all_events,
             command,
         } => span(
             &socket,
@@ -423,6 +430,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 json,
                 timeout: seconds(timeout)?,
                 cgroup,
+                keep_all_events,
             },
             command,
         ),
@@ -545,6 +553,7 @@ struct SpanArgs {
     json: bool,
     timeout: Option<Duration>,
     cgroup: Option<PathBuf>,
+    keep_all_events: bool,
 }
 
 fn span(socket: &Path, args: SpanArgs, command: Vec<OsString>) -> anyhow::Result<ExitCode> {
@@ -554,14 +563,19 @@ fn span(socket: &Path, args: SpanArgs, command: Vec<OsString>) -> anyhow::Result
         json,
         timeout,
         cgroup,
+        keep_all_events,
     } = args;
     let mut client = Client::connect(socket)?;
     let line = command_line(&command);
     let label = label.as_deref().unwrap_or(&line);
-    let span = match &cgroup {
-        None => client.begin_span(session.as_deref(), label)?,
-        Some(path) => client.begin_span_following(session.as_deref(), label, path)?,
-    };
+    let mut begin = serde_json::json!({"op": "begin_span", "session": session, "label": label});
+    if let Some(path) = &cgroup {
+        begin["cgroup"] = serde_json::json!(path);
+    }
+    if keep_all_events {
+        begin["keep_events"] = serde_json::json!(probe::store::KeepEvents::All);
+    }
+    let span = client.begin_span_with(begin)?;
     let (program, args) = command.split_first().context("no command")?;
     let mut cmd = Command::new(program);
     cmd.args(args);

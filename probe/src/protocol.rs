@@ -82,6 +82,12 @@ pub enum Request {
         /// hold one of `max_open_spans` for the daemon's life.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         ends_with_connection: bool,
+        /// `"all"`: the store keeps every event of this span even if it
+        /// explains nothing (someone debugging one workload); `"failed"`:
+        /// as `[retention] keep_events` says by default. Absent: the
+        /// daemon's setting.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        keep_events: Option<crate::store::KeepEvents>,
     },
     /// Traces `pid` (and everything it starts) in the span. Send it while
     /// the child is blocked before exec.
@@ -281,7 +287,21 @@ mod tests {
                 traceparent: None,
                 tracestate: None,
                 ends_with_connection: false,
+                keep_events: None,
             }
+        );
+        let (_, r) = parse_request(br#"{"op": "begin_span", "keep_events": "all"}"#);
+        assert!(matches!(
+            r.unwrap(),
+            Request::BeginSpan {
+                keep_events: Some(crate::store::KeepEvents::All),
+                ..
+            }
+        ));
+        let (_, r) = parse_request(br#"{"op": "begin_span", "keep_events": "some"}"#);
+        assert!(
+            r.is_err(),
+            "an unknown keep_events is an error, not the default"
         );
         let (_, r) = parse_request(br#"{"op": "begin_span", "label": "x", "pid": 42}"#);
         assert!(matches!(

@@ -128,14 +128,22 @@ pub fn render(a: &Attribution) -> String {
     let counts: Vec<String> = a.counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     let _ = writeln!(
         out,
-        "  seen        {} · drops: kernel {}, retention {}",
+        "  seen        {} · drops: kernel {}, retention {}{}",
         if counts.is_empty() {
             "no events".to_string()
         } else {
             counts.join(", ")
         },
         a.drops.kernel,
-        a.drops.retention
+        a.drops.retention,
+        if a.drops.not_kept > 0 {
+            format!(
+                " · {} events not kept (the span explained nothing: keep_events = \"failed\")",
+                a.drops.not_kept
+            )
+        } else {
+            String::new()
+        }
     );
     out
 }

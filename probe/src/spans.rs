@@ -46,6 +46,16 @@ pub struct Drops {
     pub kernel: u64,
     /// Events delivered but evicted by the per-span cap.
     pub retention: u64,
+    /// Events of a span that explained nothing (it succeeded, hid no
+    /// failure, met no memory pressure) that the store did not keep
+    /// (`[retention] keep_events = "failed"`): counted in `counts`, not
+    /// stored. Zero in a live reply; set on what the store keeps.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_kept: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Evidence of one span.

@@ -92,12 +92,43 @@ pub struct DbStatus {
     pub stored_spans: u64,
     pub store_errors: u64,
     pub retention_removed: RetentionRemoved,
+    /// What the DB (with its WAL) may use now: the smaller of
+    /// `max_db_bytes` and `max_disk_share` of its filesystem's free space.
+    #[serde(default)]
+    pub budget_bytes: u64,
+    /// Spans in the DB now, and its bytes per span.
+    #[serde(default)]
+    pub spans_in_db: u64,
+    #[serde(default)]
+    pub bytes_per_span: u64,
+    /// `failed`: a span that explains nothing keeps its exit, counts,
+    /// drops, duration, memory figures and evidence events, not its
+    /// tolerated failures; `all`: every span keeps every event.
+    #[serde(default)]
+    pub keep_events: String,
+    /// `incremental`: retention gives freed pages back; `none` (a DB made
+    /// by an older version): it only reuses them.
+    #[serde(default)]
+    pub auto_vacuum: String,
+    /// Event rows written since the daemon started.
+    #[serde(default)]
+    pub events_stored: u64,
+    /// Time the store thread spent writing and making room, and its
+    /// longest single stretch (how long ingestion waited at worst).
+    #[serde(default)]
+    pub store_busy_ms: f64,
+    #[serde(default)]
+    pub longest_write_ms: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RetentionRemoved {
     pub spans: u64,
     pub events: u64,
+    /// Of `spans`, those that explained something (failed, hid a failure,
+    /// met memory pressure): removed only when no other span was left.
+    #[serde(default)]
+    pub explaining_spans: u64,
 }
 
 impl DaemonStatus {
@@ -140,7 +171,8 @@ impl DaemonStatus {
              events         {} total, {}/s, {} late (after their span ended), {} undecodable\n\
              drops          kernel {} (ring buffer full), retention {} (per-span cap), {} children untraced (task map full)\n\
              spans          {} open, {} ended; {} threads traced; {} sessions remembered\n\
-             db             {} — {:.1} MiB, queue {}, stored {}, errors {}, retention removed {} spans / {} events\n\
+             db             {} — {:.1} MiB of a {:.1} MiB budget, {} spans ({} B each), queue {}, stored {}, errors {}\n\
+             retention      removed {} spans ({} that explained something) / {} events; keep_events = {} ({}); auto_vacuum {}; longest write {:.1} ms\n\
              memory         RSS {:.1} MiB\n\
              otlp           {otlp}\n",
             self.pid,
@@ -167,11 +199,23 @@ impl DaemonStatus {
             self.sessions_remembered,
             db.path.display(),
             mib(db.size_bytes),
+            mib(db.budget_bytes),
+            db.spans_in_db,
+            db.bytes_per_span,
             db.store_queue,
             db.stored_spans,
             db.store_errors,
             db.retention_removed.spans,
+            db.retention_removed.explaining_spans,
             db.retention_removed.events,
+            db.keep_events,
+            if db.keep_events == "all" {
+                "every span keeps every event"
+            } else {
+                "a successful span keeps its exit, counts, drops, duration and memory figures, not its tolerated failures"
+            },
+            db.auto_vacuum,
+            db.longest_write_ms,
             self.rss_kib.unwrap_or(0) as f64 / 1024.0,
         )
     }

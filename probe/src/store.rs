@@ -17,6 +17,12 @@ use serde_json::value::RawValue;
 use crate::attribution::Attribution;
 use crate::event::KernelEvent;
 
+mod retention;
+pub use retention::{
+    DEFAULT_MAX_DB_BYTES, DEFAULT_MAX_DISK_SHARE, EXPLAINS_SQL, KeepEvents, RetentionPolicy,
+    RetentionTotals,
+};
+
 static MIGRATIONS_DIR: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../migrations");
 
 /// What went wrong with the database, said so a person can act.
@@ -110,6 +116,10 @@ pub struct SpanRow {
     pub events: u64,
     pub drops_kernel: u64,
     pub drops_retention: u64,
+    /// Events the span saw but did not keep: it explained nothing
+    /// (`keep_events = "failed"`).
+    #[serde(default)]
+    pub events_not_kept: u64,
 }
 
 /// Which spans to list or export.
@@ -119,23 +129,6 @@ pub struct SpanFilter {
     pub failed_only: bool,
     pub since_ms: Option<i64>,
     pub limit: Option<u64>,
-}
-
-/// Bounds on what the DB keeps.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct RetentionPolicy {
-    /// Delete spans older than this many seconds.
-    pub max_age_secs: Option<u64>,
-    /// Delete the oldest spans while the DB is larger than this.
-    pub max_db_bytes: Option<u64>,
-}
-
-/// Totals of what retention removed so far.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct RetentionTotals {
-    pub spans_removed: u64,
-    pub events_removed: u64,
 }
 
 /// One span in a JSONL export: the rows, verbatim, so a re-import is
@@ -173,8 +166,11 @@ pub struct Store {
     probe_id: String,
 }
 
+/// How long a connection waits for another's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
-    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     Ok(())
@@ -236,7 +232,11 @@ impl Store {
         let _schema_turn = schema_lock(path);
         let mut conn = Connection::open(path).map_err(|e| classify(path, e))?;
         configure(&conn).map_err(|e| classify(path, e))?;
-        // WAL first: it also proves the file is a database at all
+        // before any table exists, so retention can give pages back without
+        // a whole-file VACUUM (an existing DB keeps its mode)
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+            .map_err(|e| classify(path, e))?;
+        // WAL next: it also proves the file is a database at all
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
             .map_err(|e| classify(path, e))?;
@@ -426,7 +426,8 @@ impl Store {
             "SELECT s.id, s.session, s.label, s.started_ms, s.duration_ms, s.exit_code, s.exit_signal,
                     a.failed, a.primitive, a.layer, a.confidence, a.explanation,
                     (SELECT COUNT(*) FROM events e WHERE e.probe_id = s.probe_id AND e.span_id = s.id),
-                    d.kernel, d.retention, s.probe_id
+                    d.kernel, d.retention, s.probe_id,
+                    COALESCE(json_extract(a.object, '$.drops.not_kept'), 0)
              FROM spans s JOIN attributions a ON a.probe_id = s.probe_id AND a.span_id = s.id
              LEFT JOIN drops d ON d.probe_id = s.probe_id AND d.span_id = s.id
              WHERE 1 = 1",
@@ -466,6 +467,7 @@ impl Store {
                 drops_kernel: r.get::<_, Option<i64>>(13)?.unwrap_or(0) as u64,
                 drops_retention: r.get::<_, Option<i64>>(14)?.unwrap_or(0) as u64,
                 probe_id: r.get(15)?,
+                events_not_kept: r.get::<_, i64>(16)? as u64,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -498,94 +500,10 @@ impl Store {
         Ok(Some(a))
     }
 
-    /// Applies `policy`, logging what it removed. Returns what it removed now.
-    pub fn apply_retention(
-        &mut self,
-        policy: &RetentionPolicy,
-    ) -> Result<RetentionTotals, StoreError> {
-        let mut removed = RetentionTotals::default();
-        if let Some(age) = policy.max_age_secs {
-            let cutoff = crate::clock::now_ms() - (age as i64) * 1000;
-            let r = self.delete_spans_where("started_ms < ?1", cutoff, "age")?;
-            removed.spans_removed += r.spans_removed;
-            removed.events_removed += r.events_removed;
-        }
-        if let Some(max) = policy.max_db_bytes {
-            // delete the oldest 10% of spans at a time until under the bound
-            for _ in 0..20 {
-                if self.size_bytes()? <= max {
-                    break;
-                }
-                let count: i64 = self
-                    .conn
-                    .query_row("SELECT COUNT(*) FROM spans", [], |r| r.get(0))?;
-                if count == 0 {
-                    break;
-                }
-                let n = (count / 10).max(1);
-                let cutoff: i64 = self.conn.query_row(
-                    "SELECT started_ms FROM spans ORDER BY started_ms LIMIT 1 OFFSET ?1",
-                    [n - 1],
-                    |r| r.get(0),
-                )?;
-                let r = self.delete_spans_where("started_ms <= ?1", cutoff, "size")?;
-                removed.spans_removed += r.spans_removed;
-                removed.events_removed += r.events_removed;
-                self.conn
-                    .execute_batch("PRAGMA wal_checkpoint(TRUNCATE); VACUUM;")?;
-            }
-        }
-        Ok(removed)
-    }
-
-    fn delete_spans_where(
-        &mut self,
-        cond: &str,
-        value: i64,
-        reason: &str,
-    ) -> Result<RetentionTotals, StoreError> {
-        let tx = self.conn.transaction()?;
-        let events: i64 = tx.query_row(
-            &format!(
-                "SELECT COUNT(*) FROM events e JOIN spans s ON s.probe_id = e.probe_id AND s.id = e.span_id WHERE s.{cond}"
-            ),
-            [value],
-            |r| r.get(0),
-        )?;
-        let spans = tx.execute(&format!("DELETE FROM spans WHERE {cond}"), [value])? as i64;
-        if spans > 0 {
-            tx.execute(
-                "INSERT INTO retention_log (at_ms, reason, spans_removed, events_removed) VALUES (?1, ?2, ?3, ?4)",
-                params![crate::clock::now_ms(), reason, spans, events],
-            )?;
-        }
-        tx.commit()?;
-        Ok(RetentionTotals {
-            spans_removed: spans as u64,
-            events_removed: events as u64,
-        })
-    }
-
-    /// Everything retention removed since the DB was created.
-    pub fn retention_totals(&self) -> Result<RetentionTotals, StoreError> {
-        let (s, e): (i64, i64) = self.conn.query_row(
-            "SELECT COALESCE(SUM(spans_removed), 0), COALESCE(SUM(events_removed), 0) FROM retention_log",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        Ok(RetentionTotals {
-            spans_removed: s as u64,
-            events_removed: e as u64,
-        })
-    }
-
     /// Size of the DB file plus its WAL.
     pub fn size_bytes(&self) -> Result<u64, StoreError> {
         let main = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
-        let wal = std::fs::metadata(format!("{}-wal", self.path.display()))
-            .map(|m| m.len())
-            .unwrap_or(0);
-        Ok(main + wal)
+        Ok(main + self.wal_bytes())
     }
 
     /// Writes matching spans as JSON lines (one span per line).
@@ -936,17 +854,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut st = Store::open(&dir.path().join("e.db")).unwrap();
         st.insert(&[span(1, "s", 1), span(2, "s", 1)]).unwrap();
-        let removed = st
-            .apply_retention(&RetentionPolicy {
-                max_age_secs: Some(60),
-                max_db_bytes: None,
-            })
-            .unwrap();
+        let removed = st.enforce_age(60).unwrap();
         assert_eq!(
             removed,
             RetentionTotals {
                 spans_removed: 2,
-                events_removed: 2
+                events_removed: 2,
+                explaining_removed: 0,
             }
         );
         assert_eq!(st.retention_totals().unwrap(), removed);
@@ -997,11 +911,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut st = Store::open(&dir.path().join("e.db")).unwrap();
         st.insert(&[span(1, "s", 1), span(2, "s", 1)]).unwrap();
-        st.apply_retention(&RetentionPolicy {
-            max_age_secs: Some(60),
-            max_db_bytes: None,
-        })
-        .unwrap();
+        st.enforce_age(60).unwrap();
         assert_eq!(
             st.next_span_id().unwrap(),
             3,
@@ -1017,5 +927,119 @@ mod tests {
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].probe_id, other.probe_id());
         assert_eq!(st.show(7).unwrap().unwrap().events.len(), 1);
+    }
+
+    /// A span of `n` failed lookups (a worked program's tolerated ones when
+    /// `code` is 0), stored with all its events, started at `started_ms`.
+    fn span_of(id: u64, code: i32, n: usize, started_ms: i64) -> StoredSpan {
+        let mut s = span(id, "big", code);
+        let e = s.attribution.events[0].clone();
+        s.attribution.events = (0..n)
+            .map(|i| KernelEvent {
+                path: Some(format!("/usr/lib/python3/dist-packages/module_{i:05}.so")),
+                ..e.clone()
+            })
+            .collect();
+        s.started_ms = started_ms;
+        s
+    }
+
+    #[test]
+    fn a_size_cap_removes_spans_that_explain_nothing_first_and_stays_under() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = Store::open(&dir.path().join("e.db")).unwrap();
+        assert_eq!(st.auto_vacuum().unwrap(), "incremental");
+        let budget = 1 << 20;
+        st.limit_wal(budget).unwrap();
+        // failed spans first (the oldest), then many successful ones
+        let failed: Vec<StoredSpan> = (1..=20).map(|i| span_of(i, 1, 5, i as i64)).collect();
+        st.insert(&failed).unwrap();
+        for chunk in 0..10u64 {
+            let ok: Vec<StoredSpan> = (0..50)
+                .map(|i| {
+                    let id = 100 + chunk * 50 + i;
+                    span_of(id, 0, 50, id as i64)
+                })
+                .collect();
+            st.insert(&ok).unwrap();
+        }
+        let before = st.size_bytes().unwrap();
+        assert!(
+            before > budget,
+            "the test needs a DB over its budget: {before}"
+        );
+        let removed = st.enforce_size(budget).unwrap();
+        assert!(
+            st.size_bytes().unwrap() <= budget,
+            "{} > {budget} after a pass (wal {}, live {}, removed {removed:?})",
+            st.size_bytes().unwrap(),
+            st.wal_bytes(),
+            st.live_bytes().unwrap()
+        );
+        assert!(removed.spans_removed > 0);
+        assert_eq!(removed.explaining_removed, 0, "{removed:?}");
+        let left = st.spans(&SpanFilter::default()).unwrap();
+        assert_eq!(
+            left.iter().filter(|r| r.failed).count(),
+            20,
+            "every failed span survives"
+        );
+        // the successful ones that survive are the newest
+        let oldest_ok = left
+            .iter()
+            .filter(|r| !r.failed)
+            .map(|r| r.span)
+            .min()
+            .unwrap();
+        assert!(left.iter().filter(|r| !r.failed).count() as u64 == 600 - oldest_ok);
+        assert_eq!(st.retention_totals().unwrap(), removed);
+        // a budget no successful span can meet: failed ones go, oldest first
+        let removed = st.enforce_size(st.live_bytes().unwrap() / 2).unwrap();
+        assert!(removed.explaining_removed > 0, "{removed:?}");
+        let left = st.spans(&SpanFilter::default()).unwrap();
+        assert!(left.iter().all(|r| r.failed));
+        let kept: Vec<u64> = left.iter().map(|r| r.span).collect();
+        assert!(
+            kept.windows(2).all(|w| w[0] > w[1]) && kept.first() == Some(&20),
+            "{kept:?}"
+        );
+        assert_eq!(st.integrity_check().unwrap(), "ok");
+    }
+
+    #[test]
+    fn explains_sql_says_what_attribution_explains_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = Store::open(&dir.path().join("e.db")).unwrap();
+        let mut cases = vec![
+            span(1, "s", 1),
+            span(2, "s", 0),
+            span(3, "s", 0),
+            span(4, "s", 0),
+        ];
+        cases[2].attribution.hidden_failure = Some(crate::attribution::HiddenFailure {
+            primitive: crate::primitive::Primitive::FsMissing,
+            confidence: 0.8,
+            explanation: "find failed".into(),
+        });
+        cases[3].attribution.memory.reclaim_ms = 12.5;
+        st.insert(&cases).unwrap();
+        for c in &cases {
+            let sql: bool = st
+                .connection()
+                .query_row(
+                    &format!("SELECT {EXPLAINS_SQL} FROM attributions a WHERE a.span_id = ?1"),
+                    [c.attribution.span as i64],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(sql, c.attribution.explains(), "span {}", c.attribution.span);
+        }
+        assert_eq!(
+            cases
+                .iter()
+                .map(|c| c.attribution.explains())
+                .collect::<Vec<_>>(),
+            [true, false, true, true]
+        );
     }
 }

@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use probe::attribution::ExitStatus;
 use probe::client::Client;
 use probe::otlp::{SpanKind, StatusCode, any_value, hex};
 use probe::otlp_receiver::{Mode, Receiver, attr, attr_str};
 use serde_json::{Value, json};
 
-const PROBE: &str = env!("CARGO_BIN_EXE_probe");
+mod common;
+use common::{PROBE, run_attached};
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
 
@@ -115,22 +115,11 @@ fn traced(
     cmd: &[&str],
     is_error: bool,
 ) -> probe::attribution::Attribution {
-    use std::os::unix::process::ExitStatusExt as _;
-    let mut req = json!({"op": "begin_span", "session": "t-otel", "label": cmd.join(" ")});
+    let mut begin = json!({"session": "t-otel"});
     for (k, v) in fields.as_object().unwrap() {
-        req[k] = v.clone();
+        begin[k] = v.clone();
     }
-    let span = client.call(req).unwrap()["span_id"].as_u64().unwrap();
-    let mut c = Command::new(cmd[0]);
-    c.args(&cmd[1..])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let (child, _) = probe::spawn::spawn_attached(&mut c, |pid| client.attach(span, pid)).unwrap();
-    let status = child.unwrap().wait().unwrap();
-    let exit = ExitStatus {
-        code: status.code(),
-        signal: status.signal().map(probe::event::signal_name),
-    };
+    let (span, exit) = run_attached(client, begin, cmd);
     let words = json!({"command": cmd.join(" ")});
     let r = client
         .call(json!({"op": "end_span", "span_id": span, "exit": exit, "is_error": is_error, "words": words}))

@@ -119,6 +119,17 @@ pub struct Attribution {
     pub memory: MemoryStall,
 }
 
+impl Attribution {
+    /// Whether the span's events explain something worth keeping them
+    /// for: it failed, hid a failure behind exit 0, or met memory pressure
+    /// of its own (a degraded run). A span that did none of these is a
+    /// program that worked: its tolerated lookups explain nothing.
+    /// (`store::EXPLAINS_SQL` says the same of a stored row.)
+    pub fn explains(&self) -> bool {
+        self.failed || self.hidden_failure.is_some() || self.memory.reclaim_ms > 0.0
+    }
+}
+
 /// See [`Attribution::hidden_failure`].
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct HiddenFailure {

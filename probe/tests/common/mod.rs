@@ -1,5 +1,6 @@
 //! What the kernel and runtime tests share: root checks that refuse to
-//! skip under CI, and `probe trace --json` run and parsed.
+//! skip under CI, `probe trace --json` run and parsed, and a command run
+//! in a daemon's span.
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::path::Path;
@@ -119,4 +120,32 @@ fn run_trace(dir: &Path, extra: &[&str], env: &[(&str, &str)], cmd: &[&str]) -> 
         .output()
         .expect("run probe");
     parse(out)
+}
+
+/// Begins a span (`begin`: the request's fields besides `op`), runs `cmd`
+/// attached to it with its output discarded, and answers the span and how
+/// the command ended. The caller ends the span.
+pub fn run_attached(
+    client: &mut probe::client::Client,
+    begin: Value,
+    cmd: &[&str],
+) -> (u64, probe::attribution::ExitStatus) {
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::process::Stdio;
+    let mut request = serde_json::json!({"op": "begin_span", "label": cmd.join(" ")});
+    for (k, v) in begin.as_object().expect("begin_span fields") {
+        request[k] = v.clone();
+    }
+    let span = client.begin_span_with(request).unwrap();
+    let mut c = Command::new(cmd[0]);
+    c.args(&cmd[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let (child, _) = probe::spawn::spawn_attached(&mut c, |pid| client.attach(span, pid)).unwrap();
+    let status = child.unwrap().wait().unwrap();
+    let exit = probe::attribution::ExitStatus {
+        code: status.code(),
+        signal: status.signal().map(probe::event::signal_name),
+    };
+    (span, exit)
 }

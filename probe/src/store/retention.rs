@@ -1,0 +1,341 @@
+//! Retention: what the evidence DB keeps when it must make room, and how
+//! it gives the room back without stopping ingestion.
+//!
+//! - **By value.** Over its size budget the DB removes spans that explain
+//!   nothing (succeeded, hid no failure, met no memory pressure: see
+//!   [`Attribution::explains`]) oldest first, and only when none is left
+//!   the ones that explain, oldest first. Each removal is logged in
+//!   `retention_log` with its reason (`size`, `size-explaining`, `age`).
+//! - **As spans arrive.** The store thread checks the budget after every
+//!   batch it writes (a `stat` of the DB and its WAL), and cuts to three
+//!   quarters of it, so the next batches do not each pay for a pass.
+//! - **No whole-file VACUUM.** A new DB is made with `auto_vacuum =
+//!   INCREMENTAL`: freed pages are reused by the next spans, and a pass
+//!   gives back only the pages it freed (`PRAGMA incremental_vacuum`), so
+//!   it never needs more free disk than it frees. The WAL is checkpointed
+//!   small (a share of the budget) and truncated after each reset.
+//! - **A budget the sandbox can afford**: the smaller of `max_db_bytes`
+//!   and `max_disk_share` of what the DB's filesystem has free (the DB's
+//!   own bytes counted as free), so the evidence never takes the disk the
+//!   workload needs.
+//!
+//! [`Attribution::explains`]: crate::attribution::Attribution::explains
+
+use std::path::Path;
+
+use rusqlite::params;
+use serde::{Deserialize, Serialize};
+
+use super::{Store, StoreError};
+
+/// Which events a finished span keeps in the DB.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum KeepEvents {
+    /// Every event of a span that explains something; of one that does
+    /// not, only its evidence (exits, signals, denials): counted, not kept.
+    #[default]
+    Failed,
+    /// Every event of every span (debugging a workload).
+    All,
+}
+
+impl KeepEvents {
+    pub fn id(self) -> &'static str {
+        match self {
+            KeepEvents::Failed => "failed",
+            KeepEvents::All => "all",
+        }
+    }
+}
+
+/// Bounds on what the DB keeps (`[retention]` of the config file).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionPolicy {
+    /// Delete spans older than this many seconds.
+    pub max_age_secs: Option<u64>,
+    /// The DB with its WAL stays under this many bytes…
+    pub max_db_bytes: u64,
+    /// …and under this share (0–1) of its filesystem's free space.
+    pub max_disk_share: f64,
+    /// What a span that explains nothing keeps.
+    pub keep_events: KeepEvents,
+}
+
+/// 1 GiB.
+pub const DEFAULT_MAX_DB_BYTES: u64 = 1 << 30;
+/// A tenth of the free disk.
+pub const DEFAULT_MAX_DISK_SHARE: f64 = 0.1;
+
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        RetentionPolicy {
+            max_age_secs: None,
+            max_db_bytes: DEFAULT_MAX_DB_BYTES,
+            max_disk_share: DEFAULT_MAX_DISK_SHARE,
+            keep_events: KeepEvents::Failed,
+        }
+    }
+}
+
+impl RetentionPolicy {
+    /// The bytes the DB at `db` may use now, being `db_bytes` big: the
+    /// smaller of the byte cap and the share of the free disk.
+    pub fn budget_bytes(&self, db: &Path, db_bytes: u64) -> u64 {
+        let dir = db
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let share = self.max_disk_share.clamp(0.0, 1.0);
+        match nix::sys::statvfs::statvfs(dir) {
+            Ok(s) => {
+                let free = s.blocks_available().saturating_mul(s.fragment_size());
+                let affordable = (free.saturating_add(db_bytes) as f64 * share) as u64;
+                self.max_db_bytes.min(affordable)
+            }
+            Err(_) => self.max_db_bytes,
+        }
+    }
+}
+
+/// Totals of what retention removed.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RetentionTotals {
+    pub spans_removed: u64,
+    pub events_removed: u64,
+    /// Of `spans_removed`, the ones that explained something (failed,
+    /// hidden failure, memory pressure): removed only when nothing else
+    /// was left to remove.
+    #[serde(default)]
+    pub explaining_removed: u64,
+}
+
+impl std::ops::AddAssign for RetentionTotals {
+    fn add_assign(&mut self, o: RetentionTotals) {
+        self.spans_removed += o.spans_removed;
+        self.events_removed += o.events_removed;
+        self.explaining_removed += o.explaining_removed;
+    }
+}
+
+/// A stored span (alias `a` for its attribution row) explains something:
+/// what [`Attribution::explains`](crate::attribution::Attribution::explains)
+/// says of the live one.
+pub const EXPLAINS_SQL: &str = "(a.failed = 1 \
+     OR json_extract(a.object, '$.hidden_failure') IS NOT NULL \
+     OR COALESCE(json_extract(a.object, '$.memory.reclaim_ms'), 0) > 0)";
+
+/// Spans removed in one transaction at most (a pass has several).
+const CHUNK_MAX: u64 = 2000;
+
+/// Rounds of a pass at most: each removes about what is over the target.
+const ROUNDS_MAX: usize = 32;
+
+impl Store {
+    /// Sets the WAL's checkpoint threshold and size limit from the budget,
+    /// so the WAL stays a small share of it (a tenth, at most SQLite's
+    /// default 1000 pages).
+    pub fn limit_wal(&self, budget: u64) -> Result<(), StoreError> {
+        let limit = self.wal_limit(budget)?;
+        let pages = limit / self.page_size()?;
+        self.conn
+            .pragma_update(None, "wal_autocheckpoint", pages as i64)?;
+        self.conn
+            .pragma_update(None, "journal_size_limit", limit as i64)?;
+        Ok(())
+    }
+
+    /// The WAL's share of `budget`: a tenth, between 8 pages and SQLite's
+    /// default checkpoint threshold of 1000.
+    fn wal_limit(&self, budget: u64) -> Result<u64, StoreError> {
+        let page = self.page_size()?;
+        Ok((budget / 10 / page).clamp(8, 1000) * page)
+    }
+
+    /// Removes spans older than `max_age_secs`, then gives their pages back.
+    pub fn enforce_age(&mut self, max_age_secs: u64) -> Result<RetentionTotals, StoreError> {
+        let cutoff = crate::clock::now_ms() - (max_age_secs as i64) * 1000;
+        let victims = self.select_spans("s.started_ms < ?1", cutoff, u64::MAX)?;
+        let removed = self.remove(&victims, "age")?;
+        if removed.spans_removed > 0 {
+            self.release_free_pages()?;
+        }
+        Ok(removed)
+    }
+
+    /// When the DB and its WAL are over `budget` bytes: removes the least
+    /// valuable spans until what is live fits in three quarters of it
+    /// with room for the WAL, then gives the freed pages back to the
+    /// filesystem and truncates the WAL.
+    pub fn enforce_size(&mut self, budget: u64) -> Result<RetentionTotals, StoreError> {
+        let mut removed = RetentionTotals::default();
+        if self.size_bytes()? <= budget {
+            return Ok(removed);
+        }
+        // the WAL grows during the pass and is truncated at its end
+        let target = (budget / 4 * 3).saturating_sub(self.wal_limit(budget)?);
+        for _ in 0..ROUNDS_MAX {
+            let (live, spans) = (self.live_bytes()?, self.span_count()?);
+            if live <= target || spans == 0 {
+                break;
+            }
+            let per_span = (live / spans).max(1);
+            let n = ((live - target) / per_span + 1).min(CHUNK_MAX);
+            let r = self.remove_least_valuable(n)?;
+            if r.spans_removed == 0 {
+                break;
+            }
+            removed += r;
+        }
+        self.release_free_pages()?;
+        Ok(removed)
+    }
+
+    /// Up to `n` spans that explain nothing, oldest first; only when none
+    /// is left, up to `n` of those that explain, oldest first.
+    fn remove_least_valuable(&mut self, n: u64) -> Result<RetentionTotals, StoreError> {
+        let plain = self.select_spans(&format!("NOT {EXPLAINS_SQL}"), 0, n)?;
+        if !plain.is_empty() {
+            return self.remove(&plain, "size");
+        }
+        let explaining = self.select_spans(EXPLAINS_SQL, 0, n)?;
+        let mut removed = self.remove(&explaining, "size-explaining")?;
+        removed.explaining_removed = removed.spans_removed;
+        Ok(removed)
+    }
+
+    /// (probe_id, span id) of up to `limit` spans matching `cond` (which
+    /// may use `?1` = `value`), oldest first.
+    fn select_spans(
+        &self,
+        cond: &str,
+        value: i64,
+        limit: u64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT s.probe_id, s.id FROM spans s
+             JOIN attributions a ON a.probe_id = s.probe_id AND a.span_id = s.id
+             WHERE {cond} AND ?1 = ?1 ORDER BY s.started_ms, s.id LIMIT ?2"
+        ))?;
+        let rows = stmt.query_map(params![value, limit.min(i64::MAX as u64) as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Deletes `spans` (their rows cascade) in one transaction and logs it.
+    fn remove(
+        &mut self,
+        spans: &[(String, i64)],
+        reason: &str,
+    ) -> Result<RetentionTotals, StoreError> {
+        if spans.is_empty() {
+            return Ok(RetentionTotals::default());
+        }
+        let tx = self.conn.transaction()?;
+        let mut events = 0i64;
+        {
+            let mut count = tx.prepare_cached(
+                "SELECT COUNT(*) FROM events WHERE probe_id = ?1 AND span_id = ?2",
+            )?;
+            let mut delete =
+                tx.prepare_cached("DELETE FROM spans WHERE probe_id = ?1 AND id = ?2")?;
+            for (probe_id, id) in spans {
+                events += count.query_row(params![probe_id, id], |r| r.get::<_, i64>(0))?;
+                delete.execute(params![probe_id, id])?;
+            }
+        }
+        tx.execute(
+            "INSERT INTO retention_log (at_ms, reason, spans_removed, events_removed) VALUES (?1, ?2, ?3, ?4)",
+            params![crate::clock::now_ms(), reason, spans.len() as i64, events],
+        )?;
+        tx.commit()?;
+        Ok(RetentionTotals {
+            spans_removed: spans.len() as u64,
+            events_removed: events as u64,
+            explaining_removed: 0,
+        })
+    }
+
+    /// Gives the free pages back to the filesystem (a DB made before
+    /// incremental auto-vacuum only reuses them), then checkpoints and
+    /// truncates the WAL, which lets the file shrink — unless a reader is
+    /// in the way: the store does not wait for readers (the WAL is
+    /// truncated at a later pass, or when it restarts past
+    /// `journal_size_limit`).
+    fn release_free_pages(&self) -> Result<(), StoreError> {
+        // one page per step: step it to the end
+        let mut vacuum = self.conn.prepare_cached("PRAGMA incremental_vacuum")?;
+        let mut rows = vacuum.query([])?;
+        while rows.next()?.is_some() {}
+        drop(rows);
+        self.conn.busy_timeout(std::time::Duration::ZERO)?;
+        let checkpoint = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        self.conn.busy_timeout(super::BUSY_TIMEOUT)?;
+        match checkpoint {
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => Ok(()),
+            other => Ok(other?),
+        }
+    }
+
+    /// Everything retention removed since the DB was created.
+    pub fn retention_totals(&self) -> Result<RetentionTotals, StoreError> {
+        let (s, e, x): (i64, i64, i64) = self.conn.query_row(
+            "SELECT COALESCE(SUM(spans_removed), 0), COALESCE(SUM(events_removed), 0),
+                    COALESCE(SUM(CASE WHEN reason = 'size-explaining' THEN spans_removed END), 0)
+             FROM retention_log",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+        Ok(RetentionTotals {
+            spans_removed: s as u64,
+            events_removed: e as u64,
+            explaining_removed: x as u64,
+        })
+    }
+
+    /// Bytes of the pages in use (the file less its free pages).
+    pub fn live_bytes(&self) -> Result<u64, StoreError> {
+        let (pages, free): (i64, i64) = self.conn.query_row(
+            "SELECT (SELECT page_count FROM pragma_page_count()), (SELECT freelist_count FROM pragma_freelist_count())",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok((pages - free).max(0) as u64 * self.page_size()?)
+    }
+
+    /// Spans stored (all probes').
+    pub fn span_count(&self) -> Result<u64, StoreError> {
+        let n: i64 = self
+            .conn
+            .query_row("SELECT COUNT(*) FROM spans", [], |r| r.get(0))?;
+        Ok(n as u64)
+    }
+
+    /// `incremental` for a DB this version made; `none` for an older one
+    /// (freed pages are reused, never given back).
+    pub fn auto_vacuum(&self) -> Result<&'static str, StoreError> {
+        let mode: i64 = self
+            .conn
+            .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+        Ok(match mode {
+            1 => "full",
+            2 => "incremental",
+            _ => "none",
+        })
+    }
+
+    fn page_size(&self) -> Result<u64, StoreError> {
+        let p: i64 = self.conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+        Ok(p.max(512) as u64)
+    }
+
+    pub(super) fn wal_bytes(&self) -> u64 {
+        std::fs::metadata(format!("{}-wal", self.path.display()))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    }
+}
