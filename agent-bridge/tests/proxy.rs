@@ -296,25 +296,31 @@ fn raw_exchange(input: &[u8]) -> Vec<Value> {
 
 /// The proxy's answer lines, as written.
 fn raw_exchange_lines(input: &[u8]) -> Vec<String> {
-    use std::io::Write as _;
+    let args = proxy_args(&["--stdio", "--max-message", "1M"], false, &bridge_server());
+    answer_lines(&args, input, None)
+}
+
+/// The lines `agent-bridge ARGS…` writes on stdout for `input` on stdin:
+/// all of them (stdin closed at once), or the first `n` (stdin closed
+/// after them: `serve` drops answers still being made when stdin ends).
+fn answer_lines(args: &[String], input: &[u8], n: Option<usize>) -> Vec<String> {
+    use std::io::{BufRead as _, Write as _};
     let mut child = std::process::Command::new(BRIDGE)
-        .args(proxy_args(
-            &["--stdio", "--max-message", "1M"],
-            false,
-            &bridge_server(),
-        ))
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect()
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input).unwrap();
+    let stdin = n.is_some().then_some(stdin);
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let lines = out.lines().map(Result::unwrap);
+    let lines = lines.take(n.unwrap_or(usize::MAX)).collect();
+    drop(stdin);
+    child.wait().unwrap();
+    lines
 }
 
 /// Requests whose ids come back: the lines of `exact_ids_and_one_initialize`.
@@ -435,6 +441,58 @@ fn malformed_client_input_gets_the_same_errors_as_serve() {
     // a good message after all that is answered by the server
     assert_eq!(answers[4]["id"], 4);
     assert_eq!(answers[4]["result"]["serverInfo"]["name"], "agent-bridge");
+}
+
+/// A `tools/call` whose name is not a string is a valid request with
+/// params that do not fit: -32602 (Invalid params) with its id, from the
+/// proxy as from `serve` itself, over stdio and HTTP; a message that is no
+/// request at all stays -32600, and the session goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn params_that_do_not_fit_are_invalid_params_as_serve_says() {
+    let bad =
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5,"arguments":{}}}"#;
+    let not_a_request = r#"{"jsonrpc":"2.0","id":2,"params":{"name":5}}"#;
+    let ping = r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#;
+    let check = |how: &str, answers: &[Value]| {
+        let by_id = |id: i64| {
+            answers
+                .iter()
+                .find(|a| a["id"] == id)
+                .unwrap_or_else(|| panic!("{how}: no answer to {id}: {answers:?}"))
+        };
+        assert_eq!(by_id(1)["error"]["code"], -32602, "{how}");
+        let m = by_id(1)["error"]["message"].as_str().unwrap();
+        assert!(
+            m.starts_with("Invalid params for `tools/call`") && m.contains("invalid type"),
+            "{how}: {m}"
+        );
+        assert_eq!(by_id(2)["error"]["code"], -32600, "{how}");
+        assert_eq!(by_id(3)["result"], json!({}), "{how}");
+    };
+    let mut input = raw_initialize(0, "2025-06-18").into_bytes();
+    input.extend_from_slice(b"\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n");
+    for l in [bad, not_a_request, ping] {
+        input.extend_from_slice(l.as_bytes());
+        input.push(b'\n');
+    }
+    check("proxy over stdio", &raw_exchange(&input));
+    let serve = ["serve", "--stdio", "--no-probe"].map(String::from);
+    let answers: Vec<Value> = answer_lines(&serve, &input, Some(4))
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    check("serve over stdio", &answers);
+    // the proxy's HTTP reads a body with the same parser
+    let mut a = proxy_args(&[], false, &bridge_server());
+    a.splice(1..1, ["--http".to_string(), "127.0.0.1:0".to_string()]);
+    let (_keep, url) = Bridge::start_http_with(&a);
+    let session = raw_http_session(&url).await;
+    let mut answers = Vec::new();
+    for l in [bad, not_a_request, ping] {
+        let (_, _, body) = raw_post(&url, Some(&session), l).await;
+        answers.push(serde_json::from_str(&body).unwrap());
+    }
+    check("proxy over HTTP", &answers);
 }
 
 /// A line the proxy can pass on but the server cannot read (a number

@@ -62,8 +62,9 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
 
 #[derive(Deserialize, Default)]
 struct RawParams<'a> {
+    // any type here: only a tools/call's name must be a string (see `tool`)
     #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
+    name: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "_meta")]
     meta: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "requestId")]
@@ -143,16 +144,23 @@ pub fn client_head(line: &[u8]) -> Result<ClientHead, Value> {
             }
         },
     };
-    let invalid = |why: &str| {
+    let refuse = |code: i32, message: String| {
         crate::stdio::error_answer(
             // echoed only when it comes back as sent (see `stdio::exact_id`)
             id.as_deref()
                 .and_then(|i| serde_json::from_str::<Value>(i).ok())
                 .filter(|v| id.as_deref() == Some(v.to_string().as_str()))
                 .unwrap_or(Value::Null),
-            -32600,
-            format!("Invalid Request: {why}"),
+            code,
+            message,
         )
+    };
+    let invalid = |why: &str| refuse(-32600, format!("Invalid Request: {why}"));
+    // a valid request whose params do not fit its method: JSON-RPC's -32602,
+    // as `serve` answers it (`stdio::invalid_params`)
+    let invalid_params = |why: &str| {
+        let method = m.method.as_deref().unwrap_or_default();
+        refuse(-32602, format!("Invalid params for `{method}`: {why}"))
     };
     let kind = match (&m.method, &id, m.result.is_some() || m.error.is_some()) {
         (Some(_), Some(_), _) => Kind::Request,
@@ -166,9 +174,18 @@ pub fn client_head(line: &[u8]) -> Result<ClientHead, Value> {
     };
     let params: RawParams<'_> = match m.params {
         Some(p) if p.get().starts_with('{') => {
-            serde_json::from_str(p.get()).map_err(|e| invalid(&format!("params: {e}")))?
+            serde_json::from_str(p.get()).map_err(|e| invalid_params(&e.to_string()))?
         }
         _ => RawParams::default(),
+    };
+    // the tool's name labels the call's span: a call's name that is not a
+    // string is refused here; other methods' params are their server's to judge
+    let tool = match params.name {
+        Some(raw) if kind == Kind::Request && m.method.as_deref() == Some("tools/call") => Some(
+            serde_json::from_str::<String>(raw.get())
+                .map_err(|e| invalid_params(&format!("name: {e}")))?,
+        ),
+        _ => None,
     };
     let meta: RawMeta<'_> = match params.meta {
         Some(p) if p.get().starts_with('{') => serde_json::from_str(p.get()).unwrap_or_default(),
@@ -177,9 +194,7 @@ pub fn client_head(line: &[u8]) -> Result<ClientHead, Value> {
     let method = m.method.map(Cow::into_owned);
     Ok(ClientHead {
         kind,
-        tool: (method.as_deref() == Some("tools/call"))
-            .then(|| params.name.map(Cow::into_owned))
-            .flatten(),
+        tool,
         progress_token: meta.progress_token.and_then(|r| canonical(r.get())),
         // strings only; anything else is not trace context and is ignored
         traceparent: meta
@@ -449,6 +464,35 @@ mod tests {
             assert_eq!((whole.result, whole.meta), (cut.result, cut.meta));
             assert_eq!((whole.id, whole.kind), (cut.id, cut.kind));
         }
+    }
+
+    #[test]
+    fn params_that_do_not_fit_are_invalid_params_and_a_non_request_invalid() {
+        let a = client_head(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5,"arguments":{}}}"#,
+        )
+        .unwrap_err();
+        assert_eq!((&a["id"], &a["error"]["code"]), (&json!(1), &json!(-32602)));
+        let m = a["error"]["message"].as_str().unwrap();
+        assert!(
+            m.starts_with("Invalid params for `tools/call`: name: invalid type"),
+            "{m}"
+        );
+        let dup = client_head(
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"a","name":"b"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(dup["error"]["code"], -32602, "{dup}");
+        // another method's params, or a notification's, are the server's to judge
+        for line in [
+            r#"{"jsonrpc":"2.0","id":3,"method":"prompts/get","params":{"name":5}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"name":5}}"#,
+        ] {
+            assert!(client_head(line.as_bytes()).is_ok(), "{line}");
+        }
+        // no method, no result: not a request at all
+        let a = client_head(br#"{"jsonrpc":"2.0","id":4,"params":{"name":5}}"#).unwrap_err();
+        assert_eq!(a["error"]["code"], -32600, "{a}");
     }
 
     #[test]
