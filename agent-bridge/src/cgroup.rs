@@ -67,7 +67,7 @@ pub fn remove_owned_by(pid: u32) -> usize {
 }
 
 /// Kills and removes every `mcp-OWNER-…` call cgroup whose OWNER `stale`
-/// says is gone.
+/// says is gone, and those of the bridges that ran in them.
 fn remove_where(stale: impl Fn(&str) -> bool) -> usize {
     let mut roots: Vec<PathBuf> = v2_root().into_iter().collect();
     roots.extend(
@@ -96,8 +96,19 @@ fn remove_where(stale: impl Fn(&str) -> bool) -> usize {
                 reusable: false,
                 killed: Default::default(),
             };
+            let inside = stale.pids();
             stale.remove();
-            removed += usize::from(!e.path().exists());
+            if e.path().exists() {
+                continue;
+            }
+            removed += 1;
+            // a bridge that ran in this tree (a proxied `serve`) keeps its
+            // calls in cgroups beside it and its reaper in it, killed just
+            // now: its calls go from here (each step removed a directory,
+            // so this ends)
+            for pid in inside {
+                removed += remove_owned_by(pid as u32);
+            }
         }
     }
     removed

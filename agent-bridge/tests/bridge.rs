@@ -1360,35 +1360,6 @@ async fn trace_context_in_meta_reaches_the_probe_span_over_otlp() {
     assert_eq!(attr_str(&s.attributes, "error.type"), Some("tool_error"));
 }
 
-/// Pids of live processes whose command line is exactly `argv`.
-fn running(argv: &[&str]) -> Vec<String> {
-    let want: Vec<u8> = argv
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
-        .filter(|pid| !gone(pid))
-        .collect()
-}
-
-/// The call cgroups of server `pid` still in any hierarchy.
-fn call_cgroups_of(pid: u32) -> Vec<String> {
-    let prefix = format!("mcp-{pid}-");
-    call_cgroups()
-        .iter()
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-        })
-        .map(|p| p.display().to_string())
-        .collect()
-}
-
 /// A raw stdio session: initialized, then `calls` written (not awaited).
 fn raw_session(argv: &[&str], calls: &[Value]) -> std::process::Child {
     use std::io::Write as _;

@@ -706,6 +706,117 @@ async fn a_session_its_client_abandoned_ends_when_idle_and_its_server_with_it() 
     assert!(answer.contains("no such session"), "{answer}");
 }
 
+/// What the bridge behind proxy `b` runs: `sleep BASE.PID` in the
+/// background and `sleep BASE-1.PID` as an exec left in flight (argv no
+/// other test uses). Returns once both run in that bridge's call cgroups:
+/// their argv, the exec's answer to come, and that bridge's pid.
+async fn sleeps_behind(
+    b: &Bridge,
+    base: u32,
+) -> (
+    [[String; 2]; 2],
+    tokio::task::JoinHandle<Result<CallToolResult, rmcp::ServiceError>>,
+    u32,
+) {
+    let me = std::process::id();
+    let sleeps = [base, base - 1].map(|s| ["sleep".to_string(), format!("{s}.{me}")]);
+    let r = b.call("start_process", json!({"argv": sleeps[0]})).await;
+    assert!(!is_error(&r), "{r:?}");
+    let server = split(&r).0["server_pid"].as_u64().unwrap() as u32;
+    let exec = rmcp::model::CallToolRequestParams::new("exec").with_arguments(
+        json!({"argv": sleeps[1], "timeout_ms": 600_000})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    let peer = b.client.peer().clone();
+    let exec = tokio::spawn(async move { peer.call_tool(exec).await });
+    let both = sleeps.clone();
+    let started = tokio::task::block_in_place(|| {
+        within_10s(|| both.iter().all(|s| !running(&[&s[0], &s[1]]).is_empty()))
+    });
+    assert!(started, "the sleeps did not start");
+    assert_eq!(call_cgroups_of(server).len(), 2, "one call cgroup each");
+    (sleeps, exec, server)
+}
+
+/// Waits (up to 5 s) until no sleep runs and bridge `server` has no call
+/// cgroup left; says how long that took after `since`.
+fn assert_gone(sleeps: &[[String; 2]; 2], server: u32, since: std::time::Instant, how: &str) {
+    let left = || -> Vec<String> {
+        let mut left: Vec<String> = sleeps
+            .iter()
+            .flat_map(|s| running(&[&s[0], &s[1]]))
+            .collect();
+        left.extend(call_cgroups_of(server));
+        left
+    };
+    let gone = tokio::task::block_in_place(|| within(Duration::from_secs(5), || left().is_empty()));
+    assert!(gone, "{how}: still there after 5 s: {:?}", left());
+    eprintln!(
+        "{how}: the sleeps and call cgroups were gone {:?} later",
+        since.elapsed()
+    );
+}
+
+/// `proxy -- serve`: the proxy SIGKILLed while the bridge behind it has a
+/// background process and an exec in flight. Its reaper kills the bridge's
+/// tree, and the bridge's own reaper with it; the call cgroups of the
+/// bridge that ran in that tree go too: nothing outlives the chain.
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_the_bridge_behind_a_sigkilled_proxy_started_outlives_it() {
+    if !root() {
+        return;
+    }
+    let b = proxy_stdio(&[], false, &bridge_server()).await;
+    let (sleeps, _exec, server) = sleeps_behind(&b, 300).await;
+    let killed = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(b.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert_gone(&sleeps, server, killed, "proxy SIGKILLed");
+}
+
+/// The bridge behind the proxy dies with a background process and an exec
+/// in flight: SIGKILLed, or killed by the proxy for not answering within
+/// `--call-timeout` (its reaper, in the tree the proxy kills, dies at the
+/// same moment). Nothing it started outlives it, the exec is answered
+/// saying how it ended, and the next call reaches a new bridge.
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_a_killed_bridge_behind_the_proxy_started_outlives_it() {
+    if !root() {
+        return;
+    }
+    for (base, timeout) in [(298, None), (296, Some("3"))] {
+        let extra: Vec<&str> = timeout.iter().flat_map(|t| ["--call-timeout", t]).collect();
+        let b = proxy_stdio(&extra, false, &bridge_server()).await;
+        let (sleeps, exec, server) = sleeps_behind(&b, base).await;
+        let killed = std::time::Instant::now();
+        let says = match timeout {
+            None => {
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(server as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .unwrap();
+                "it was killed by SIGKILL"
+            }
+            Some(_) => "did not answer `tools/call` within 3 s (--call-timeout)",
+        };
+        let answer = exec.await.unwrap().expect_err("the exec got a result");
+        let e = answer.to_string();
+        assert!(e.contains(says) && e.contains("starts again"), "{e}");
+        // the proxy kills a hung server when it answers the call
+        let killed = timeout.map_or(killed, |_| std::time::Instant::now());
+        assert_gone(&sleeps, server, killed, says);
+        let r = b.call("stat", json!({"path": "/etc/hostname"})).await;
+        assert!(!is_error(&r));
+        assert_ne!(split(&r).0["server_pid"], server, "not a new bridge");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn trace_context_in_meta_reaches_the_kernel_span_through_the_proxy() {
     use probe::otlp::hex;

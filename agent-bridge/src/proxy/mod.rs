@@ -780,7 +780,8 @@ impl Relay {
             );
             (p.deliver)(failure(&id, message, data));
         }
-        crate::workload::Running::signal_tree(&child.tree, child.pid);
+        let (tree, pid) = (child.tree.clone(), child.pid);
+        let _ = tokio::task::spawn_blocking(move || end_tree(&tree, pid)).await;
     }
 
     /// Waits until no request is in flight (each ends by its answer, the
@@ -811,16 +812,22 @@ impl Relay {
                 .unwrap_or_else(|p| p.into_inner())
                 .get_or_insert_with(|| "the proxy stopped it (its session ended)".into());
             let (tree, pid) = (c.tree.clone(), c.pid);
-            let _ = tokio::task::spawn_blocking(move || {
-                crate::workload::Running::kill_tree(&tree, pid);
-            })
-            .await;
+            let _ = tokio::task::spawn_blocking(move || end_tree(&tree, pid)).await;
         }
     }
 }
 
 /// How long a server whose stdin the proxy closed has to exit by itself.
 const EXIT_GRACE: Duration = Duration::from_secs(3);
+
+/// Kills what is left of a server's tree, waiting for it to go (blocking).
+/// A server that is a bridge (`agent-bridge serve`) keeps its calls in
+/// cgroups beside its tree, and its reaper in the tree, just killed: its
+/// calls go from here too.
+fn end_tree(tree: &CallCgroups, pid: u32) {
+    crate::workload::Running::kill_tree(tree, pid);
+    crate::cgroup::remove_owned_by(pid);
+}
 
 /// `data` with the call's evidence, when it was a call.
 fn with_evidence(mut data: Value, kernel: Option<Value>) -> Value {

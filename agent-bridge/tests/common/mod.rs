@@ -776,6 +776,35 @@ pub fn call_cgroups() -> Vec<PathBuf> {
     .collect()
 }
 
+/// Pids of live processes whose command line is exactly `argv`.
+pub fn running(argv: &[&str]) -> Vec<String> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .filter(|pid| !gone(pid))
+        .collect()
+}
+
+/// The call cgroups of server `pid` still in any hierarchy.
+pub fn call_cgroups_of(pid: u32) -> Vec<String> {
+    let prefix = format!("mcp-{pid}-");
+    call_cgroups()
+        .iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
 /// Waits up to `limit` for `done`.
 pub fn within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + limit;
