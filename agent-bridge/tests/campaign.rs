@@ -644,13 +644,13 @@ fn a_test_naming_a_host_off_this_machine_is_reported_and_refused_unless_allowed(
     let suite = one_test(
         dir.path(),
         serde_json::json!({"id": "network-9001", "domain": "network", "title": "names hosts",
-            "steps": [{"tool": "exec", "arguments": {"command": "echo https://pypi.org/simple 192.0.2.10"},
+            "steps": [{"tool": "exec", "arguments": {"command": "echo https://files.example.net/simple 192.0.2.10"},
                        "expect": {"exit_code": 0}}]}),
     );
     let out = campaign(&["validate", suite.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{text}");
-    for host in ["pypi.org", "192.0.2.10"] {
+    for host in ["files.example.net", "192.0.2.10"] {
         assert!(
             text.contains(&format!(
                 "steps[0].arguments.command: names {host}, which is outside this machine"
@@ -665,7 +665,7 @@ fn a_test_naming_a_host_off_this_machine_is_reported_and_refused_unless_allowed(
     assert!(!out.status.success(), "it ran: {stderr}");
     assert!(
         stderr.contains("refusing to run")
-            && stderr.contains("names pypi.org")
+            && stderr.contains("names files.example.net")
             && stderr.contains("--allow-egress"),
         "{stderr}"
     );
@@ -675,7 +675,7 @@ fn a_test_naming_a_host_off_this_machine_is_reported_and_refused_unless_allowed(
         &suite,
         &target,
         &results,
-        &["--no-bar", "--allow-egress", "pypi.org"],
+        &["--no-bar", "--allow-egress", "files.example.net"],
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("names 192.0.2.10"));
@@ -686,7 +686,7 @@ fn a_test_naming_a_host_off_this_machine_is_reported_and_refused_unless_allowed(
         &[
             "--no-bar",
             "--allow-egress",
-            "pypi.org,192.0.2.10",
+            "files.example.net,192.0.2.10",
             "--run",
             "allowed",
         ],
@@ -702,7 +702,7 @@ fn a_test_naming_a_host_off_this_machine_is_reported_and_refused_unless_allowed(
         "validate",
         suite.to_str().unwrap(),
         "--allow-egress",
-        "PyPI.org,192.0.2.10",
+        "Files.Example.NET,192.0.2.10",
     ]);
     assert!(
         out.status.success(),

@@ -5,7 +5,8 @@
 //!
 //! What counts as naming a host: an IPv4 literal, a quoted IPv6 literal, the
 //! host of a URL (`scheme://host`), and a bare name ending in a public or
-//! well-known internal suffix (`pypi.org`, `metadata.google.internal`).
+//! well-known internal suffix (`files.example.net`,
+//! `metadata.google.internal`).
 //! Loopback (127.0.0.0/8, `localhost`, `::1`), the unspecified address, the
 //! upstream's placeholders and its DNS zone (`*.campaign.test`) are on
 //! this machine. It is a guard rail, not a sandbox: a workload that builds
@@ -161,7 +162,10 @@ mod tests {
                 "socket.create_connection(('192.0.2.7', 80))",
                 vec!["192.0.2.7"],
             ),
-            ("curl -s https://pypi.org/simple/", vec!["pypi.org"]),
+            (
+                "curl -s https://files.example.net/simple/",
+                vec!["files.example.net"],
+            ),
             ("curl http://user@10.0.0.5:8080/x", vec!["10.0.0.5"]),
             ("wget http://[2001:db8::1]:80/", vec!["2001:db8::1"]),
             ("connect(('fe80::1', 80))", vec!["fe80::1"]),
@@ -200,7 +204,7 @@ mod tests {
             "id": "n-1", "domain": "network", "title": "t",
             "steps": [
                 {"tool": "exec", "arguments": {"command": "true"}},
-                {"tool": "exec", "arguments": {"argv": ["curl", "https://pypi.org/", "http://192.0.2.1/"]}}
+                {"tool": "exec", "arguments": {"argv": ["curl", "https://example.org/", "http://192.0.2.1/"]}}
             ]
         }))
         .unwrap();
@@ -210,7 +214,7 @@ mod tests {
             vec![
                 Named {
                     field: "steps[1].arguments.argv[1]".into(),
-                    host: "pypi.org".into()
+                    host: "example.org".into()
                 },
                 Named {
                     field: "steps[1].arguments.argv[2]".into(),
@@ -219,7 +223,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            named_hosts(&spec, &["PyPI.org".into(), "192.0.2.1".into()]),
+            named_hosts(&spec, &["Example.ORG".into(), "192.0.2.1".into()]),
             vec![]
         );
     }
