@@ -9,13 +9,25 @@
 //! 200 with `-32602` (a request, answered). A bigger body goes to rmcp as
 //! it streams, and rmcp's plain-text refusals become 400 (or 413) with a
 //! JSON-RPC error object saying the same.
+//!
+//! The listener (`listen.rs`) uses the rest for every server: a body
+//! declared over the limit is refused before it is read
+//! ([`refuse_declared_too_large`]), and one still arriving at shutdown is
+//! cut ([`UntilShutdown`]) and answered 503.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
+use bytes::Bytes;
+use futures::FutureExt as _;
+use hyper::body::{Frame, SizeHint};
 use serde_json::Value;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::stdio::error_answer;
 
@@ -27,18 +39,20 @@ pub async fn jsonrpc_errors(request: Request, next: Next) -> Response {
     if request.method() != Method::POST || !is_json(request.headers()) {
         return next.run(request).await;
     }
-    let length = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if length.is_none_or(|n| n > CHECKED) {
+    if content_length(request.headers()).is_none_or(|n| n > CHECKED) {
         return plain_refusals_as_jsonrpc(next.run(request).await).await;
     }
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, CHECKED).await {
         Ok(b) => b,
-        Err(e) => return unreadable_body(&e, CHECKED, "--max-body"),
+        Err(e) => {
+            // a body within its Content-Length is never over CHECKED
+            let limit = BodyLimit {
+                bytes: CHECKED,
+                flag: "--max-body",
+            };
+            return unreadable_body(&e, limit);
+        }
     };
     // a request with a session id belongs to an initialized session
     let restart = parts
@@ -59,6 +73,94 @@ pub async fn jsonrpc_errors(request: Request, next: Next) -> Response {
     plain_refusals_as_jsonrpc(response).await
 }
 
+fn content_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The largest request body a server takes, and the flag that sets it.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimit {
+    pub bytes: usize,
+    pub flag: &'static str,
+}
+
+/// A request whose Content-Length is over the limit gets its 413 at once:
+/// waiting for a body that will be refused only ends in a 408.
+pub async fn refuse_declared_too_large(
+    State(limit): State<BodyLimit>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if content_length(request.headers()).is_some_and(|n| n > limit.bytes) {
+        // the body is left unread: the connection cannot carry another request
+        return closing(too_large(limit));
+    }
+    next.run(request).await
+}
+
+fn too_large(limit: BodyLimit) -> Response {
+    let why = format!(
+        "Invalid Request: the body is over this server's limit of {} bytes ({})",
+        limit.bytes, limit.flag
+    );
+    answer(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        error_answer(Value::Null, -32600, why),
+    )
+}
+
+/// A request body cut at shutdown.
+#[derive(Debug, thiserror::Error)]
+#[error("the server is shutting down")]
+pub struct ShuttingDown;
+
+/// A request body that fails with [`ShuttingDown`] when it keeps its reader
+/// waiting after `shutdown` fired: a client stalled mid-body would
+/// otherwise hold the server's exit until `--body-timeout`.
+pub struct UntilShutdown {
+    body: Body,
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl UntilShutdown {
+    pub fn new(body: Body, shutdown: CancellationToken) -> Self {
+        UntilShutdown {
+            body,
+            shutdown: Box::pin(shutdown.cancelled_owned()),
+        }
+    }
+}
+
+impl hyper::body::Body for UntilShutdown {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        // what has arrived is still read; only a wait is cut
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        match self.shutdown.poll_unpin(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(ShuttingDown)))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -70,23 +172,21 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// The answer to a request body that could not be read in full: 408 when
-/// it stopped arriving (the listener's `--body-timeout`), 413 when it went
-/// over `limit` (set by `flag`), else 400 (the client cut it short); the
-/// connection is closed after a 408 or 400, whose unread rest is unknown.
-pub fn unreadable_body(e: &axum::Error, limit: usize, flag: &str) -> Response {
+/// it stopped arriving (the listener's `--body-timeout`), 503 when the
+/// server is shutting down, 413 when it went over `limit`, else 400 (the
+/// client cut it short); the connection is closed after a 408, 503 or 400,
+/// whose unread rest is unknown.
+pub fn unreadable_body(e: &axum::Error, limit: BodyLimit) -> Response {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cause {
         if c.is::<tower_http::timeout::TimeoutError>() {
             return closing(body_stopped());
         }
+        if c.is::<ShuttingDown>() {
+            return closing(shutting_down());
+        }
         if c.is::<http_body_util::LengthLimitError>() {
-            let why = format!(
-                "Invalid Request: the body is over this server's limit of {limit} bytes ({flag})"
-            );
-            return answer(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                error_answer(Value::Null, -32600, why),
-            );
+            return too_large(limit);
         }
         cause = c.source();
     }
@@ -104,6 +204,16 @@ fn body_stopped() -> Response {
     answer(
         StatusCode::REQUEST_TIMEOUT,
         error_answer(Value::Null, -32700, why.into()),
+    )
+}
+
+/// 503 for a body cut at shutdown.
+fn shutting_down() -> Response {
+    let why = "Server shutting down: the request body had not arrived in full; \
+               send the request again once the server is back";
+    answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        error_answer(Value::Null, -32000, why.into()),
     )
 }
 
@@ -144,6 +254,9 @@ async fn plain_refusals_as_jsonrpc(response: Response) -> Response {
     // rmcp's "Failed to read request body: ERROR" in tower-http's words
     if text.contains("not received within the designated timeout") {
         return closing(body_stopped());
+    }
+    if text.contains(&ShuttingDown.to_string()) {
+        return closing(shutting_down());
     }
     let (status, code, message) = match status {
         StatusCode::PAYLOAD_TOO_LARGE => (status, -32600, format!("Invalid Request: {text}")),

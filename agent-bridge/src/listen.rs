@@ -12,6 +12,14 @@
 //!   long) is answered 408 with a JSON-RPC error, and the connection closed.
 //! - `max_connections`: one more is answered 503 with a JSON-RPC error and
 //!   `Retry-After`, and closed, without reaching the MCP layer.
+//! - `max_body`: a request whose Content-Length is over it is answered 413
+//!   with a JSON-RPC error at once, its body unread, and the connection
+//!   closed.
+//!
+//! On `shutdown` no connection is accepted; requests being handled finish,
+//! but a body still arriving is cut: its request is answered 503 with a
+//! JSON-RPC error and its connection closed, so a stalled client cannot
+//! hold the exit for `body_timeout`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,6 +31,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+
+use crate::http_errors::{BodyLimit, UntilShutdown, refuse_declared_too_large};
 
 /// How many connections, and how long each may wait.
 #[derive(Clone, Copy, Debug)]
@@ -52,13 +62,15 @@ const REFUSING_MAX: usize = 64;
 const REFUSAL_GRACE: Duration = Duration::from_secs(1);
 
 /// Serves `app` on `addr` until `shutdown` fires, then lets the requests
-/// in flight finish; prints the bound address (port 0 picks a free one) on
-/// stderr as `agent-bridge: WHAT at http://ADDR/mcp`.
+/// in flight finish (cutting bodies still arriving); prints the bound
+/// address (port 0 picks a free one) on stderr as
+/// `agent-bridge: WHAT at http://ADDR/mcp`.
 pub async fn listen(
     addr: SocketAddr,
     app: axum::Router,
     what: &str,
     limits: ConnectionLimits,
+    max_body: BodyLimit,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -71,6 +83,15 @@ pub async fn listen(
         Some(t) => app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(t)),
         None => app,
     };
+    let cut = shutdown.clone();
+    let app = app
+        .layer(tower_http::map_request_body::MapRequestBodyLayer::new(
+            move |body| axum::body::Body::new(UntilShutdown::new(body, cut.clone())),
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            max_body,
+            refuse_declared_too_large,
+        ));
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let refusing = Arc::new(Semaphore::new(REFUSING_MAX));
     let connections = tokio_util::task::TaskTracker::new();

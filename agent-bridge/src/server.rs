@@ -374,7 +374,19 @@ pub async fn serve_http(
             crate::http_errors::jsonrpc_errors,
         ));
     let app = g.wrap(app);
-    crate::listen::listen(opts.addr, app, "serving MCP", opts.limits, shutdown).await
+    let max_body = crate::http_errors::BodyLimit {
+        bytes: opts.max_body,
+        flag: "--max-body",
+    };
+    crate::listen::listen(
+        opts.addr,
+        app,
+        "serving MCP",
+        opts.limits,
+        max_body,
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -1494,6 +1494,34 @@ async fn http_connections_are_capped_and_timed_out_and_a_long_call_is_not_cut() 
     assert_eq!(structured(&r)["stdout"]["text"], "done\n");
 }
 
+/// A request whose Content-Length is over `--max-body` is answered 413 at
+/// once, not 408 at `--body-timeout` (see
+/// `assert_declared_too_large_refused_at_once`).
+#[test]
+fn http_a_body_declared_over_max_body_is_refused_at_once() {
+    let o = Opts {
+        extra: ["--max-body", "1M", "--body-timeout", "60"]
+            .map(String::from)
+            .to_vec(),
+        ..Opts::default()
+    };
+    let (_child, url) = Bridge::start_http(&o);
+    assert_declared_too_large_refused_at_once(&url, "--max-body");
+}
+
+/// SIGTERM while clients are stalled mid-body: they get 503 and the bridge
+/// exits at once, not at `--body-timeout` (see
+/// `assert_sigterm_cuts_stalled_bodies`).
+#[test]
+fn http_sigterm_answers_stalled_bodies_and_exits() {
+    let o = Opts {
+        extra: ["--body-timeout", "60"].map(String::from).to_vec(),
+        ..Opts::default()
+    };
+    let (child, url) = Bridge::start_http(&o);
+    assert_sigterm_cuts_stalled_bodies(child, &url);
+}
+
 /// Over HTTP a body the server cannot use is refused as JSON-RPC says, with
 /// a JSON-RPC error object: 400 and -32700 for one that is not JSON (small
 /// or big), 400 and -32600 for JSON that is not a message, 400 and -32700

@@ -879,3 +879,26 @@ async fn trace_context_in_meta_reaches_the_kernel_span_through_the_proxy() {
     );
     assert_eq!(attr_str(&s.attributes, "error.type"), Some("tool_error"));
 }
+
+/// `proxy --http` with `extra` flags in front of the misbehaving server.
+fn start_proxy_http(extra: &[&str]) -> (Killed, String) {
+    let mut a = proxy_args(extra, false, &["python3", FIXTURE]);
+    a.splice(1..1, ["--http".to_string(), "127.0.0.1:0".to_string()]);
+    Bridge::start_http_with(&a)
+}
+
+/// As `serve --http`: a Content-Length over `--max-message` is answered 413
+/// at once, not 408 at `--body-timeout`.
+#[test]
+fn http_a_body_declared_over_max_message_is_refused_at_once() {
+    let (_keep, url) = start_proxy_http(&["--max-message", "1M", "--body-timeout", "60"]);
+    assert_declared_too_large_refused_at_once(&url, "--max-message");
+}
+
+/// As `serve --http`: SIGTERM while clients are stalled mid-body answers
+/// them 503 and the proxy exits at once, not at `--body-timeout`.
+#[test]
+fn http_sigterm_answers_stalled_bodies_and_exits() {
+    let (proxy, url) = start_proxy_http(&["--body-timeout", "60"]);
+    assert_sigterm_cuts_stalled_bodies(proxy, &url);
+}

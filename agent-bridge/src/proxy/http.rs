@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 
 use super::frame::{ChildHead, Kind};
 use super::{ClientSink, Deliver, Options, Relay};
+use crate::http_errors::BodyLimit;
 use crate::server::Guard;
 
 const SESSION: &str = "mcp-session-id";
@@ -38,7 +39,7 @@ type Entry = (Arc<Relay>, Arc<HttpSink>);
 
 struct Sessions {
     opts: Arc<Options>,
-    max_body: usize,
+    max_body: BodyLimit,
     by_id: Mutex<HashMap<String, Entry>>,
 }
 
@@ -220,9 +221,9 @@ fn json_body(chunks: Vec<Bytes>, session: Option<&str>) -> Response {
 }
 
 async fn post(State(s): State<Arc<Sessions>>, headers: HeaderMap, body: Body) -> Response {
-    let line = match axum::body::to_bytes(body, s.max_body).await {
+    let line = match axum::body::to_bytes(body, s.max_body.bytes).await {
         Ok(b) => b.to_vec(),
-        Err(e) => return crate::http_errors::unreadable_body(&e, s.max_body, "--max-message"),
+        Err(e) => return crate::http_errors::unreadable_body(&e, s.max_body),
     };
     let head = match super::frame::client_head(&line) {
         Ok(h) => h,
@@ -345,8 +346,12 @@ pub async fn serve_http(
     session_idle: Option<Duration>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
+    let max_body = BodyLimit {
+        bytes: opts.max_message,
+        flag: "--max-message",
+    };
     let sessions = Arc::new(Sessions {
-        max_body: opts.max_message,
+        max_body,
         opts,
         by_id: Mutex::new(HashMap::new()),
     });
@@ -357,8 +362,8 @@ pub async fn serve_http(
         .with_state(sessions.clone());
     let sweeper =
         session_idle.map(|limit| tokio::spawn(end_idle_sessions(sessions.clone(), limit)));
-    let served =
-        crate::listen::listen(addr, guard.wrap(app), "proxying MCP", limits, shutdown).await;
+    let app = guard.wrap(app);
+    let served = crate::listen::listen(addr, app, "proxying MCP", limits, max_body, shutdown).await;
     if let Some(sweeper) = sweeper {
         sweeper.abort();
     }

@@ -613,58 +613,74 @@ pub const TIGHT_CONNECTION_LIMITS: [&str; 6] = [
     "1",
 ];
 
+/// `HOST:PORT` of a server's `http://HOST:PORT/mcp`.
+pub fn host_port(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string()
+}
+
+/// A raw connection to `addr` whose reads give up after 10 s (a server
+/// that never answers or closes fails there).
+pub fn raw_connect(addr: &str) -> std::net::TcpStream {
+    let s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// The head of a JSON-RPC POST to `addr` announcing a body of `len` bytes.
+pub fn post_head(addr: &str, len: usize) -> String {
+    format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {len}\r\n\r\n"
+    )
+}
+
+/// All the server sends until it closes the connection (a reset after an
+/// answer counts as a close); panics if it keeps it open.
+pub fn read_until_closed(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    match s.read_to_end(&mut out) {
+        Ok(_) => String::from_utf8_lossy(&out).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+            String::from_utf8_lossy(&out).into_owned()
+        }
+        Err(e) => panic!(
+            "the server kept the connection open ({e}); it sent: {}",
+            String::from_utf8_lossy(&out)
+        ),
+    }
+}
+
+/// The JSON body of a raw answer.
+pub fn answer_json(answer: &str) -> Value {
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {answer}"))
+}
+
 /// Checks the connection limits of a server (`serve --http` or `proxy
 /// --http`) started with [`TIGHT_CONNECTION_LIMITS`], over raw sockets: the cap answers 503 in JSON-RPC,
 /// idle and stalled connections are closed, a stalled body gets 408, and a
 /// connection is served again once one closes. Blocking.
 pub fn assert_connection_limits(url: &str) {
-    use std::io::{Read as _, Write as _};
+    use std::io::Write as _;
     use std::net::TcpStream;
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/mcp")
-        .to_string();
-    let connect = || {
-        let s = TcpStream::connect(&addr).unwrap();
-        // far above the 1 s limits: a server that never closes fails here
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s
-    };
-    let read_all = |s: &mut TcpStream| {
-        let mut out = Vec::new();
-        match s.read_to_end(&mut out) {
-            Ok(_) => String::from_utf8_lossy(&out).into_owned(),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                String::from_utf8_lossy(&out).into_owned()
-            }
-            Err(e) => panic!(
-                "the server kept the connection open ({e}); it sent: {}",
-                String::from_utf8_lossy(&out)
-            ),
-        }
-    };
-    let head = |len: usize| {
-        format!(
-            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-             Accept: application/json, text/event-stream\r\nContent-Length: {len}\r\n\r\n"
-        )
-    };
-    let json_of = |answer: &str| -> Value {
-        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {answer}"))
-    };
+    let addr = host_port(url);
+    // reads time out far above the 1 s limits
+    let connect = || raw_connect(&addr);
 
     // three idle connections fill the cap; a fourth is refused at once
     let mut idle: Vec<TcpStream> = (0..3).map(|_| connect()).collect();
     std::thread::sleep(Duration::from_millis(200));
     let mut fourth = connect();
-    let refused = read_all(&mut fourth);
+    let refused = read_until_closed(&mut fourth);
     assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
     assert!(
         refused.to_ascii_lowercase().contains("retry-after: 1"),
         "{refused}"
     );
-    let v = json_of(&refused);
+    let v = answer_json(&refused);
     assert_eq!(v["error"]["code"], -32000, "{v}");
     assert!(
         v["error"]["message"]
@@ -675,33 +691,38 @@ pub fn assert_connection_limits(url: &str) {
     );
     // the idle ones are closed without an answer after the idle timeout
     for s in &mut idle {
-        assert_eq!(read_all(s), "", "an idle connection is closed silently");
+        assert_eq!(
+            read_until_closed(s),
+            "",
+            "an idle connection is closed silently"
+        );
     }
     drop(idle);
 
     // a head sent in part is closed too
     let mut partial = connect();
     partial.write_all(b"POST /mcp HTTP/1.1\r\nHost: ").unwrap();
-    read_all(&mut partial);
+    read_until_closed(&mut partial);
 
     // a kept-alive connection is answered, then closed once left idle
     let mut kept = connect();
     let bad = b"not json";
-    kept.write_all(head(bad.len()).as_bytes()).unwrap();
+    kept.write_all(post_head(&addr, bad.len()).as_bytes())
+        .unwrap();
     kept.write_all(bad).unwrap();
-    let answer = read_all(&mut kept);
+    let answer = read_until_closed(&mut kept);
     assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
-    assert_eq!(json_of(&answer)["error"]["code"], -32700, "{answer}");
+    assert_eq!(answer_json(&answer)["error"]["code"], -32700, "{answer}");
 
     // a body that stops arriving: 408 with a JSON-RPC error, then closed
     // (small bodies and ones past the size checked before the MCP layer)
     for len in [1000, 200_000] {
         let mut stalled = connect();
-        stalled.write_all(head(len).as_bytes()).unwrap();
+        stalled.write_all(post_head(&addr, len).as_bytes()).unwrap();
         stalled.write_all(br#"{"jsonrpc":"2.0","#).unwrap();
-        let answer = read_all(&mut stalled);
+        let answer = read_until_closed(&mut stalled);
         assert!(answer.starts_with("HTTP/1.1 408 "), "{len}: {answer}");
-        let v = json_of(&answer);
+        let v = answer_json(&answer);
         assert_eq!(v["error"]["code"], -32700, "{v}");
         assert!(
             v["error"]["message"]
@@ -711,6 +732,66 @@ pub fn assert_connection_limits(url: &str) {
             "{v}"
         );
     }
+}
+
+/// Checks that a server (`serve --http` or `proxy --http`) with a body
+/// limit of 1 MiB set by `flag`, and `--body-timeout 60`, answers a
+/// request whose Content-Length is over the limit before any of its body
+/// is sent: 413 with a JSON-RPC -32600 error naming the flag (it waited for
+/// the body, and answered 408 at the body timeout). Blocking.
+pub fn assert_declared_too_large_refused_at_once(url: &str, flag: &str) {
+    use std::io::Write as _;
+    let addr = host_port(url);
+    let mut s = raw_connect(&addr);
+    let started = std::time::Instant::now();
+    s.write_all(post_head(&addr, 1 << 30).as_bytes()).unwrap();
+    // gives up at 10 s, well before the body timeout
+    let answer = read_until_closed(&mut s);
+    eprintln!("413 after {:?}", started.elapsed());
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    let v = answer_json(&answer);
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains(flag), "{v}");
+}
+
+/// Checks that SIGTERM ends `server` (`serve --http` or `proxy --http` at
+/// `url`, with `--body-timeout 60`) while clients are stalled mid-body:
+/// each is answered 503 with a JSON-RPC -32000 error, and the server exits
+/// cleanly within 10 s (it waited out the body timeout). One body is small
+/// enough to be checked before the MCP layer, one is read by it. Blocking.
+pub fn assert_sigterm_cuts_stalled_bodies(mut server: Killed, url: &str) {
+    use std::io::{Read as _, Write as _};
+    let addr = host_port(url);
+    let stalled: Vec<std::net::TcpStream> = [1000, 200_000]
+        .into_iter()
+        .map(|len| {
+            let mut s = raw_connect(&addr);
+            // with 100-continue the server says when it starts reading the body
+            let head =
+                post_head(&addr, len).replacen("\r\n\r\n", "\r\nExpect: 100-continue\r\n\r\n", 1);
+            s.write_all(head.as_bytes()).unwrap();
+            let mut go = [0u8; 25];
+            s.read_exact(&mut go).unwrap();
+            assert_eq!(&go, b"HTTP/1.1 100 Continue\r\n\r\n", "{len}");
+            s.write_all(br#"{"jsonrpc":"2.0","#).unwrap();
+            s
+        })
+        .collect();
+    let pid = nix::unistd::Pid::from_raw(server.0.id() as i32);
+    let started = std::time::Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    for mut s in stalled {
+        let answer = read_until_closed(&mut s);
+        assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+        assert_eq!(answer_json(&answer)["error"]["code"], -32000, "{answer}");
+    }
+    assert!(
+        within_10s(|| !server.alive()),
+        "still running 10 s after SIGTERM"
+    );
+    eprintln!("exited {:?} after SIGTERM", started.elapsed());
+    assert!(server.0.wait().unwrap().success());
 }
 
 /// One JSON-RPC message POSTed to a Streamable HTTP server as it is
