@@ -182,7 +182,9 @@ pub fn client_head(line: &[u8]) -> Result<ClientHead, Value> {
     // string is refused here; other methods' params are their server's to judge
     let tool = match params.name {
         Some(raw) if kind == Kind::Request && m.method.as_deref() == Some("tools/call") => Some(
-            serde_json::from_str::<String>(raw.get())
+            // through a Value: the error says what the name is, not where
+            serde_json::from_str(raw.get())
+                .and_then(serde_json::from_value::<String>)
                 .map_err(|e| invalid_params(&format!("name: {e}")))?,
         ),
         _ => None,
@@ -473,10 +475,9 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!((&a["id"], &a["error"]["code"]), (&json!(1), &json!(-32602)));
-        let m = a["error"]["message"].as_str().unwrap();
-        assert!(
-            m.starts_with("Invalid params for `tools/call`: name: invalid type"),
-            "{m}"
+        assert_eq!(
+            a["error"]["message"],
+            "Invalid params for `tools/call`: name: invalid type: integer `5`, expected a string"
         );
         let dup = client_head(
             br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"a","name":"b"}}"#,
