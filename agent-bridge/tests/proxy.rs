@@ -488,11 +488,16 @@ async fn params_that_do_not_fit_are_invalid_params_as_serve_says() {
     let (_keep, url) = Bridge::start_http_with(&a);
     let session = raw_http_session(&url).await;
     let mut answers = Vec::new();
+    let mut statuses = Vec::new();
     for l in [bad, not_a_request, ping] {
-        let (_, _, body) = raw_post(&url, Some(&session), l).await;
+        let (_, status, body) = raw_post(&url, Some(&session), l).await;
+        statuses.push(status);
         answers.push(serde_json::from_str(&body).unwrap());
     }
     check("proxy over HTTP", &answers);
+    // a request whose params do not fit is answered like any request
+    // (200, as serve answers it); what is no request is a 400
+    assert_eq!(statuses, [200, 400, 200], "{answers:?}");
 }
 
 /// A line the proxy can pass on but the server cannot read (a number

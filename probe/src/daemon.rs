@@ -824,16 +824,18 @@ impl Core {
     }
 }
 
-/// What the store keeps of an ended span: every event of one that
-/// explains something (or whose keep_events is `all`); of one that does
-/// not, only the evidence its attribution carries, the rest counted.
+/// What the store keeps of an ended span (docs/RETENTION.md): every
+/// event of a span that explains something, or whose keep_events is
+/// `all`; of one that explains nothing, no event (its counts say what it
+/// saw, `drops.not_kept` how many were not kept).
 fn kept(attribution: &Attribution, open: &mut OpenSpan) -> Attribution {
     let mut stored = attribution.clone();
     let all = std::mem::take(&mut open.evidence.events);
     if open.keep_events == KeepEvents::All || attribution.explains() {
         stored.events = all.into();
     } else {
-        stored.drops.not_kept = all.len().saturating_sub(stored.events.len()) as u64;
+        stored.events = Vec::new();
+        stored.drops.not_kept = all.len() as u64;
     }
     stored
 }

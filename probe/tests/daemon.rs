@@ -1043,15 +1043,19 @@ fn a_span_that_follows_a_cgroup_gets_its_threads_and_what_execs_in_it() {
 }
 
 /// `sh -c SCRIPT` in a new span of `session` (begun with `begin`'s extra
-/// fields), ended with its exit; answers the span id.
-fn script_span(client: &mut Client, session: &str, script: &str, begin: Value) -> u64 {
+/// fields), ended with its exit; answers the span id and its attribution.
+fn script_span(
+    client: &mut Client,
+    session: &str,
+    script: &str,
+    begin: Value,
+) -> (u64, probe::attribution::Attribution) {
     let mut fields = json!({"session": session});
     for (k, v) in begin.as_object().unwrap() {
         fields[k] = v.clone();
     }
     let (span, exit) = run_attached(client, fields, &["sh", "-c", script]);
-    client.end_span(span, Some(&exit), None).unwrap();
-    span
+    (span, client.end_span(span, Some(&exit), None).unwrap())
 }
 
 /// Every span queued so far is in the DB.
@@ -1082,14 +1086,14 @@ fn a_span_that_explains_nothing_keeps_its_figures_not_its_lookups() {
     }
     let d = Daemon::start();
     let mut c = d.client();
-    let plain = script_span(&mut c, "keep", LOOKS_AND_GOES_ON, json!({}));
-    let asked = script_span(
+    let (plain, _) = script_span(&mut c, "keep", LOOKS_AND_GOES_ON, json!({}));
+    let (asked, _) = script_span(
         &mut c,
         "keep",
         LOOKS_AND_GOES_ON,
         json!({"keep_events": "all"}),
     );
-    let failed = script_span(
+    let (failed, reply) = script_span(
         &mut c,
         "keep",
         &LOOKS_AND_GOES_ON.replace("; true", "; exit 3"),
@@ -1134,13 +1138,18 @@ fn a_span_that_explains_nothing_keeps_its_figures_not_its_lookups() {
         40,
         "keep_events=all on begin_span keeps them"
     );
+    // a failed span keeps every event: its evidence and all it saw
     let f = stored(&mut c, failed);
     assert_eq!(f["failed"], true);
     assert_eq!(lookups(&f), 40, "a failed span keeps every event");
     assert!(f["drops"].get("not_kept").is_none());
+    let kept: Vec<probe::event::KernelEvent> = serde_json::from_value(f["events"].clone()).unwrap();
+    for e in &reply.events {
+        assert!(kept.contains(e), "evidence {e:?} not kept");
+    }
     let rows = c.query(json!({"session": "keep"})).unwrap();
     let row = rows.iter().find(|r| r.span == plain).unwrap();
-    assert!(row.events_not_kept >= 40 && row.events < 40, "{row:?}");
+    assert!(row.events_not_kept >= 40 && row.events == 0, "{row:?}");
     let show = Command::new(PROBE)
         .args(["show", "--db"])
         .arg(d.db())
@@ -1178,7 +1187,7 @@ fn a_small_cap_keeps_failed_spans_stays_under_it_and_never_stalls() {
     d.spawn(&["--config", config.to_str().unwrap()]);
     let mut c = d.client();
     let failed: Vec<u64> = (0..5)
-        .map(|_| script_span(&mut c, "cap", "[ -e /nonexistent-cap ]; exit 3", json!({})))
+        .map(|_| script_span(&mut c, "cap", "[ -e /nonexistent-cap ]; exit 3", json!({})).0)
         .collect();
     let worked = "for i in $(seq 300); do [ -e /nonexistent-cap-$i ]; done; true";
     for _ in 0..60 {

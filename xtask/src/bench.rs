@@ -229,7 +229,7 @@ fn wait_with_rusage(mut child: Child) -> anyhow::Result<(std::process::ExitStatu
 }
 
 /// The sections of docs/BENCHMARKS.md, in order, with the heading each starts at.
-pub const SECTIONS: [(&str, &str); 9] = [
+pub const SECTIONS: [(&str, &str); 10] = [
     ("probe", "# Benchmarks"),
     ("kernels", "## Start and stop"),
     ("daemon", "## Daemon"),
@@ -238,6 +238,7 @@ pub const SECTIONS: [(&str, &str); 9] = [
     ("proxy", "## Proxy"),
     ("campaign", "## Campaign"),
     ("fleet", "## Fleet"),
+    ("evidence", "## Evidence on disk"),
     ("run", "## This run"),
 ];
 

@@ -78,17 +78,25 @@ pub struct Lab {
 impl Lab {
     /// A fresh directory under target/, a release build and a probe daemon.
     pub fn start(name: &str) -> anyhow::Result<Lab> {
+        Lab::start_with(name, "")
+    }
+
+    /// [`Lab::start`] with a daemon config file of this TOML.
+    pub fn start_with(name: &str, config: &str) -> anyhow::Result<Lab> {
         let bin = crate::build_release_binaries()?;
         let dir = crate::workspace_root().join("target").join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let socket = dir.join("probe.sock");
+        std::fs::write(dir.join("probe.toml"), config)?;
         let probe = KillOnDrop(
             Command::new(bin.join("probe"))
                 .args(["run", "--socket"])
                 .arg(&socket)
                 .arg("--db")
                 .arg(dir.join("evidence.db"))
+                .arg("--config")
+                .arg(dir.join("probe.toml"))
                 .stderr(std::fs::File::create(dir.join("probe.log"))?)
                 .spawn()
                 .context("starting the probe daemon")?,
@@ -127,6 +135,10 @@ impl Lab {
 
     pub fn bridge_bin(&self) -> PathBuf {
         self.bin.join("agent-bridge")
+    }
+
+    pub fn probe_bin(&self) -> PathBuf {
+        self.bin.join("probe")
     }
 
     /// `agent-bridge campaign ARGS…`, its stdout returned, stderr shown.

@@ -16,6 +16,7 @@ mod campaign;
 mod clients;
 mod demo;
 mod dist;
+mod evidence;
 mod foreign;
 mod image;
 mod install_step;
@@ -123,7 +124,7 @@ enum Cmd {
         no_write: bool,
         /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
         /// and the others are kept.
-        #[arg(long, value_parser = ["probe", "kernels", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet"])]
+        #[arg(long, value_parser = ["probe", "kernels", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet", "evidence"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
@@ -279,6 +280,7 @@ fn main() -> anyhow::Result<()> {
                         campaign::fleet_bench(campaign_tests)?,
                         bench::cargo_bench_section("agent-bridge-campaign", "ingest")?
                     ),
+                    "evidence" => evidence::bench(campaign_tests)?,
                     _ => campaign::bench(campaign_tests)?,
                 };
                 print!("{text}");

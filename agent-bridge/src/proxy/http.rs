@@ -227,7 +227,16 @@ async fn post(State(s): State<Arc<Sessions>>, headers: HeaderMap, body: Body) ->
     };
     let head = match super::frame::client_head(&line) {
         Ok(h) => h,
-        Err(answer) => return jsonrpc_error(StatusCode::BAD_REQUEST, answer),
+        Err(answer) => {
+            // a request whose params do not fit is a request: answered 200
+            // with its error, as serve answers it; what is no request is 400
+            let status = if answer["error"]["code"] == -32602 {
+                StatusCode::OK
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            return jsonrpc_error(status, answer);
+        }
     };
     let given = headers.get(SESSION).and_then(|v| v.to_str().ok());
     let initialize = head.method.as_deref() == Some("initialize");

@@ -33,7 +33,7 @@ use super::{Store, StoreError};
 #[serde(rename_all = "lowercase")]
 pub enum KeepEvents {
     /// Every event of a span that explains something; of one that does
-    /// not, only its evidence (exits, signals, denials): counted, not kept.
+    /// not, none (counted in `drops.not_kept`).
     #[default]
     Failed,
     /// Every event of every span (debugging a workload).
