@@ -824,19 +824,26 @@ impl Core {
     }
 }
 
-/// What the store keeps of an ended span (docs/RETENTION.md): every
-/// event of a span that explains something, or whose keep_events is
-/// `all`; of one that explains nothing, no event (its counts say what it
-/// saw, `drops.not_kept` how many were not kept).
+/// What the store keeps of an ended span (docs/RETENTION.md). With
+/// keep_events `all`, every event. Else, of a span that explains
+/// something, its lineage (forks, execs, exits, signals, OOM kills,
+/// writes, denials…) and the failures its attribution holds as evidence,
+/// not the failed lookups it got past; of a span that explains nothing,
+/// no event (its counts say what it saw). What is not kept is counted in
+/// `drops.not_kept`.
 fn kept(attribution: &Attribution, open: &mut OpenSpan) -> Attribution {
     let mut stored = attribution.clone();
     let all = std::mem::take(&mut open.evidence.events);
-    if open.keep_events == KeepEvents::All || attribution.explains() {
-        stored.events = all.into();
-    } else {
-        stored.events = Vec::new();
-        stored.drops.not_kept = all.len() as u64;
-    }
+    let seen = all.len();
+    stored.events = match open.keep_events {
+        KeepEvents::All => all.into(),
+        KeepEvents::Failed if attribution.explains() => all
+            .into_iter()
+            .filter(|e| !e.kind.is_failure() || attribution.events.contains(e))
+            .collect(),
+        KeepEvents::Failed => Vec::new(),
+    };
+    stored.drops.not_kept = (seen - stored.events.len()) as u64;
     stored
 }
 

@@ -32,8 +32,9 @@ use super::{Store, StoreError};
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum KeepEvents {
-    /// Every event of a span that explains something; of one that does
-    /// not, none (counted in `drops.not_kept`).
+    /// Of a span that explains something, its lineage and the failures
+    /// of its evidence; of one that does not, no event (what is left out
+    /// is counted in `drops.not_kept`).
     #[default]
     Failed,
     /// Every event of every span (debugging a workload).
