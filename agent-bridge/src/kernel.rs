@@ -74,9 +74,12 @@ impl CallTrace {
         CALL.try_with(Clone::clone).ok()
     }
 
-    /// Adds `begin_span`'s OpenTelemetry fields to `request`.
+    /// Adds `begin_span`'s OpenTelemetry fields to `request` (an empty
+    /// `tool`: a call without a name, named by its label).
     fn add_to(&self, request: &mut Value) {
-        request["tool"] = self.tool.clone().into();
+        if !self.tool.is_empty() {
+            request["tool"] = self.tool.clone().into();
+        }
         request["mcp_method"] = "tools/call".into();
         for (key, v) in [
             ("mcp_session", &self.mcp_session),
@@ -311,13 +314,23 @@ impl Kernel {
 
     /// Ends a span of [`Kernel::begin_between`]: its attribution when the
     /// kernel names a cause in it (a death between calls, for the next
-    /// call's `before_call`), else `None`.
-    pub async fn end_between(&self, span: &Span) -> Option<Value> {
+    /// call's `before_call`), `None` when nothing died, and why not when
+    /// the span cannot be read (which is not "nothing died").
+    pub async fn end_between_or_why(&self, span: &Span) -> Result<Option<Value>, String> {
         let v = self.end(span, None, None, false).await;
+        if v["available"] != Value::Bool(true) {
+            return Err(v["reason"].as_str().unwrap_or_default().to_string());
+        }
         // a span without an exit of its own is "failed" on nothing otherwise
         let named = |c: &Value| c["primitive"].as_str().is_some_and(|p| p != "none");
         let died = (v["failed"] == Value::Bool(true) && named(&v)) || named(&v["hidden_failure"]);
-        died.then_some(v)
+        Ok(died.then_some(v))
+    }
+
+    /// [`Kernel::end_between_or_why`], a span that cannot be read taken
+    /// for one where nothing died.
+    pub async fn end_between(&self, span: &Span) -> Option<Value> {
+        self.end_between_or_why(span).await.ok().flatten()
     }
 
     async fn open(&self, request: Value) -> Span {

@@ -907,3 +907,308 @@ fn http_sigterm_answers_stalled_bodies_and_exits() {
     let (proxy, url) = start_proxy_http(&["--body-timeout", "60"]);
     assert_sigterm_cuts_stalled_bodies(proxy, &url);
 }
+
+/// The proxy over stdio driven line by line, without an rmcp client: its
+/// answers as it wrote them. Dropped: stdin closed, the proxy given 5 s to
+/// end, then killed.
+struct Raw {
+    proxy: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    answers: std::sync::mpsc::Receiver<String>,
+}
+
+impl Raw {
+    /// `proxy --stdio EXTRA… -- CMD…`, with the probe's socket when
+    /// `socket` is given (else one where no daemon listens).
+    fn start(extra: &[&str], socket: Option<&std::path::Path>, cmd: &[&str]) -> Raw {
+        use std::io::BufRead as _;
+        let mut args = proxy_args(extra, false, cmd);
+        args.insert(1, "--stdio".into());
+        if let Some(s) = socket {
+            args[3] = s.display().to_string();
+        }
+        let mut proxy = std::process::Command::new(BRIDGE)
+            .args(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(proxy.stdout.take().unwrap());
+        let (tx, answers) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let stdin = proxy.stdin.take();
+        Raw {
+            proxy,
+            stdin,
+            answers,
+        }
+    }
+
+    /// In front of the fixture, initialized (its answer read).
+    fn fixture(extra: &[&str], socket: Option<&std::path::Path>) -> Raw {
+        let mut raw = Raw::start(extra, socket, &["python3", FIXTURE]);
+        raw.send(&raw_initialize(0, "2025-06-18"));
+        raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        assert_eq!(raw.answer()["id"], 0);
+        raw
+    }
+
+    fn send(&mut self, line: &str) {
+        use std::io::Write as _;
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+    }
+
+    /// A tools/call of `tool` (no arguments) with id `id`.
+    fn call(&mut self, id: u64, tool: &str) {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": {}}}).to_string());
+    }
+
+    /// The next line the proxy writes (within 20 s).
+    fn answer_line(&self) -> String {
+        self.answers
+            .recv_timeout(Duration::from_secs(20))
+            .expect("no answer from the proxy within 20 s")
+    }
+
+    fn answer(&self) -> Value {
+        serde_json::from_str(&self.answer_line()).unwrap()
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let ended = within(Duration::from_secs(5), || {
+            self.proxy.try_wait().is_ok_and(|s| s.is_some())
+        });
+        if !ended {
+            let _ = self.proxy.kill();
+            let _ = self.proxy.wait();
+        }
+    }
+}
+
+/// The evidence an answer carries: `result._meta` or `error.data`.
+fn kernel_of(answer: &Value) -> &Value {
+    let at = if answer.get("error").is_some() {
+        &answer["error"]["data"]
+    } else {
+        &answer["result"]["_meta"]
+    };
+    let kernel = &at["probe/kernel"];
+    assert!(kernel.is_object(), "no probe/kernel in {answer}");
+    kernel
+}
+
+/// An answer the client no longer waited for still carries its call's
+/// evidence: a cancelled call's (`cancelled`: what its span saw until the
+/// cancellation), and the real answer to a call the proxy gave a server's
+/// `id: null` error to (`late`). Before, both went out without it.
+#[test]
+fn a_late_answer_carries_its_calls_evidence() {
+    let mut raw = Raw::fixture(&[], None);
+    raw.call(2, "slow");
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}"#);
+    let late = raw.answer();
+    assert_eq!(late["id"], 2, "{late}");
+    assert_eq!(late["result"]["_meta"]["fixture/own"], "kept", "{late}");
+    let kernel = kernel_of(&late);
+    assert_eq!(kernel["outcome"], "cancelled", "{late}");
+    assert_eq!(kernel["tool"], "slow", "{late}");
+    // the server's `id: null` error goes to the call, then its real answer
+    raw.call(3, "null_error");
+    let (guessed, real) = (raw.answer(), raw.answer());
+    assert_eq!(guessed["id"], 3, "{guessed}");
+    assert_eq!(kernel_of(&guessed)["outcome"], "jsonrpc_error", "{guessed}");
+    assert_eq!(real["id"], 3, "{real}");
+    assert_eq!(real["result"]["content"][0]["text"], "answered after all");
+    assert_eq!(kernel_of(&real)["outcome"], "late", "{real}");
+}
+
+/// Over HTTP a cancelled call's late answer ends the call's own event
+/// stream, with the call's evidence. Before, it went to the newest call's
+/// stream without it, and that stream never ended.
+#[tokio::test(flavor = "multi_thread")]
+async fn over_http_a_cancelled_calls_late_answer_ends_its_own_stream() {
+    let (_keep, url) = start_proxy_http(&[]);
+    let session = raw_http_session(&url).await;
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {}, "_meta": {"progressToken": "t"}}});
+    let posted = {
+        let (url, session) = (url.clone(), session.clone());
+        tokio::spawn(async move { raw_post(&url, Some(&session), &call.to_string()).await })
+    };
+    // the fixture takes 1 s to answer
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}"#;
+    assert_eq!(raw_post(&url, Some(&session), cancel).await.1, 202);
+    let (_, status, body) = tokio::time::timeout(Duration::from_secs(20), posted)
+        .await
+        .expect("the call's stream did not end within 20 s")
+        .unwrap();
+    assert_eq!(status, 200);
+    let last = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .next_back()
+        .unwrap_or_else(|| panic!("no event in {body}"));
+    let late: Value = serde_json::from_str(last).unwrap();
+    assert_eq!(late["id"], 2, "{late}");
+    assert_eq!(kernel_of(&late)["outcome"], "cancelled", "{late}");
+}
+
+/// A tools/call without a name (no `name`, params that are no object, no
+/// params) has a span like any call (`tools/call ?`): its answer carries
+/// evidence. Before, it opened none, and its answer had no evidence.
+#[test]
+fn a_call_without_a_name_has_evidence_too() {
+    let mut raw = Raw::fixture(&[], None);
+    for (id, params) in [
+        (2, Some(json!({"arguments": {}}))),
+        (3, Some(json!([1]))),
+        (4, None),
+    ] {
+        let mut call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call"});
+        if let Some(p) = params {
+            call["params"] = p;
+        }
+        raw.send(&call.to_string());
+        let a = raw.answer();
+        assert_eq!(
+            (&a["id"], &a["error"]["code"]),
+            (&json!(id), &json!(-32602))
+        );
+        let kernel = kernel_of(&a);
+        assert_eq!(kernel["outcome"], "jsonrpc_error", "{a}");
+        assert_eq!(kernel["tool"], Value::Null, "{a}");
+    }
+}
+
+/// A result whose `_meta` is null or not an object: the evidence is where
+/// a parser reads it (a null `_meta` becomes an object, a list is kept under
+/// `value`). Before, a second `_meta` was added, and parsers kept the
+/// server's.
+#[test]
+fn a_meta_that_is_null_or_no_object_still_carries_the_evidence() {
+    let mut raw = Raw::fixture(&[], None);
+    for (id, tool, kept) in [
+        (2, "meta_null", None),
+        (3, "meta_list", Some(json!(["kept"]))),
+    ] {
+        raw.call(id, tool);
+        let line = raw.answer_line();
+        assert_eq!(line.matches("\"_meta\"").count(), 1, "{line}");
+        let a: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(kernel_of(&a)["outcome"], "ok", "{a}");
+        assert_eq!(a["result"]["_meta"].get("value"), kept.as_ref(), "{a}");
+        assert_eq!(a["result"]["content"][0]["text"], tool, "{a}");
+    }
+}
+
+/// A JSON-RPC error whose `data` is a string carries the evidence beside
+/// it (`data: {value, probe/kernel}`); an `error` that is not an object
+/// (nowhere to put it) is passed on as it is, and the proxy goes on: the
+/// next call is answered at once. Before, string data went without
+/// evidence, and the `error` that is no object panicked the task reading
+/// the server: no answer to it, and none to any later call until
+/// `--call-timeout`.
+#[test]
+fn error_data_of_any_shape_carries_the_evidence_and_an_odd_error_is_survived() {
+    let mut raw = Raw::fixture(&["--call-timeout", "60"], None);
+    raw.call(2, "error_string_data");
+    let a = raw.answer();
+    assert_eq!(a["error"]["data"]["value"], "kept", "{a}");
+    assert_eq!(kernel_of(&a)["outcome"], "jsonrpc_error", "{a}");
+    raw.call(3, "error_not_object");
+    let a = raw.answer();
+    assert_eq!((&a["id"], &a["error"]), (&json!(3), &json!("boom")), "{a}");
+    raw.call(4, "echo");
+    let a = raw.answer();
+    assert_eq!(a["id"], 4, "{a}");
+    assert_eq!(kernel_of(&a)["outcome"], "ok", "{a}");
+}
+
+/// A request that is not a call has no span of its own: when the server
+/// dies during it, the proxy's -32000 carries the span between calls over
+/// that server (the kernel saw it die), or says there was none. The same
+/// for a request that reached no server. Before, none of them had
+/// `probe/kernel`.
+#[test]
+fn a_server_gone_during_another_request_still_answers_with_evidence() {
+    if !root() {
+        return;
+    }
+    let mut raw = Raw::fixture(&[], Some(&probe_socket()));
+    raw.send(r#"{"jsonrpc":"2.0","id":2,"method":"fixture/crash"}"#);
+    let a = raw.answer();
+    assert_eq!(a["error"]["data"]["proxy"]["reason"], "server_gone", "{a}");
+    let kernel = kernel_of(&a);
+    assert_eq!(kernel["available"], false, "{a}");
+    assert!(
+        kernel["reason"].as_str().unwrap().contains("had no span"),
+        "{a}"
+    );
+    // after a call, the span between calls watches the (restarted) server
+    raw.call(3, "echo");
+    assert_eq!(kernel_of(&raw.answer())["available"], true);
+    raw.send(r#"{"jsonrpc":"2.0","id":4,"method":"fixture/crash"}"#);
+    let a = raw.answer();
+    let kernel = kernel_of(&a);
+    assert_eq!(kernel["available"], true, "{a}");
+    assert_eq!(kernel["outcome"], "server_gone", "{a}");
+    assert_eq!(kernel["exit"]["signal"], "SIGSEGV", "{a}");
+    // a server that cannot be started
+    let mut raw = Raw::start(&[], None, &["/nonexistent/mcp-server"]);
+    raw.send(&raw_initialize(1, "2025-06-18"));
+    let a = raw.answer();
+    assert_eq!(a["error"]["data"]["proxy"]["reason"], "spawn_failed", "{a}");
+    assert_eq!(kernel_of(&a)["available"], false, "{a}");
+}
+
+/// The span between calls that cannot be read (the daemon restarted since
+/// it began) is said in `before_call`, not taken for one where nothing
+/// died. Before, `before_call` was left out, as after a quiet interval.
+#[test]
+fn a_span_between_calls_that_cannot_be_read_is_said() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (first, socket) = probe_daemon(dir.path());
+    let mut raw = Raw::fixture(&[], Some(&socket));
+    raw.call(2, "echo");
+    let quiet = raw.answer();
+    assert_eq!(kernel_of(&quiet)["available"], true, "{quiet}");
+    assert!(kernel_of(&quiet).get("before_call").is_none(), "{quiet}");
+    // another daemon on the same socket, which never saw the span between calls
+    drop(first);
+    let again = tempfile::tempdir().unwrap();
+    let _second = Killed(
+        std::process::Command::new(probe_binary())
+            .args(["run", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(again.path().join("evidence.db"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    probe::client::wait_until_ready(&socket, Duration::from_secs(30)).unwrap();
+    raw.call(3, "echo");
+    let a = raw.answer();
+    let kernel = kernel_of(&a);
+    assert_eq!(kernel["available"], true, "{a}");
+    let before = &kernel["before_call"];
+    assert_eq!(before["available"], false, "{a}");
+    assert!(
+        !before["reason"].as_str().unwrap_or_default().is_empty(),
+        "{a}"
+    );
+}

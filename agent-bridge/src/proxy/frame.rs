@@ -229,20 +229,69 @@ pub struct ChildHead {
     pub method: Option<String>,
     /// `params.progressToken` of `notifications/progress`, canonical JSON.
     pub progress_token: Option<String>,
-    /// Byte range of the `result` object in the line.
-    pub result: Option<Range<usize>>,
+    /// Where a result carries the evidence: `result._meta`.
+    pub result: Slot,
     pub is_error: bool,
     /// The response is a JSON-RPC error.
     pub rpc_error: bool,
-    /// Byte range of `result._meta`, when it is an object.
-    pub meta: Option<Range<usize>>,
-    /// `result._meta` already holds [`META_KEY`].
-    pub meta_has_key: bool,
+    /// Where an error carries the evidence: `error.data`.
+    pub error: Slot,
+}
+
+/// Byte ranges, in the line, of an answer's `result` (or `error`), of its
+/// `_meta` (or `data`) and of [`META_KEY`] in that, where they are. Of a
+/// repeated key the last: parsers keep the last.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Slot {
+    pub outer: Option<Range<usize>>,
+    pub inner: Option<Range<usize>>,
+    pub key: Option<Range<usize>>,
+}
+
+impl Slot {
+    fn map(self, f: impl Fn(Range<usize>) -> Range<usize>) -> Slot {
+        Slot {
+            outer: self.outer.map(&f),
+            inner: self.inner.map(&f),
+            key: self.key.map(&f),
+        }
+    }
 }
 
 fn range(line: &[u8], raw: &str) -> Range<usize> {
     let start = raw.as_ptr() as usize - line.as_ptr() as usize;
     start..start + raw.len()
+}
+
+/// The [`Slot`] of `outer` (the raw `result` or `error`, a slice of
+/// `line`) whose member `inner` (`_meta` or `data`) carries the evidence;
+/// `isError: true` among its members sets `is_error`.
+fn slot(line: &[u8], outer: &str, inner: &str, is_error: &mut bool) -> Result<Slot, String> {
+    let mut slot = Slot {
+        outer: Some(range(line, outer)),
+        ..Slot::default()
+    };
+    if !outer.starts_with('{') {
+        return Ok(slot);
+    }
+    for field in sonic_rs::to_object_iter(outer) {
+        let (k, v) = field.map_err(|e| e.to_string())?;
+        let raw = v.as_raw_str();
+        if k == "isError" {
+            *is_error = v.as_bool() == Some(true);
+        } else if k == inner {
+            slot.inner = Some(range(line, raw));
+            slot.key = None;
+            if raw.starts_with('{') {
+                for f in sonic_rs::to_object_iter(raw).flatten() {
+                    if f.0 == META_KEY {
+                        slot.key = Some(range(line, f.1.as_raw_str()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(slot)
 }
 
 /// Reads a server's line without parsing what it does not need (a 90 MB
@@ -253,11 +302,10 @@ pub fn child_head(line: &[u8]) -> Result<ChildHead, String> {
         id: None,
         method: None,
         progress_token: None,
-        result: None,
+        result: Slot::default(),
         is_error: false,
         rpc_error: false,
-        meta: None,
-        meta_has_key: false,
+        error: Slot::default(),
     };
     let mut fields = 0;
     let mut null_id = false;
@@ -270,29 +318,19 @@ pub fn child_head(line: &[u8]) -> Result<ChildHead, String> {
                 null_id = value.as_raw_str().trim() == "null";
             }
             "method" => head.method = value.as_str().map(str::to_owned),
-            "error" => head.rpc_error = true,
+            "error" => {
+                head.rpc_error = true;
+                head.error = slot(line, value.as_raw_str(), "data", &mut false)?;
+            }
             "params" if value.as_raw_str().starts_with('{') => {
                 if let Ok(t) = sonic_rs::get(value.as_raw_str(), &["progressToken"]) {
                     head.progress_token = canonical(t.as_raw_str());
                 }
             }
-            "result" if value.as_raw_str().starts_with('{') => {
-                let raw = value.as_raw_str();
-                head.result = Some(range(line, raw));
-                for inner in sonic_rs::to_object_iter(raw) {
-                    let (k, v) = inner.map_err(|e| e.to_string())?;
-                    match k.as_ref() {
-                        "isError" => head.is_error = v.as_bool() == Some(true),
-                        "_meta" if v.as_raw_str().starts_with('{') => {
-                            head.meta = Some(range(line, v.as_raw_str()));
-                            head.meta_has_key = sonic_rs::to_object_iter(v.as_raw_str())
-                                .any(|f| f.is_ok_and(|(k, _)| k == META_KEY));
-                        }
-                        _ => {}
-                    }
-                }
+            "result" => {
+                head.is_error = false;
+                head.result = slot(line, value.as_raw_str(), "_meta", &mut head.is_error)?;
             }
-            "result" => head.result = Some(range(line, value.as_raw_str())),
             _ => {}
         }
     }
@@ -302,7 +340,7 @@ pub fn child_head(line: &[u8]) -> Result<ChildHead, String> {
     head.kind = match (&head.method, &head.id) {
         (Some(_), Some(_)) => Kind::Request,
         (Some(_), None) => Kind::Notification,
-        (None, Some(_)) if head.result.is_some() || head.rpc_error => Kind::Response,
+        (None, Some(_)) if head.result.outer.is_some() || head.rpc_error => Kind::Response,
         // the answer to a line the server could not read (JSON-RPC's
         // `id: null`): valid, and the client's to see
         (None, None) if null_id && head.rpc_error => Kind::Response,
@@ -339,49 +377,59 @@ pub fn child_head_cut(line: &[u8], cuts: &[Range<usize>]) -> Result<ChildHead, S
     };
     let map = |r: Range<usize>| in_line(r.start)..in_line(r.end);
     head.result = head.result.map(map);
-    head.meta = head.meta.map(map);
+    head.error = head.error.map(map);
     Ok(head)
 }
 
-/// `line` with `kernel` added as `result._meta["probe/kernel"]`, in pieces
-/// that share the line's memory: only the insertion is new. A result that
-/// is not an object is left as it is.
-pub fn splice_meta(line: Bytes, head: &ChildHead, kernel: &Value) -> Vec<Bytes> {
+/// `line` with `kernel` as `result._meta["probe/kernel"]`, or as
+/// `error.data["probe/kernel"]` of an error, in pieces that share the
+/// line's memory: only the insertion is new. A `_meta` or `data` that is
+/// not an object becomes one: `null` is dropped, another value is kept
+/// under `value` (a key added beside it would be lost: parsers keep the last
+/// of a repeated key). None when the `result` or `error` is not an object:
+/// there is no place for the evidence.
+pub fn splice_evidence(line: &Bytes, head: &ChildHead, kernel: &Value) -> Option<Vec<Bytes>> {
+    let (slot, inner) = if head.rpc_error {
+        (&head.error, "data")
+    } else {
+        (&head.result, "_meta")
+    };
     let evidence = serde_json::to_string(kernel).unwrap_or_else(|_| "null".into());
-    let empty = |r: &Range<usize>| {
-        line[r.start + 1..r.end - 1]
+    let key = format!("\"{META_KEY}\":{evidence}");
+    let object = |r: &Range<usize>| line[r.start] == b'{';
+    // `what` as the first member of object `r`
+    let first = |r: &Range<usize>, what: String| {
+        let empty = line[r.start + 1..r.end - 1]
             .iter()
-            .all(u8::is_ascii_whitespace)
+            .all(u8::is_ascii_whitespace);
+        let sep = if empty { "" } else { "," };
+        vec![
+            line.slice(..r.start + 1),
+            Bytes::from(what + sep),
+            line.slice(r.start + 1..),
+        ]
     };
-    let (at, insert) = match (&head.meta, &head.result) {
-        (Some(_), _) if head.meta_has_key => {
-            // the server set the key itself: replace it (rare: a full re-encode)
-            return replace_meta(&line, kernel);
-        }
-        (Some(meta), _) => {
-            let sep = if empty(meta) { "" } else { "," };
-            (meta.start + 1, format!("\"{META_KEY}\":{evidence}{sep}"))
-        }
-        (None, Some(result)) if line[result.start] == b'{' => {
-            let sep = if empty(result) { "" } else { "," };
-            (
-                result.start + 1,
-                format!("\"_meta\":{{\"{META_KEY}\":{evidence}}}{sep}"),
-            )
-        }
-        _ => return vec![line],
+    let instead = |r: &Range<usize>, with: Vec<Bytes>| {
+        [vec![line.slice(..r.start)], with, vec![line.slice(r.end..)]].concat()
     };
-    vec![line.slice(..at), Bytes::from(insert), line.slice(at..)]
-}
-
-fn replace_meta(line: &[u8], kernel: &Value) -> Vec<Bytes> {
-    match serde_json::from_slice::<Value>(line) {
-        Ok(mut v) => {
-            v["result"]["_meta"][META_KEY] = kernel.clone();
-            vec![Bytes::from(serde_json::to_vec(&v).unwrap_or_default())]
+    Some(match (&slot.outer, &slot.inner, &slot.key) {
+        // the server set the key itself: its value is replaced
+        (_, _, Some(k)) => instead(k, vec![Bytes::from(evidence)]),
+        (_, Some(i), None) if object(i) => first(i, key),
+        (_, Some(i), None) if &line[i.clone()] == b"null" => {
+            instead(i, vec![Bytes::from(format!("{{{key}}}"))])
         }
-        Err(_) => vec![Bytes::copy_from_slice(line)],
-    }
+        (_, Some(i), None) => instead(
+            i,
+            vec![
+                Bytes::from_static(b"{\"value\":"),
+                line.slice(i.clone()),
+                Bytes::from(format!(",{key}}}")),
+            ],
+        ),
+        (Some(o), None, _) if object(o) => first(o, format!("\"{inner}\":{{{key}}}")),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -416,13 +464,9 @@ mod tests {
 
     fn spliced(line: &str) -> Value {
         let head = child_head(line.as_bytes()).unwrap();
-        let parts = splice_meta(
-            Bytes::from(line.to_owned()),
-            &head,
-            &json!({"available": false}),
-        );
-        let joined: Vec<u8> = parts.concat();
-        serde_json::from_slice(&joined).unwrap()
+        let line = Bytes::from(line.to_owned());
+        let parts = splice_evidence(&line, &head, &json!({"available": false})).unwrap();
+        serde_json::from_slice(&parts.concat()).unwrap()
     }
 
     #[test]
@@ -440,6 +484,72 @@ mod tests {
         let v = spliced(r#"{"jsonrpc":"2.0","id":1,"result":{"_meta":{"probe/kernel":7,"y":2}}}"#);
         assert_eq!(v["result"]["_meta"][META_KEY]["available"], false);
         assert_eq!(v["result"]["_meta"]["y"], 2);
+    }
+
+    /// A `_meta` or `data` of another shape, or repeated, still carries the
+    /// key where a parser reads it; only a `result` or `error` that is not
+    /// an object has no place for it.
+    #[test]
+    fn evidence_finds_a_place_in_every_shape_that_has_one() {
+        let kept = json!({"available": false});
+        for (line, at, value) in [
+            (
+                r#"{"id":1,"result":{"_meta":null,"content":[]}}"#,
+                "/result/_meta",
+                None,
+            ),
+            (
+                r#"{"id":1,"result":{"_meta":"s"}}"#,
+                "/result/_meta",
+                Some(json!("s")),
+            ),
+            (
+                r#"{"id":1,"result":{"_meta":{},"_meta":[1]}}"#,
+                "/result/_meta",
+                Some(json!([1])),
+            ),
+            (
+                r#"{"id":1,"error":{"code":1,"message":"m"}}"#,
+                "/error/data",
+                None,
+            ),
+            (
+                r#"{"id":1,"error":{"code":1,"data":null}}"#,
+                "/error/data",
+                None,
+            ),
+            (
+                r#"{"id":1,"error":{"code":1,"data":"text"}}"#,
+                "/error/data",
+                Some(json!("text")),
+            ),
+            (
+                r#"{"id":1,"error":{"data":[1,2],"code":1}}"#,
+                "/error/data",
+                Some(json!([1, 2])),
+            ),
+            (
+                r#"{"id":1,"error":{"data":{"probe/kernel":1,"a":2}}}"#,
+                "/error/data",
+                None,
+            ),
+        ] {
+            let head = child_head(line.as_bytes()).unwrap();
+            let line = Bytes::from(line);
+            let out = splice_evidence(&line, &head, &kept).unwrap().concat();
+            // serde_json keeps the last of a repeated key, as JSON.parse does
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            let slot = v.pointer(at).unwrap_or_else(|| panic!("{at} in {v}"));
+            assert_eq!(slot[META_KEY], kept, "{}", String::from_utf8_lossy(&out));
+            assert_eq!(slot.get("value").cloned(), value, "{v}");
+        }
+        for line in [r#"{"id":1,"result":"text"}"#, r#"{"id":1,"error":"boom"}"#] {
+            let head = child_head(line.as_bytes()).unwrap();
+            assert!(
+                splice_evidence(&Bytes::from(line), &head, &kept).is_none(),
+                "{line}"
+            );
+        }
     }
 
     #[test]
@@ -463,7 +573,7 @@ mod tests {
             assert!(cuts.len() >= 2);
             let whole = child_head(b).unwrap();
             let cut = child_head_cut(b, &cuts).unwrap();
-            assert_eq!((whole.result, whole.meta), (cut.result, cut.meta));
+            assert_eq!((whole.result, whole.error), (cut.result, cut.error));
             assert_eq!((whole.id, whole.kind), (cut.id, cut.kind));
         }
     }

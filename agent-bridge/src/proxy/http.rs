@@ -119,9 +119,20 @@ impl HttpSink {
 }
 
 impl ClientSink for HttpSink {
-    fn server_message(&self, line: Bytes, _head: &ChildHead, related: Option<&str>) -> bool {
+    fn server_message(&self, line: Bytes, head: &ChildHead, related: Option<&str>) -> bool {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         calls.retain(|(_, tx)| !tx.is_closed());
+        if head.kind == Kind::Response
+            && let Some(id) = related
+        {
+            // a late answer ends the stream of the call it answers, if that
+            // is still open; no other stream may carry it
+            let Some(at) = calls.iter().position(|(i, _)| i == id) else {
+                return false;
+            };
+            let (_, tx) = calls.remove(at);
+            return tx.send(vec![line, Bytes::new()]).is_ok();
+        }
         let to_call = related
             .and_then(|id| calls.iter().find(|(i, _)| i == id))
             .or(calls.last());

@@ -65,7 +65,8 @@ pub type Deliver = Box<dyn FnOnce(Vec<Bytes>) + Send>;
 
 /// Where the server's own requests and notifications go.
 pub trait ClientSink: Send + Sync + 'static {
-    /// `related`: the client request a progress notification belongs to.
+    /// `related`: the client request a progress notification belongs to,
+    /// or the one a late answer (a `Response`) answers.
     /// False when the message cannot reach the client (then a server
     /// request is answered with an error).
     fn server_message(&self, line: Bytes, head: &ChildHead, related: Option<&str>) -> bool;
@@ -88,7 +89,9 @@ struct Pending {
 
 struct Call {
     span: Span,
-    tool: String,
+    /// None: a call without a name (its span is `tools/call ?`).
+    tool: Option<String>,
+    server_pid: u32,
     started: Instant,
     /// Other calls in flight at some time during this one.
     overlapping: usize,
@@ -101,6 +104,26 @@ struct Call {
     /// was asked, a witness for the attribution.
     asked: String,
 }
+
+/// A call the client no longer waits for an answer to from the server:
+/// cancelled, or answered by the proxy first (at `--call-timeout`, or with
+/// a server's `id: null` error). A late answer still carries its evidence.
+struct Ended {
+    id: String,
+    generation: u64,
+    /// What the late answer's evidence says: `cancelled` or `late`.
+    outcome: &'static str,
+    evidence: Evidence,
+}
+
+enum Evidence {
+    /// Being read from the daemon (a cancelled call's span ends at once).
+    Coming(tokio::task::JoinHandle<Value>),
+    Known(Value),
+}
+
+/// How many ended calls are kept for a late answer.
+const ENDED: usize = 64;
 
 /// A running foreign server.
 struct Child {
@@ -160,15 +183,13 @@ pub struct Relay {
     /// The span over the server's tree while no call is in flight, and the
     /// server it watches: deaths between calls belong to the next call.
     between: tokio::sync::Mutex<Option<(Span, u64)>>,
+    /// Ended calls, oldest first, at most [`ENDED`].
+    ended: Mutex<VecDeque<Ended>>,
     name: String,
     _disks: Vec<crate::session::SessionDisk>,
 }
 
 static RELAYS: AtomicU64 = AtomicU64::new(0);
-
-fn answer_bytes(v: &Value) -> Vec<Bytes> {
-    vec![Bytes::from(serde_json::to_vec(v).unwrap_or_default())]
-}
 
 fn failure(id: &str, message: String, data: Value) -> Vec<Bytes> {
     let mut v = crate::stdio::error_answer(Value::Null, SERVER_FAILED, message);
@@ -194,6 +215,7 @@ impl Relay {
             own_ids: AtomicU64::new(1),
             sent: AtomicU64::new(0),
             between: tokio::sync::Mutex::new(None),
+            ended: Mutex::new(VecDeque::new()),
             name,
             _disks: disks,
         }))
@@ -237,49 +259,61 @@ impl Relay {
         let method = head.method.clone().unwrap_or_default();
         let child = match self.child_for(&method, &line).await {
             Ok(c) => c,
-            Err((message, data)) => return deliver(failure(&id, message, data)),
+            Err((message, data)) => {
+                let data = with_evidence(data, no_span(&method, "it reached no server"));
+                return deliver(failure(&id, message, data));
+            }
         };
         // held until the call is pending: no span between calls begins
         // meanwhile (it would take the server's threads from this call's)
         let mut between = self.between.lock().await;
-        let call = match &head.tool {
-            Some(tool) if method == "tools/call" => {
-                let span = self
-                    .kernel
-                    .begin_tree(
-                        &format!("tools/call {tool}"),
-                        child.pid,
-                        child.tree.v2_dir(),
-                        Some(&crate::kernel::CallTrace {
-                            tool: tool.clone(),
-                            mcp_session: None,
-                            traceparent: head.traceparent.clone(),
-                            tracestate: head.tracestate.clone(),
-                        }),
-                    )
-                    .await;
-                // ended after the call's span began: the server's threads
-                // are the call's now, and ending it leaves them so
-                let before = between.take().map(|(span, watched)| {
-                    let (kernel, generation) = (self.kernel.clone(), child.generation);
-                    tokio::spawn(async move {
-                        let died = kernel.end_between(&span).await;
-                        died.filter(|_| watched == generation)
-                    })
-                });
-                Some(Call {
-                    span,
-                    tool: tool.clone(),
-                    started: Instant::now(),
-                    overlapping: 0,
-                    before: Mutex::new(before),
-                    asked: String::from_utf8_lossy(&line[..line.len().min(Words::MAX)])
-                        .into_owned(),
+        // every call has a span, a call without a name too: its answer
+        // carries evidence like any other
+        let call = if method == "tools/call" {
+            let tool = head.tool.clone();
+            let span = self
+                .kernel
+                .begin_tree(
+                    &format!("tools/call {}", tool.as_deref().unwrap_or("?")),
+                    child.pid,
+                    child.tree.v2_dir(),
+                    Some(&crate::kernel::CallTrace {
+                        tool: tool.clone().unwrap_or_default(),
+                        mcp_session: None,
+                        traceparent: head.traceparent.clone(),
+                        tracestate: head.tracestate.clone(),
+                    }),
+                )
+                .await;
+            // ended after the call's span began: the server's threads
+            // are the call's now, and ending it leaves them so
+            let before = between.take().map(|(span, watched)| {
+                let (kernel, generation) = (self.kernel.clone(), child.generation);
+                tokio::spawn(async move {
+                    // a span that cannot be read is not one where nothing died
+                    let died = match kernel.end_between_or_why(&span).await {
+                        Ok(died) => died,
+                        Err(why) => Some(crate::kernel::unavailable(&why)),
+                    };
+                    died.filter(|_| watched == generation)
                 })
-            }
-            _ => None,
+            });
+            Some(Call {
+                span,
+                tool,
+                server_pid: child.pid,
+                started: Instant::now(),
+                overlapping: 0,
+                before: Mutex::new(before),
+                asked: String::from_utf8_lossy(&line[..line.len().min(Words::MAX)]).into_owned(),
+            })
+        } else {
+            None
         };
         {
+            // a late answer to an ended call of this id could not be told
+            // from this request's answer
+            self.ended().retain(|e| e.id != id);
             let mut pending = self.pending();
             let mut call = call;
             if let Some(c) = &mut call {
@@ -433,19 +467,17 @@ impl Relay {
             );
             child.kill(format!("it was killed after {what}"));
             let kernel = match &p.call {
-                Some(c) => Some(
-                    relay
-                        .evidence(
-                            c,
-                            None,
-                            Some(timeout.as_millis() as u64),
-                            "timeout",
-                            child.pid,
-                            Some(child.stderr_tail().as_bytes()),
-                        )
-                        .await,
-                ),
-                None => None,
+                Some(c) => {
+                    let tail = child.stderr_tail();
+                    let ms = timeout.as_millis() as u64;
+                    let k = relay
+                        .evidence(c, None, Some(ms), "timeout", Some(tail.as_bytes()))
+                        .await;
+                    // its answer may be on its way still
+                    relay.ended_call(&id, p.generation, "late", Evidence::Known(k.clone()));
+                    k
+                }
+                None => no_span(&p.method, "the proxy opens spans for tools/call"),
             };
             let message = format!(
                 "agent-bridge proxy: {what}; it was killed and starts again for the next request{}",
@@ -459,18 +491,56 @@ impl Relay {
         });
     }
 
-    /// The client gave up on request `id`: its span ends now (nobody reads
-    /// a late answer's evidence); a late answer is passed on as it is.
+    /// The client gave up on request `id`: its span ends now, and a late
+    /// answer carries what it saw until then.
     fn cancelled(self: &Arc<Self>, id: &str) {
         let Some(p) = self.pending().remove(id) else {
             return;
         };
         if let Some(call) = p.call {
-            let kernel = self.kernel.clone();
-            tokio::spawn(async move {
-                let _ = kernel.end(&call.span, None, None, false).await;
-            });
+            let relay = self.clone();
+            let ending = async move { relay.evidence(&call, None, None, "cancelled", None).await };
+            let evidence = Evidence::Coming(tokio::spawn(ending));
+            self.ended_call(id, p.generation, "cancelled", evidence);
         }
+    }
+
+    fn ended(&self) -> std::sync::MutexGuard<'_, VecDeque<Ended>> {
+        self.ended.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps the evidence of call `id` for an answer the server may still send.
+    fn ended_call(&self, id: &str, generation: u64, outcome: &'static str, evidence: Evidence) {
+        let mut ended = self.ended();
+        if ended.len() == ENDED {
+            ended.pop_front();
+        }
+        ended.push_back(Ended {
+            id: id.to_string(),
+            generation,
+            outcome,
+            evidence,
+        });
+    }
+
+    /// The evidence for a late answer to ended call `id` of server
+    /// `generation`, if it was one.
+    async fn late_evidence(&self, id: &str, generation: u64) -> Option<Value> {
+        let ended = {
+            let mut ended = self.ended();
+            let at = ended
+                .iter()
+                .position(|e| e.id == id && e.generation == generation)?;
+            ended.remove(at)?
+        };
+        let mut v = match ended.evidence {
+            Evidence::Coming(task) => task
+                .await
+                .unwrap_or_else(|e| crate::kernel::unavailable(&e.to_string())),
+            Evidence::Known(v) => v,
+        };
+        v["outcome"] = ended.outcome.into();
+        Some(v)
     }
 
     /// Once no call is in flight: a span over the server's tree until the
@@ -494,7 +564,6 @@ impl Relay {
         exit: Option<&ExitStatus>,
         timed_out_ms: Option<u64>,
         outcome: &str,
-        pid: u32,
         said: Option<&[u8]>,
     ) -> Value {
         let words = Words::new(Some(call.asked.clone()), said);
@@ -505,13 +574,16 @@ impl Relay {
             .await;
         v["overlapping_calls"] = call.overlapping.into();
         let before = call.before.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // an unreadable span between calls is said, unless the call's own
+        // evidence says already that the daemon cannot be read
         if let Some(before) = before
             && let Ok(Some(died)) = before.await
+            && (died["available"] == true || v["available"] == true)
         {
             v["before_call"] = died;
         }
         v["outcome"] = outcome.into();
-        v["server_pid"] = pid.into();
+        v["server_pid"] = call.server_pid.into();
         v["tool"] = call.tool.clone().into();
         if timed_out_ms.is_none() && v.get("duration_ms").is_none() {
             v["duration_ms"] = (call.started.elapsed().as_secs_f64() * 1e3).into();
@@ -633,12 +705,15 @@ impl Relay {
     async fn on_server_line(&self, child: &Arc<Child>, line: Bytes, head: ChildHead) {
         match head.kind {
             Kind::Response => {
-                let (id, line) = match head.id.clone() {
-                    Some(id) => (id, line),
+                let guessed = head.id.is_none();
+                let (id, line, head) = match head.id.clone() {
+                    Some(id) => (id, line, head),
                     None => match self.unread_request(child.generation) {
                         Some(id) => {
                             let line = with_id(&line, &id);
-                            (id, line)
+                            // read again: the evidence goes in by byte ranges
+                            let head = frame::child_head(&line).unwrap_or(head);
+                            (id, line, head)
                         }
                         None => {
                             self.sink.server_message(line, &head, None);
@@ -647,9 +722,16 @@ impl Relay {
                     },
                 };
                 let Some(p) = self.pending().remove(&id) else {
-                    // the answer to a cancelled request, or to a line the
-                    // server could not read (`id: null`): the client decides
-                    self.sink.server_message(line, &head, None);
+                    // the answer to a call the client gave up on, or that the
+                    // proxy answered first: the client decides, with the
+                    // call's evidence
+                    let line = match self.late_evidence(&id, child.generation).await {
+                        Some(kernel) => {
+                            Bytes::from(with_kernel(line, &head, &id, &kernel).concat())
+                        }
+                        None => line,
+                    };
+                    self.sink.server_message(line, &head, Some(&id));
                     return;
                 };
                 let Some(call) = &p.call else {
@@ -667,14 +749,14 @@ impl Relay {
                     signal: None,
                 };
                 let kernel = self
-                    .evidence(call, Some(&exit), None, outcome, child.pid, Some(&line))
+                    .evidence(call, Some(&exit), None, outcome, Some(&line))
                     .await;
-                if head.rpc_error {
-                    // no result to carry it: the error's data does
-                    (p.deliver)(error_with_evidence(&line, kernel));
-                } else {
-                    (p.deliver)(frame::splice_meta(line, &head, &kernel));
+                if guessed {
+                    // the guess may be wrong: the real answer may follow
+                    let known = Evidence::Known(kernel.clone());
+                    self.ended_call(&id, p.generation, "late", known);
                 }
+                (p.deliver)(with_kernel(line, &head, &id, &kernel));
                 self.begin_between(child).await;
             }
             Kind::Request | Kind::Notification => {
@@ -753,21 +835,35 @@ impl Relay {
                 .filter_map(|id| pending.remove(&id).map(|p| (id, p)))
                 .collect()
         };
+        // a request other than a call has no span of its own: the span
+        // between calls over this server, if one is open, saw the end
+        let between = if taken.iter().any(|(_, p)| p.call.is_none()) {
+            let mut between = self.between.lock().await;
+            between.take_if(|(_, watched)| *watched == child.generation)
+        } else {
+            None
+        };
+        let between = match between {
+            Some((span, _)) => {
+                let mut v = self.kernel.end(&span, exit.as_ref(), None, true).await;
+                v["outcome"] = "server_gone".into();
+                v["server_pid"] = child.pid.into();
+                Some(v)
+            }
+            None => None,
+        };
         for (id, p) in taken {
-            let kernel = match &p.call {
+            let kernel = match (&p.call, &between) {
                 // the kernel saw how the server ended: that is the call's exit
-                Some(c) => Some(
-                    self.evidence(
-                        c,
-                        exit.as_ref(),
-                        None,
-                        "server_gone",
-                        child.pid,
-                        Some(tail.as_bytes()),
-                    )
-                    .await,
-                ),
-                None => None,
+                (Some(c), _) => {
+                    let said = Some(tail.as_bytes());
+                    self.evidence(c, exit.as_ref(), None, "server_gone", said)
+                        .await
+                }
+                (None, Some(between)) => between.clone(),
+                (None, None) => {
+                    no_span(&p.method, "no span between calls was open over this server")
+                }
             };
             let message = format!(
                 "agent-bridge proxy: the foreign server failed while handling `{}`: {how}; it starts again for the next request{}",
@@ -829,12 +925,27 @@ fn end_tree(tree: &CallCgroups, pid: u32) {
     crate::cgroup::remove_owned_by(pid);
 }
 
-/// `data` with the call's evidence, when it was a call.
-fn with_evidence(mut data: Value, kernel: Option<Value>) -> Value {
-    if let Some(k) = kernel {
-        data[frame::META_KEY] = k;
-    }
+/// `data` with the request's evidence.
+fn with_evidence(mut data: Value, kernel: Value) -> Value {
+    data[frame::META_KEY] = kernel;
     data
+}
+
+/// The evidence of a request that had no span, and why.
+fn no_span(method: &str, why: &str) -> Value {
+    crate::kernel::unavailable(&format!("`{method}` had no span: {why}"))
+}
+
+/// The server's answer `line` to request `id` with `kernel` in it; an
+/// answer that has no place for it is passed on as it is, and said.
+fn with_kernel(line: Bytes, head: &ChildHead, id: &str, kernel: &Value) -> Vec<Bytes> {
+    frame::splice_evidence(&line, head, kernel).unwrap_or_else(|| {
+        let what = if head.rpc_error { "error" } else { "result" };
+        tracing::warn!(
+            "the foreign server's answer to request {id} has a `{what}` that is not an object: it is passed on without the kernel evidence"
+        );
+        vec![line]
+    })
 }
 
 fn tail_note(tail: &str) -> String {
@@ -856,21 +967,6 @@ fn with_id(line: &[u8], id: &str) -> Bytes {
     match serde_json::from_slice::<Value>(line) {
         Ok(v) => Bytes::from(frame::with_raw_id(v, id)),
         Err(_) => Bytes::copy_from_slice(line),
-    }
-}
-
-/// A JSON-RPC error answer with the evidence in `error.data`.
-fn error_with_evidence(line: &[u8], kernel: Value) -> Vec<Bytes> {
-    match serde_json::from_slice::<Value>(line) {
-        Ok(mut v) => {
-            if !v["error"]["data"].is_object() && !v["error"]["data"].is_null() {
-                // data of another shape is kept as it is
-                return vec![Bytes::copy_from_slice(line)];
-            }
-            v["error"]["data"][frame::META_KEY] = kernel;
-            answer_bytes(&v)
-        }
-        Err(_) => vec![Bytes::copy_from_slice(line)],
     }
 }
 
