@@ -966,6 +966,112 @@ fn the_identity_adapter_changes_nothing() {
     assert!(broken("readonly-adapted", "sandbox") >= 3);
 }
 
+/// A server that answers with the proxy's evidence, scripted (see the file).
+const EVIDENCE_SERVER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/evidence_server.py"
+);
+
+#[test]
+fn the_evidence_an_answer_carries_is_stored_however_it_comes() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("stdio:python3 {EVIDENCE_SERVER}");
+    let write = |suite: &str, id: &str, step: Value| {
+        let domain = if suite == "browser" {
+            "browser"
+        } else {
+            "process"
+        };
+        let t = serde_json::json!({"id": id, "domain": domain, "title": id, "steps": [step]});
+        let dir = dir.path().join(suite);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{id}.json")), t.to_string()).unwrap();
+    };
+    let exec = |command: &str, timeout_ms: u64| {
+        serde_json::json!({"tool": "exec", "arguments": {"command": command, "timeout_ms": timeout_ms},
+            "expect": {"exit_code": 0}})
+    };
+    write("plain", "died-between", exec("died-between", 60_000));
+    // answered 2.5 s into a step that may take 1 s, plus 0.5 s of --target-timeout
+    write("plain", "late", exec("late", 1000));
+    write("plain", "meta-only", exec("meta-only", 60_000));
+    let open = |path: &str| {
+        serde_json::json!({"tool": "browser_open", "arguments": {"url": format!("http://127.0.0.1:9/{path}")},
+            "expect": {"text_contains": "page"}})
+    };
+    write("browser", "between", open("between"));
+    write("browser", "heavy", open("heavy"));
+    let adapter = dir.path().join("two-calls.toml");
+    std::fs::write(
+        &adapter,
+        r#"name = "two-calls"
+[steps.browser_open]
+tool = "navigate"
+arguments = { url = "{{url}}" }
+[[steps.browser_open.then]]
+tool = "snapshot"
+arguments = {}
+result.page_text = { from = "text" }
+"#,
+    )
+    .unwrap();
+    let results = dir.path().join("results.db");
+    let more = ["--target-timeout", "0.5", "--no-bar"];
+    run_ok(
+        &dir.path().join("plain"),
+        &target,
+        &results,
+        &[&["--run", "plain"][..], &more].concat(),
+    );
+    run_ok(
+        &dir.path().join("browser"),
+        &target,
+        &results,
+        &[
+            &["--run", "browser", "--adapter", adapter.to_str().unwrap()][..],
+            &more,
+        ]
+        .concat(),
+    );
+    let conn = db(&results);
+    let test = |id: &str| -> (String, String, Value) {
+        conn.query_row(
+            "SELECT t.layer || '/' || t.primitive, t.explanation, s.kernel
+             FROM campaign_tests t JOIN campaign_steps s USING (run, test_id) WHERE test_id = ?1",
+            [id],
+            |r| {
+                let k: Option<String> = r.get(2)?;
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    k.map_or(Value::Null, |k| serde_json::from_str(&k).unwrap()),
+                ))
+            },
+        )
+        .unwrap()
+    };
+    // an error without an attribution of its call still says what died before it
+    for id in ["died-between", "between"] {
+        let (cause, why, k) = test(id);
+        assert_eq!(cause, "sandbox/mem.oom", "{id}: {why} {k}");
+        assert!(why.contains("before its call, chromium (pid 41)"), "{why}");
+        assert_eq!(k["before_call"]["primitive"], "mem.oom", "{k}");
+        assert_eq!(k["reason"], "the probe daemon did not answer within 30 s");
+    }
+    // an answer that came after the step's time, but came
+    let (cause, why, k) = test("late");
+    assert_eq!(cause, "sandbox/timeout", "{why} {k}");
+    assert_eq!(k["exit"]["signal"], "SIGKILL");
+    // the proxy's evidence beside a structuredContent of the server's own
+    let (cause, why, _) = test("meta-only");
+    assert_eq!(cause, "sandbox/fs.readonly", "{why}");
+    // a tab the OOM killer took, then a call killed at its time limit: all of both
+    let (cause, why, k) = test("heavy");
+    assert_eq!(cause, "sandbox/mem.oom", "{why}");
+    assert_eq!(k["followed_by"]["exit"]["signal"], "SIGKILL", "{k}");
+    assert_eq!(k["followed_by"]["outcome"], "timeout", "{k}");
+}
+
 #[test]
 fn a_text_only_target_leaves_binary_writes_unsupported_never_passed_or_failed() {
     if !root() {

@@ -896,8 +896,15 @@ impl Adapter {
                 s.entry(field).or_insert_with(|| value.clone());
             }
         }
-        let kernels: Vec<&Value> = results.iter().filter_map(call_kernel).collect();
-        if let Some(k) = step_kernel(&kernels) {
+        // a call that answered an error is the last one: the step's failure
+        let (failing, before) = match results.split_last() {
+            Some((last, before)) if last["isError"] == Value::Bool(true) => {
+                (call_kernel(last), before)
+            }
+            _ => (None, results),
+        };
+        let kernels: Vec<&Value> = before.iter().filter_map(call_kernel).collect();
+        if let Some(k) = step_kernel(&kernels, failing) {
             s.insert("kernel".into(), k);
         }
         if !notes.is_empty() {
@@ -914,17 +921,22 @@ pub fn call_kernel(result: &Value) -> Option<&Value> {
         .or_else(|| result.pointer("/structuredContent/kernel"))
 }
 
-/// The kernel evidence of a step made of several calls: the call that
-/// failed in the kernel, else the first (which ran the work). But a process
-/// the OOM killer took in a call before the one that failed is why that one
-/// failed (a server that then waits on the dead tab runs into its time
-/// limit): that call's evidence is the step's, made its failure, with the
-/// later failure named after it. A death in a call that "succeeded" is kept
-/// over a first call with none.
-pub fn step_kernel(kernels: &[&Value]) -> Option<Value> {
+/// The kernel evidence of a step made of several calls: `calls` holds each
+/// call's in order, `failing` that of a last call that answered an error.
+/// The call that failed in the kernel is the step's, else the call that
+/// answered the error (even when the probe could not attribute it, its
+/// evidence may hold what died before it), else the first (which ran the
+/// work). But a process the OOM killer took in a call before the failing
+/// one is why that one failed (a server that then waits on the dead tab
+/// runs into its time limit): that call's evidence is the step's, made its
+/// failure, with the later call's whole evidence in `followed_by`. A death
+/// in a call that "succeeded" is kept over a first call with none.
+pub fn step_kernel(calls: &[&Value], failing: Option<&Value>) -> Option<Value> {
+    let kernels: Vec<&Value> = calls.iter().copied().chain(failing).collect();
     let failed = kernels
         .iter()
-        .position(|k| k["failed"] == Value::Bool(true));
+        .position(|k| k["failed"] == Value::Bool(true))
+        .or(failing.map(|_| kernels.len() - 1));
     let death = kernels
         .iter()
         .position(|k| k["hidden_failure"]["primitive"] == "mem.oom");
@@ -936,19 +948,17 @@ pub fn step_kernel(kernels: &[&Value]) -> Option<Value> {
                 "{}; then {}: {}",
                 why.as_str().unwrap_or_default(),
                 later["label"].as_str().unwrap_or("the next call"),
-                later["explanation"].as_str().unwrap_or_default()
+                later["explanation"]
+                    .as_str()
+                    .or(later["reason"].as_str())
+                    .unwrap_or_default()
             );
             k["failed"] = true.into();
             k["primitive"] = "mem.oom".into();
             k["layer"] = "sandbox".into();
             k["confidence"] = k["hidden_failure"]["confidence"].clone();
             k["explanation"] = then.into();
-            k["followed_by"] = json!({
-                "label": later["label"],
-                "primitive": later["primitive"],
-                "explanation": later["explanation"],
-                "span": later["span"],
-            });
+            k["followed_by"] = later.clone();
             Some(k)
         }
         (Some(f), _) => Some(kernels[f].clone()),
@@ -1490,9 +1500,9 @@ ignore = ["sha256"]
         assert!(notes.contains("stdout not found in the run result"), "{r}");
     }
 
-    #[test]
-    fn a_tab_the_oom_killer_took_is_why_a_later_call_of_the_step_failed() {
-        let a = adapter(
+    /// browser_open as two calls, as chrome-devtools-mcp takes it.
+    fn navigate_then_snapshot() -> Adapter {
+        adapter(
             r#"name = "devtools"
 [steps.browser_open]
 tool = "navigate_page"
@@ -1502,18 +1512,33 @@ tool = "take_snapshot"
 arguments = {}
 "#,
         )
-        .unwrap();
-        let death = json!({"available": true, "failed": false, "primitive": "none", "label": "tools/call navigate_page",
+        .unwrap()
+    }
+
+    /// A call's answer with the proxy's evidence on it.
+    fn answer(kernel: &Value, is_error: bool) -> Value {
+        json!({"content": [{"type": "text", "text": "…"}], "isError": is_error,
+            "_meta": {"probe/kernel": kernel}})
+    }
+
+    /// The navigation "succeeded", but the OOM killer took a tab in it.
+    fn tab_died() -> Value {
+        json!({"available": true, "failed": false, "primitive": "none", "label": "tools/call navigate_page",
             "explanation": "exited 0, but chromium (pid 7) was killed by the OOM killer",
-            "hidden_failure": {"primitive": "mem.oom", "confidence": 0.9, "explanation": "chromium (pid 7) was killed by the OOM killer"}});
+            "hidden_failure": {"primitive": "mem.oom", "confidence": 0.9, "explanation": "chromium (pid 7) was killed by the OOM killer"}})
+    }
+
+    fn quiet() -> Value {
+        json!({"available": true, "failed": false, "primitive": "none", "explanation": "exited 0; nothing failed"})
+    }
+
+    #[test]
+    fn a_tab_the_oom_killer_took_is_why_a_later_call_of_the_step_failed() {
+        let a = navigate_then_snapshot();
+        let death = tab_died();
         let timeout = json!({"available": true, "failed": true, "primitive": "timeout", "label": "tools/call take_snapshot", "span": 9,
             "explanation": "the workload was still running after the time limit of 45.0s and was killed"});
-        let calls = |first: &Value, second: &Value| {
-            [
-                json!({"content": [{"type": "text", "text": "ok"}], "_meta": {"probe/kernel": first}}),
-                json!({"content": [{"type": "text", "text": "killed"}], "_meta": {"probe/kernel": second}}),
-            ]
-        };
+        let calls = |first: &Value, second: &Value| [answer(first, false), answer(second, false)];
         let k = &a.read("browser_open", &calls(&death, &timeout))["structuredContent"]["kernel"];
         assert_eq!(k["primitive"], "mem.oom", "{k}");
         assert_eq!(k["failed"], true);
@@ -1523,13 +1548,53 @@ arguments = {}
              the workload was still running after the time limit of 45.0s and was killed"
         );
         assert_eq!(k["followed_by"]["span"], 9);
+        // the later call's whole evidence: how it ended, what died before it
+        let mut killed = timeout.clone();
+        killed["exit"] = json!({"code": null, "signal": "SIGKILL"});
+        killed["outcome"] = json!("timeout");
+        killed["before_call"] = json!({"primitive": "mem.oom", "explanation": "a tab"});
+        let k = &a.read("browser_open", &calls(&death, &killed))["structuredContent"]["kernel"];
+        assert_eq!(k["primitive"], "mem.oom", "{k}");
+        assert_eq!(k["followed_by"]["exit"]["signal"], "SIGKILL", "{k}");
+        assert_eq!(k["followed_by"]["outcome"], "timeout", "{k}");
+        assert_eq!(
+            k["followed_by"]["before_call"]["explanation"], "a tab",
+            "{k}"
+        );
         // a failure first, a death after it: the failure is the step's
         let k = &a.read("browser_open", &calls(&timeout, &death))["structuredContent"]["kernel"];
         assert_eq!(k["primitive"], "timeout", "{k}");
         // no failure: the death is kept over a first call with nothing
-        let quiet = json!({"available": true, "failed": false, "primitive": "none", "explanation": "exited 0; nothing failed"});
-        let k = &a.read("browser_open", &calls(&quiet, &death))["structuredContent"]["kernel"];
+        let k = &a.read("browser_open", &calls(&quiet(), &death))["structuredContent"]["kernel"];
         assert_eq!(k["hidden_failure"]["primitive"], "mem.oom", "{k}");
+    }
+
+    #[test]
+    fn a_follow_up_that_answered_an_error_gives_the_step_its_evidence() {
+        let a = navigate_then_snapshot();
+        // its span lost, but not what died before it: the error's evidence
+        // is the step's, never the first call's
+        let lost = json!({"available": false, "reason": "the probe daemon did not answer",
+            "outcome": "error", "before_call": {"failed": true, "primitive": "mem.oom",
+                "confidence": 0.97, "explanation": "chromium (pid 8) was killed by the OOM killer"}});
+        let errored = |first: &Value| [answer(first, false), answer(&lost, true)];
+        let k = &a.read("browser_open", &errored(&quiet()))["structuredContent"]["kernel"];
+        assert_eq!(k["before_call"]["primitive"], "mem.oom", "{k}");
+        assert_eq!(k["available"], false, "{k}");
+        // after a death in the first call: the death, then the error's evidence
+        let k = &a.read("browser_open", &errored(&tab_died()))["structuredContent"]["kernel"];
+        assert_eq!(k["primitive"], "mem.oom", "{k}");
+        assert_eq!(
+            k["followed_by"]["before_call"]["explanation"],
+            "chromium (pid 8) was killed by the OOM killer"
+        );
+        assert!(
+            k["explanation"]
+                .as_str()
+                .unwrap()
+                .ends_with("then the next call: the probe daemon did not answer"),
+            "{k}"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use rusqlite::{Connection, OptionalExtension as _};
 use serde_json::Value;
 
 use super::pg::Pg;
-use super::record::{Outcome, TestRecord};
+use super::record::{Outcome, StepOutcome, TestRecord};
 
 /// Where results live: a SQLite file, or a PostgreSQL URL.
 #[derive(Debug, Clone, PartialEq)]
@@ -580,7 +580,8 @@ impl Db {
                     ("fail", json(&all))
                 }
             };
-            let k = o.as_ref().and_then(|o| o.kernel.as_ref());
+            // the columns name the attribution; the JSON keeps any evidence
+            let k = o.as_ref().and_then(StepOutcome::attribution);
             self.execute(
                 "INSERT INTO campaign_steps (run, test_id, step, tool, request, response_sha256, response_bytes,
                      duration_ms, is_error, verdict, failures, span_id, kernel_failed, kernel_primitive, kernel, degraded,
@@ -603,7 +604,10 @@ impl Db {
                     k.and_then(|k| k["span"].as_i64()).into(),
                     k.and_then(|k| k["failed"].as_bool()).into(),
                     k.and_then(|k| k["primitive"].as_str()).map(sql).into(),
-                    k.map(Value::to_string).into(),
+                    o.as_ref()
+                        .and_then(|o| o.kernel.as_ref())
+                        .map(Value::to_string)
+                        .into(),
                     o.as_ref()
                         .filter(|o| !o.degraded.is_empty())
                         .map(|o| json(&o.degraded))

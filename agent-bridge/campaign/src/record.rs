@@ -197,9 +197,11 @@ pub struct StepOutcome {
     /// The step expects a failure (an error, an absent path, a non-zero
     /// exit, a signal): its kernel attribution is the test's intent, not a cause.
     pub expects_failure: bool,
-    /// The probe's attribution for the call (events left out).
+    /// The probe's evidence for the call (events cut to those around the
+    /// decisive one), as it came: also when it is not available, since the
+    /// proxy adds what it knows beside it (`before_call`, `outcome`).
     pub kernel: Option<Value>,
-    /// Why the bridge had no kernel evidence for this call, when it had none.
+    /// Why the bridge had no kernel attribution for this call, when it had none.
     pub kernel_unavailable: Option<String>,
     pub response_sha256: Option<String>,
     pub response_bytes: Option<u64>,
@@ -242,9 +244,18 @@ impl StepOutcome {
             && self.unsupported.is_none()
     }
 
+    /// The probe's attribution of the call: its evidence, when available.
+    /// Evidence that is not available names no cause of its own (only what
+    /// died before the call may be read from it).
+    pub fn attribution(&self) -> Option<&Value> {
+        self.kernel
+            .as_ref()
+            .filter(|k| k["available"] == Value::Bool(true))
+    }
+
     /// The kernel attribution says the call failed, and on what.
     pub fn kernel_failure(&self) -> Option<KernelCause> {
-        let k = self.kernel.as_ref()?;
+        let k = self.attribution()?;
         (k["failed"] == Value::Bool(true))
             .then(|| KernelCause::of(k))
             .flatten()
@@ -253,12 +264,13 @@ impl StepOutcome {
     /// The call exited 0, but a child failed on a sandbox primitive (a
     /// pipeline hid it): what the kernel saw.
     pub fn hidden_failure(&self) -> Option<KernelCause> {
-        KernelCause::of(&self.kernel.as_ref()?["hidden_failure"])
+        KernelCause::of(&self.attribution()?["hidden_failure"])
     }
 
     /// What died in the server's tree after its previous call was answered
     /// and before this one began (the proxy's `before_call`: a tab the OOM
-    /// killer took while nobody asked).
+    /// killer took while nobody asked). Read also from evidence that is not
+    /// available: the call's own span may be lost, the death before it not.
     pub fn died_before_call(&self) -> Option<KernelCause> {
         let before = &self.kernel.as_ref()?["before_call"];
         KernelCause::of(&before["hidden_failure"])

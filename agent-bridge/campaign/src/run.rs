@@ -1035,12 +1035,11 @@ pub async fn send_adapted(
             // a follow-up that failed: the calls before it may hold why
             // (the tab the OOM killer took, which the server then waited on)
             Err(CallError::Protocol { message, kernel }) if !results.is_empty() => {
-                let mut kernels: Vec<&Value> = results
+                let before: Vec<&Value> = results
                     .iter()
                     .filter_map(super::adapter::call_kernel)
                     .collect();
-                kernels.extend(kernel.as_ref());
-                let kernel = super::adapter::step_kernel(&kernels).or(kernel);
+                let kernel = super::adapter::step_kernel(&before, kernel.as_ref());
                 return Err(CallError::Protocol { message, kernel });
             }
             Err(e) => return Err(e),

@@ -22,6 +22,11 @@ use super::record::CallError;
 const MAX_MESSAGE: usize = 512 << 20;
 /// How much of a stdio bridge's stderr is kept to explain its death.
 const STDERR_TAIL: usize = 4096;
+/// How long a call's answer is still awaited past its deadline, with
+/// nothing sent meanwhile: an answer already on its way (a proxy's error
+/// with its kernel evidence, when its `--call-timeout` fired about when the
+/// step's time ran out) is still read, not dropped.
+pub const ANSWER_GRACE: Duration = Duration::from_secs(5);
 
 /// The HTTP client for Streamable HTTP sessions: rmcp's own keeps no idle
 /// connection (its guard against a server that leaves an answer's stream
@@ -205,7 +210,8 @@ fn protocol_error(e: rmcp::ErrorData) -> CallError {
 
 impl Connection {
     /// Calls `tool`; `meta` is the request's `_meta` (a step span's trace
-    /// context, with --otlp: SEP-414).
+    /// context, with --otlp: SEP-414). The answer is awaited until `wait`
+    /// and [`ANSWER_GRACE`] have passed.
     pub async fn call(
         &self,
         tool: &str,
@@ -215,8 +221,9 @@ impl Connection {
     ) -> Result<CallToolResult, CallError> {
         let mut params = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments);
         params.meta = meta;
-        match tokio::time::timeout(wait, self.client.call_tool(params)).await {
-            Err(_) => Err(CallError::Timeout(wait)),
+        let patience = wait + ANSWER_GRACE;
+        match tokio::time::timeout(patience, self.client.call_tool(params)).await {
+            Err(_) => Err(CallError::Timeout(patience)),
             Ok(Ok(r)) => Ok(r),
             Ok(Err(rmcp::ServiceError::McpError(e))) => Err(protocol_error(e)),
             Ok(Err(e)) => Err(CallError::Transport(self.explain(e.to_string()))),

@@ -131,7 +131,11 @@ pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
     Some(Triage {
         layer: Layer::Test,
         primitive: Cause::Kernel(Primitive::None),
-        confidence: if failing.kernel.is_some() { 0.7 } else { 0.4 },
+        confidence: if failing.attribution().is_some() {
+            0.7
+        } else {
+            0.4
+        },
         explanation: format!(
             "step {failed_at}: {} (no interface or kernel evidence{})",
             failing.failures.join("; "),

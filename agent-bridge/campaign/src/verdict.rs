@@ -107,12 +107,13 @@ pub fn judge(
                 _ => None,
             };
             keep_kernel(&mut out, kernel);
-            // the server died on the call, and the kernel says why (the
-            // proxy's evidence on its error): the sandbox's failure, not
-            // the interface's
+            // the server died on the call, or a process of its died just
+            // before it, and the kernel says why (the proxy's evidence on
+            // its error): the sandbox's failure, not the interface's
             if out
                 .kernel_failure()
                 .is_some_and(|c| c.primitive != Primitive::None)
+                || out.died_before_call().is_some()
             {
                 out.failures.push(e.to_string());
                 return out;
@@ -140,7 +141,16 @@ pub fn judge(
         );
         return out;
     };
-    keep_kernel(&mut out, s.get("kernel"));
+    // agent-bridge's own evidence, else the proxy's (a server behind
+    // `agent-bridge proxy` whose results have a structuredContent of their own)
+    let proxied = result["_meta"].get("probe/kernel");
+    keep_kernel(
+        &mut out,
+        match s.get("kernel") {
+            Some(own) if own["available"] == Value::Bool(true) => Some(own),
+            own => proxied.or(own),
+        },
+    );
     let e = &step.expect;
     let is_error = out.is_error == Some(true);
     let message = || s["error"]["message"].as_str().unwrap_or("").to_string();
@@ -197,34 +207,44 @@ pub fn judge(
     out
 }
 
-/// Keeps the probe's attribution of the call (its events cut to those
-/// around the decisive one), or why there is none: a step without kernel
-/// evidence is counted as one, whatever the reason.
+/// Keeps the probe's evidence for the call, whatever it says (its events,
+/// and those of the spans it carries, cut to those around the decisive
+/// one): evidence that is not available still holds what the proxy knows
+/// beside it (`before_call`: a death between calls; `outcome`,
+/// `server_pid`), and its reason is stored with it. A step without an
+/// attribution is counted as one, whatever the reason.
 fn keep_kernel(out: &mut StepOutcome, kernel: Option<&Value>) {
-    match kernel {
-        Some(k) if k["available"] == Value::Bool(true) => {
-            let mut k = k.clone();
-            if let Some(o) = k.as_object_mut() {
-                let events = o.remove("events");
-                if let Some(Value::Array(events)) = events {
-                    let kept = around_decisive(events, o.get("decisive").unwrap_or(&Value::Null));
-                    o.insert("events".into(), Value::Array(kept));
-                }
-            }
-            out.kernel = Some(k);
+    let Some(k) = kernel else {
+        out.kernel_unavailable = Some(match &out.call_error {
+            Some(e) => format!("the call got no result and no evidence ({e})"),
+            None => "the answer carries no kernel evidence (run the server behind \
+                     `agent-bridge proxy`)"
+                .into(),
+        });
+        return;
+    };
+    let mut k = k.clone();
+    trim_events(&mut k);
+    for nested in ["before_call", "followed_by"] {
+        if let Some(n) = k.get_mut(nested) {
+            trim_events(n);
         }
-        Some(k) => {
-            let reason = k["reason"].as_str().unwrap_or("no reason given");
-            out.kernel_unavailable = Some(reason.to_string());
-        }
-        None => {
-            out.kernel_unavailable = Some(match &out.call_error {
-                Some(e) => format!("the call got no result and no evidence ({e})"),
-                None => "the answer carries no kernel evidence (run the server behind \
-                         `agent-bridge proxy`)"
-                    .into(),
-            });
-        }
+    }
+    if k["available"] != Value::Bool(true) {
+        let reason = k["reason"].as_str().unwrap_or("no reason given");
+        out.kernel_unavailable = Some(reason.to_string());
+    }
+    out.kernel = Some(k);
+}
+
+/// Cuts an attribution's events to those around its decisive one.
+fn trim_events(k: &mut Value) {
+    let Some(o) = k.as_object_mut() else {
+        return;
+    };
+    if let Some(Value::Array(events)) = o.remove("events") {
+        let kept = around_decisive(events, o.get("decisive").unwrap_or(&Value::Null));
+        o.insert("events".into(), Value::Array(kept));
     }
 }
 
@@ -869,6 +889,99 @@ mod tests {
             &mut Sent::default(),
         );
         assert!(o.failures[0].contains("still contains"), "{o:?}");
+    }
+
+    #[test]
+    fn an_errors_evidence_without_an_attribution_keeps_what_died_before_the_call() {
+        let s = step("exec", json!({"argv": ["x"]}), json!({"exit_code": 0}));
+        let events: Vec<Value> = (0..30u64).map(|i| json!({"ts_ns": i})).collect();
+        // what the proxy sends when the daemon lost the call's span but
+        // the server had been OOM-killed between two calls
+        let died = CallError::Protocol {
+            message: "the foreign server exited during the call (code -32000)".into(),
+            kernel: Some(
+                json!({"available": false, "reason": "the probe daemon did not answer within 30 s",
+                "outcome": "exited", "server_pid": 41,
+                "before_call": {"available": true, "failed": true, "primitive": "mem.oom", "confidence": 0.97,
+                    "explanation": "node (pid 41) was killed by the OOM killer at 900 MiB anon RSS",
+                    "events": events}}),
+            ),
+        };
+        let o = judge(&s, Err(died), Duration::ZERO, &mut Sent::default());
+        let k = o.kernel.as_ref().expect("the evidence is kept");
+        assert_eq!(k["server_pid"], 41, "{k}");
+        assert_eq!(
+            k["before_call"]["events"].as_array().unwrap().len(),
+            EVENTS_KEPT
+        );
+        // still counted as a step without an attribution, and its reason stored
+        assert_eq!(
+            o.kernel_unavailable.as_deref(),
+            Some("the probe daemon did not answer within 30 s")
+        );
+        assert_eq!(k["reason"], "the probe daemon did not answer within 30 s");
+        assert_eq!(o.kernel_failure(), None);
+        assert_eq!(o.died_before_call().unwrap().primitive, Primitive::MemOom);
+        assert!(o.interface.is_empty(), "the kernel explains it: {o:?}");
+        let t = crate::triage::triage(&[o]).expect("failed");
+        assert_eq!(t.primitive, crate::record::Cause::Kernel(Primitive::MemOom));
+        assert!(
+            t.explanation
+                .starts_with("step 0: before its call, node (pid 41) was killed by the OOM killer"),
+            "{}",
+            t.explanation
+        );
+        assert_eq!(t.evidence["kernel"]["server_pid"], 41);
+        // evidence that is not available never names a cause of its own
+        let odd = CallError::Protocol {
+            message: "boom (code -32000)".into(),
+            kernel: Some(json!({"available": false, "reason": "r", "failed": true,
+                "primitive": "fs.readonly", "hidden_failure": {"primitive": "mem.oom", "confidence": 0.9}})),
+        };
+        let o = judge(&s, Err(odd), Duration::ZERO, &mut Sent::default());
+        assert_eq!((o.kernel_failure(), o.hidden_failure()), (None, None));
+        let t = crate::triage::triage(&[o]).expect("failed");
+        assert_eq!(
+            t.primitive,
+            crate::record::Cause::Interface(InterfacePrimitive::Protocol)
+        );
+        let mut r = exec_result(b"", 1);
+        r["structuredContent"]["kernel"] = json!({"available": false, "reason": "no daemon",
+            "failed": true, "primitive": "fs.readonly", "confidence": 0.9});
+        let t = crate::triage::triage(&[judge(&s, Ok(r), Duration::ZERO, &mut Sent::default())])
+            .expect("failed");
+        assert_eq!((t.layer.id(), t.primitive.id()), ("test", "none"));
+        assert_eq!(t.confidence, 0.4, "no attribution: {t:?}");
+    }
+
+    #[test]
+    fn the_proxys_evidence_is_read_beside_a_structured_content_of_the_servers_own() {
+        let s = step("exec", json!({"argv": ["x"]}), json!({"exit_code": 0}));
+        let proxied = json!({"available": true, "failed": true, "primitive": "fs.readonly",
+            "confidence": 0.9, "explanation": "EROFS from the proxy"});
+        let mut r = exec_result(b"", 1);
+        r["structuredContent"]
+            .as_object_mut()
+            .unwrap()
+            .remove("kernel");
+        r["_meta"] = json!({"probe/kernel": proxied});
+        let o = judge(&s, Ok(r.clone()), Duration::ZERO, &mut Sent::default());
+        assert_eq!(o.kernel_unavailable, None, "{o:?}");
+        assert_eq!(
+            o.kernel_failure().unwrap().explanation,
+            "EROFS from the proxy"
+        );
+        // a server whose own probe is off: the proxy's; both there: its own
+        r["structuredContent"]["kernel"] = json!({"available": false, "reason": "--no-probe"});
+        let o = judge(&s, Ok(r.clone()), Duration::ZERO, &mut Sent::default());
+        assert_eq!(
+            o.kernel.as_ref().unwrap()["explanation"],
+            "EROFS from the proxy"
+        );
+        r["structuredContent"]["kernel"] =
+            exec_result(b"", 1)["structuredContent"]["kernel"].clone();
+        let o = judge(&s, Ok(r), Duration::ZERO, &mut Sent::default());
+        assert_eq!(o.kernel.as_ref().unwrap()["explanation"], "EROFS");
     }
 
     #[test]
