@@ -327,12 +327,6 @@ impl Kernel {
         Ok(died.then_some(v))
     }
 
-    /// [`Kernel::end_between_or_why`], a span that cannot be read taken
-    /// for one where nothing died.
-    pub async fn end_between(&self, span: &Span) -> Option<Value> {
-        self.end_between_or_why(span).await.ok().flatten()
-    }
-
     async fn open(&self, request: Value) -> Span {
         match self.ask(request).await {
             Ok(r) => match r["span_id"].as_u64() {
