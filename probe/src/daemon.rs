@@ -184,6 +184,19 @@ struct StoreStats {
     budget_bytes: AtomicU64,
 }
 
+impl StoreStats {
+    /// Runs one step of the store thread, counting its time as busy and
+    /// keeping the longest (how long ingestion waited at worst).
+    fn timed<T>(&self, step: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = step();
+        let us = started.elapsed().as_micros() as u64;
+        self.busy_us.fetch_add(us, Ordering::Relaxed);
+        self.longest_write_us.fetch_max(us, Ordering::Relaxed);
+        out
+    }
+}
+
 /// `begin_span`'s fields for OpenTelemetry, as the client sent them.
 #[derive(Default)]
 struct BeginMeta {
@@ -925,25 +938,27 @@ fn store_loop(
                     std::thread::sleep(STORE_GATHER);
                     batch.extend(rx.try_iter().take(BATCH - batch.len()));
                 }
-                let busy = Instant::now();
-                let (spans, events) = write_batch(&mut store, &batch, &stats);
-                stats.in_db.fetch_add(spans, Ordering::Relaxed);
-                // the cap holds as spans arrive, not once a minute
-                retention.fit(&mut store);
+                let (spans, events) = stats.timed(|| {
+                    let written = write_batch(&mut store, &batch, &stats);
+                    stats.in_db.fetch_add(written.0, Ordering::Relaxed);
+                    // the cap holds as spans arrive, not once a minute
+                    retention.fit(&mut store);
+                    written
+                });
                 // stored, for status and `stored_so_far`: room made too
                 stats.written.fetch_add(spans, Ordering::Relaxed);
                 stats.events_written.fetch_add(events, Ordering::Relaxed);
-                let us = busy.elapsed().as_micros() as u64;
-                stats.busy_us.fetch_add(us, Ordering::Relaxed);
-                stats.longest_write_us.fetch_max(us, Ordering::Relaxed);
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            // idle: a pass that stopped at PASS_TIME goes on
+            Err(mpsc::RecvTimeoutError::Timeout) => stats.timed(|| retention.fit(&mut store)),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         if last_age_pass.elapsed() >= Duration::from_secs(60) {
-            retention.by_age(&mut store);
-            // the free disk may have shrunk (the workload writes too)
-            retention.fit(&mut store);
+            stats.timed(|| {
+                retention.by_age(&mut store);
+                // the free disk may have shrunk (the workload writes too)
+                retention.fit(&mut store);
+            });
             last_age_pass = Instant::now();
         }
     }
@@ -995,8 +1010,9 @@ struct Retention<'a> {
 impl Retention<'_> {
     fn by_age(&self, store: &mut Store) {
         if let Some(age) = self.policy.max_age_secs {
-            let removed = store.enforce_age(age);
-            self.count(removed);
+            let mut removed = RetentionTotals::default();
+            let done = store.enforce_age(age, &mut removed);
+            self.count(removed, done);
         }
     }
 
@@ -1010,28 +1026,28 @@ impl Retention<'_> {
         {
             tracing::warn!("cannot limit the WAL: {e}");
         }
-        let removed = store.enforce_size(budget);
-        self.count(removed);
+        let mut removed = RetentionTotals::default();
+        let done = store.enforce_size(budget, &mut removed);
+        self.count(removed, done);
     }
 
-    fn count(&self, removed: Result<RetentionTotals, crate::store::StoreError>) {
-        match removed {
-            Ok(r) => {
-                let s = self.stats;
-                s.retention_spans
-                    .fetch_add(r.spans_removed, Ordering::Relaxed);
-                s.retention_events
-                    .fetch_add(r.events_removed, Ordering::Relaxed);
-                s.retention_explaining
-                    .fetch_add(r.explaining_removed, Ordering::Relaxed);
-                // saturating: spans imported by hand are removed too
-                let _ = s
-                    .in_db
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                        Some(n.saturating_sub(r.spans_removed))
-                    });
-            }
-            Err(e) => tracing::error!("retention failed: {e}"),
+    /// Counts what a pass removed, also when it failed halfway.
+    fn count(&self, r: RetentionTotals, done: Result<(), crate::store::StoreError>) {
+        let s = self.stats;
+        s.retention_spans
+            .fetch_add(r.spans_removed, Ordering::Relaxed);
+        s.retention_events
+            .fetch_add(r.events_removed, Ordering::Relaxed);
+        s.retention_explaining
+            .fetch_add(r.explaining_removed, Ordering::Relaxed);
+        // saturating: spans imported by hand are removed too
+        let _ = s
+            .in_db
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(r.spans_removed))
+            });
+        if let Err(e) = done {
+            tracing::error!("retention failed: {e}");
         }
     }
 }

@@ -402,7 +402,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .or(file.max_open_spans)
                     .unwrap_or(4096)
                     .max(1),
-                retention: file.retention,
+                retention: {
+                    file.retention.check().map_err(anyhow::Error::msg)?;
+                    file.retention
+                },
                 otlp: probe::otlp::OtlpConfig::resolve(
                     otlp.as_deref(),
                     file.otlp.as_ref(),

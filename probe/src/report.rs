@@ -137,8 +137,13 @@ pub fn render(a: &Attribution) -> String {
         a.drops.kernel,
         a.drops.retention,
         if a.drops.not_kept > 0 {
+            let which = if a.explains() {
+                "failed lookups it got past"
+            } else {
+                "the span explained nothing"
+            };
             format!(
-                " · {} events not kept (the span explained nothing: keep_events = \"failed\")",
+                " · {} events not kept ({which}: keep_events = \"failed\")",
                 a.drops.not_kept
             )
         } else {

@@ -46,10 +46,10 @@ pub struct Drops {
     pub kernel: u64,
     /// Events delivered but evicted by the per-span cap.
     pub retention: u64,
-    /// Events of a span that explained nothing (it succeeded, hid no
-    /// failure, met no memory pressure) that the store did not keep
-    /// (`[retention] keep_events = "failed"`): counted in `counts`, not
-    /// stored. Zero in a live reply; set on what the store keeps.
+    /// Events the store did not keep (`[retention] keep_events =
+    /// "failed"`): all of a span that explained nothing, the failed
+    /// lookups of one that explained (docs/RETENTION.md). Counted in
+    /// `counts`, not stored. Zero in a live reply; set on what is stored.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub not_kept: u64,
 }

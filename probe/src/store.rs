@@ -854,7 +854,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut st = Store::open(&dir.path().join("e.db")).unwrap();
         st.insert(&[span(1, "s", 1), span(2, "s", 1)]).unwrap();
-        let removed = st.enforce_age(60).unwrap();
+        let mut removed = RetentionTotals::default();
+        st.enforce_age(60, &mut removed).unwrap();
         assert_eq!(
             removed,
             RetentionTotals {
@@ -911,7 +912,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut st = Store::open(&dir.path().join("e.db")).unwrap();
         st.insert(&[span(1, "s", 1), span(2, "s", 1)]).unwrap();
-        st.enforce_age(60).unwrap();
+        st.enforce_age(60, &mut RetentionTotals::default()).unwrap();
         assert_eq!(
             st.next_span_id().unwrap(),
             3,
@@ -944,6 +945,29 @@ mod tests {
         s
     }
 
+    /// Successful spans `ids` of `events` events each, started in id
+    /// order, in batches of 50.
+    fn insert_successful(st: &mut Store, ids: std::ops::Range<u64>, events: usize) {
+        let all: Vec<StoredSpan> = ids.map(|id| span_of(id, 0, events, id as i64)).collect();
+        for batch in all.chunks(50) {
+            st.insert(batch).unwrap();
+        }
+    }
+
+    /// Passes until one removes nothing, as the store thread makes them
+    /// (each stops after PASS_TIME); what they removed.
+    fn fit(st: &mut Store, budget: u64) -> RetentionTotals {
+        let mut removed = RetentionTotals::default();
+        for _ in 0..100 {
+            let before = removed.spans_removed;
+            st.enforce_size(budget, &mut removed).unwrap();
+            if removed.spans_removed == before {
+                break;
+            }
+        }
+        removed
+    }
+
     #[test]
     fn a_size_cap_removes_spans_that_explain_nothing_first_and_stays_under() {
         let dir = tempfile::tempdir().unwrap();
@@ -952,23 +976,15 @@ mod tests {
         let budget = 1 << 20;
         st.limit_wal(budget).unwrap();
         // failed spans first (the oldest), then many successful ones
-        let failed: Vec<StoredSpan> = (1..=20).map(|i| span_of(i, 1, 5, i as i64)).collect();
+        let failed: Vec<StoredSpan> = (1..=20).map(|i| span_of(i, 1, 20, i as i64)).collect();
         st.insert(&failed).unwrap();
-        for chunk in 0..10u64 {
-            let ok: Vec<StoredSpan> = (0..50)
-                .map(|i| {
-                    let id = 100 + chunk * 50 + i;
-                    span_of(id, 0, 50, id as i64)
-                })
-                .collect();
-            st.insert(&ok).unwrap();
-        }
+        insert_successful(&mut st, 100..600, 50);
         let before = st.size_bytes().unwrap();
         assert!(
             before > budget,
             "the test needs a DB over its budget: {before}"
         );
-        let removed = st.enforce_size(budget).unwrap();
+        let removed = fit(&mut st, budget);
         assert!(
             st.size_bytes().unwrap() <= budget,
             "{} > {budget} after a pass (wal {}, live {}, removed {removed:?})",
@@ -994,7 +1010,14 @@ mod tests {
         assert!(left.iter().filter(|r| !r.failed).count() as u64 == 600 - oldest_ok);
         assert_eq!(st.retention_totals().unwrap(), removed);
         // a budget no successful span can meet: failed ones go, oldest first
-        let removed = st.enforce_size(st.live_bytes().unwrap() / 2).unwrap();
+        // room for the schema and about ten failed spans: a budget whose
+        // ¾, less the WAL's 8 pages, is that (measured on a fresh DB)
+        let mut fresh = Store::open(&dir.path().join("fresh.db")).unwrap();
+        let empty = fresh.live_bytes().unwrap();
+        fresh.insert(&[span_of(1, 1, 20, 1)]).unwrap();
+        let one_failed = fresh.live_bytes().unwrap() - empty;
+        let budget = (empty + 10 * one_failed + (8 << 12)) / 3 * 4;
+        let removed = fit(&mut st, budget);
         assert!(removed.explaining_removed > 0, "{removed:?}");
         let left = st.spans(&SpanFilter::default()).unwrap();
         assert!(left.iter().all(|r| r.failed));
@@ -1041,5 +1064,135 @@ mod tests {
                 .collect::<Vec<_>>(),
             [true, false, true, true]
         );
+    }
+
+    #[test]
+    fn a_db_made_before_incremental_auto_vacuum_loses_nothing_for_no_disk_gain() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let mut st = Store::open(&path).unwrap();
+        let spans: Vec<StoredSpan> = (1..=40).map(|i| span_of(i, 0, 50, i as i64)).collect();
+        st.insert(&spans).unwrap();
+        // as an earlier version made it: no auto-vacuum
+        st.connection()
+            .execute_batch("PRAGMA auto_vacuum = NONE; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+        assert_eq!(st.auto_vacuum().unwrap(), "none");
+        st.connection()
+            .execute_batch("DELETE FROM spans WHERE id <= 20")
+            .unwrap();
+        // a budget under the file but over what is in use: freed pages
+        // would only be reused, so nothing is removed
+        let mut removed = RetentionTotals::default();
+        let over_use = st.live_bytes().unwrap() + (64 << 10);
+        assert!(over_use < st.size_bytes().unwrap(), "the file is over it");
+        st.enforce_size(over_use, &mut removed).unwrap();
+        assert_eq!(removed.spans_removed, 0, "{removed:?}");
+        assert_eq!(st.span_count().unwrap(), 20);
+        // over the budget in use: the oldest go, and their pages are reused
+        let half = st.live_bytes().unwrap() / 2;
+        let removed = fit(&mut st, half);
+        assert!(removed.spans_removed > 0 && st.span_count().unwrap() < 20);
+    }
+
+    #[test]
+    fn a_policy_that_would_remove_everything_is_refused() {
+        let ok = RetentionPolicy::default();
+        assert!(ok.check().is_ok());
+        for bad in [
+            RetentionPolicy {
+                max_db_bytes: 0,
+                ..ok
+            },
+            RetentionPolicy {
+                max_disk_share: 0.0,
+                ..ok
+            },
+            RetentionPolicy {
+                max_disk_share: f64::NAN,
+                ..ok
+            },
+            RetentionPolicy {
+                max_disk_share: 1.5,
+                ..ok
+            },
+            RetentionPolicy {
+                max_age_secs: Some(0),
+                ..ok
+            },
+        ] {
+            let why = bad.check().expect_err("refused");
+            assert!(why.starts_with("[retention] "), "{why}");
+        }
+    }
+
+    /// A tmpfs of `mib` MiB, unmounted on drop.
+    struct Tmpfs(tempfile::TempDir);
+
+    impl Tmpfs {
+        fn mount(mib: u32) -> Tmpfs {
+            let dir = tempfile::tempdir().unwrap();
+            let st = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+                .arg(dir.path())
+                .status()
+                .unwrap();
+            assert!(st.success(), "mount tmpfs");
+            Tmpfs(dir)
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg(self.0.path())
+                .status();
+        }
+    }
+
+    #[test]
+    fn retention_makes_room_on_a_nearly_full_disk() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var("CI").is_err_and(|_| true)
+                    || std::env::var("CI").as_deref() == Ok(""),
+                "mounting a tmpfs needs root; CI=true forbids skipping"
+            );
+            return;
+        }
+        let disk = Tmpfs::mount(16);
+        let path = disk.0.path().join("e.db");
+        let mut st = Store::open(&path).unwrap();
+        insert_successful(&mut st, 1..101, 150);
+        st.connection()
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+            .unwrap();
+        // the workload takes the disk: 1 MiB is left
+        let free = |p: &Path| {
+            let s = nix::sys::statvfs::statvfs(p).unwrap();
+            s.blocks_available() * s.fragment_size()
+        };
+        let filler = vec![0u8; (free(disk.0.path()) - (1 << 20)) as usize];
+        std::fs::write(disk.0.path().join("filler"), filler).unwrap();
+        let policy = RetentionPolicy {
+            max_disk_share: 0.5,
+            ..RetentionPolicy::default()
+        };
+        let size = st.size_bytes().unwrap();
+        let budget = policy.budget_bytes(&path, size);
+        assert!(
+            budget < size,
+            "{budget} of {size}: the disk share must bind"
+        );
+        st.limit_wal(budget).unwrap();
+        // a pass that needed as much free disk as it removes would fail here
+        let removed = fit(&mut st, budget);
+        assert!(removed.spans_removed > 0);
+        assert!(
+            st.size_bytes().unwrap() <= budget,
+            "{} > {budget}",
+            st.size_bytes().unwrap()
+        );
+        assert_eq!(st.integrity_check().unwrap(), "ok");
     }
 }

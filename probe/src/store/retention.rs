@@ -11,9 +11,11 @@
 //!   quarters of it, so the next batches do not each pay for a pass.
 //! - **No whole-file VACUUM.** A new DB is made with `auto_vacuum =
 //!   INCREMENTAL`: freed pages are reused by the next spans, and a pass
-//!   gives back only the pages it freed (`PRAGMA incremental_vacuum`), so
-//!   it never needs more free disk than it frees. The WAL is checkpointed
-//!   small (a share of the budget) and truncated after each reset.
+//!   gives back only the pages it freed (`PRAGMA incremental_vacuum`).
+//!   It works in steps of the WAL's share of the budget, each
+//!   checkpointed, so it needs about a step of free disk (a deletion or
+//!   a move writes to the WAL about what it frees), and it stops after
+//!   [`PASS_TIME`]: the next pass goes on.
 //! - **A budget the sandbox can afford**: the smaller of `max_db_bytes`
 //!   and `max_disk_share` of what the DB's filesystem has free (the DB's
 //!   own bytes counted as free), so the evidence never takes the disk the
@@ -22,6 +24,7 @@
 //! [`Attribution::explains`]: crate::attribution::Attribution::explains
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use rusqlite::params;
 use serde::{Deserialize, Serialize};
@@ -81,6 +84,28 @@ impl Default for RetentionPolicy {
 }
 
 impl RetentionPolicy {
+    /// Why this policy cannot be used: a budget that would remove every
+    /// span at once, or an age that means nothing.
+    pub fn check(&self) -> Result<(), String> {
+        const MIN_DB_BYTES: u64 = 256 << 10;
+        if self.max_db_bytes < MIN_DB_BYTES {
+            return Err(format!(
+                "[retention] max_db_bytes = {} is below {MIN_DB_BYTES} (256 KiB): the schema alone takes most of that",
+                self.max_db_bytes
+            ));
+        }
+        if !(self.max_disk_share > 0.0 && self.max_disk_share <= 1.0) {
+            return Err(format!(
+                "[retention] max_disk_share = {} is not a share of the free disk above 0 and at most 1 (0.1 is a tenth)",
+                self.max_disk_share
+            ));
+        }
+        if self.max_age_secs == Some(0) {
+            return Err("[retention] max_age_secs = 0 would remove every span as it is stored; leave it out for no age limit".into());
+        }
+        Ok(())
+    }
+
     /// The bytes the DB at `db` may use now, being `db_bytes` big: the
     /// smaller of the byte cap and the share of the free disk.
     pub fn budget_bytes(&self, db: &Path, db_bytes: u64) -> u64 {
@@ -130,8 +155,12 @@ pub const EXPLAINS_SQL: &str = "(a.failed = 1 \
 /// Spans removed in one transaction at most (a pass has several).
 const CHUNK_MAX: u64 = 2000;
 
-/// Rounds of a pass at most: each removes about what is over the target.
-const ROUNDS_MAX: usize = 32;
+/// The work one pass may do before it lets the store thread write the
+/// next batch; the next pass goes on where it stopped.
+pub const PASS_TIME: Duration = Duration::from_millis(200);
+
+/// A step of the age pass, which has no budget to take a share of.
+const DEFAULT_STEP_BYTES: u64 = 4 << 20;
 
 impl Store {
     /// Sets the WAL's checkpoint threshold and size limit from the budget,
@@ -154,43 +183,81 @@ impl Store {
         Ok((budget / 10 / page).clamp(8, 1000) * page)
     }
 
-    /// Removes spans older than `max_age_secs`, then gives their pages back.
-    pub fn enforce_age(&mut self, max_age_secs: u64) -> Result<RetentionTotals, StoreError> {
-        let cutoff = crate::clock::now_ms() - (max_age_secs as i64) * 1000;
-        let victims = self.select_spans("s.started_ms < ?1", cutoff, u64::MAX)?;
-        let removed = self.remove(&victims, "age")?;
-        if removed.spans_removed > 0 {
-            self.release_free_pages()?;
+    /// Removes spans older than `max_age_secs` (at most [`PASS_TIME`] of
+    /// work: the next pass goes on), then gives their pages back. What it
+    /// removed is added to `removed`, also when it fails halfway.
+    pub fn enforce_age(
+        &mut self,
+        max_age_secs: u64,
+        removed: &mut RetentionTotals,
+    ) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let age_ms = (max_age_secs.min(i64::MAX as u64 / 1000) as i64) * 1000;
+        let cutoff = crate::clock::now_ms().saturating_sub(age_ms);
+        let mut any = false;
+        while started.elapsed() < PASS_TIME {
+            let victims = self.select_spans("s.started_ms < ?1", cutoff, CHUNK_MAX)?;
+            let r = self.remove(&victims, "age")?;
+            *removed += r;
+            if r.spans_removed == 0 {
+                break;
+            }
+            any = true;
+            self.checkpoint_without_waiting()?;
         }
-        Ok(removed)
+        if any {
+            self.release_free_pages(DEFAULT_STEP_BYTES, started)?;
+        }
+        Ok(())
     }
 
-    /// When the DB and its WAL are over `budget` bytes: removes the least
-    /// valuable spans until what is live fits in three quarters of it
-    /// with room for the WAL, then gives the freed pages back to the
-    /// filesystem and truncates the WAL.
-    pub fn enforce_size(&mut self, budget: u64) -> Result<RetentionTotals, StoreError> {
-        let mut removed = RetentionTotals::default();
-        if self.size_bytes()? <= budget {
-            return Ok(removed);
+    /// When the DB is over `budget` bytes: removes the least valuable
+    /// spans until what is live fits in three quarters of it with room for
+    /// the WAL, then gives the freed pages back to the filesystem. Each
+    /// step writes about a WAL's share of the budget and is checkpointed,
+    /// so a nearly full disk can still be cut; a pass stops after
+    /// [`PASS_TIME`] of work and the next one goes on. What it removed is
+    /// added to `removed`, also when it fails halfway.
+    pub fn enforce_size(
+        &mut self,
+        budget: u64,
+        removed: &mut RetentionTotals,
+    ) -> Result<(), StoreError> {
+        if self.used_bytes()? <= budget {
+            return Ok(());
         }
-        // the WAL grows during the pass and is truncated at its end
-        let target = (budget / 4 * 3).saturating_sub(self.wal_limit(budget)?);
-        for _ in 0..ROUNDS_MAX {
+        let started = Instant::now();
+        let step = self.wal_limit(budget)?;
+        let target = (budget / 4 * 3).saturating_sub(step);
+        while started.elapsed() < PASS_TIME {
             let (live, spans) = (self.live_bytes()?, self.span_count()?);
             if live <= target || spans == 0 {
                 break;
             }
             let per_span = (live / spans).max(1);
-            let n = ((live - target) / per_span + 1).min(CHUNK_MAX);
+            let n = ((live - target) / per_span + 1)
+                .min(step / per_span + 1)
+                .min(CHUNK_MAX);
             let r = self.remove_least_valuable(n)?;
+            *removed += r;
             if r.spans_removed == 0 {
                 break;
             }
-            removed += r;
+            self.checkpoint_without_waiting()?;
         }
-        self.release_free_pages()?;
-        Ok(removed)
+        self.release_free_pages(step, started)
+    }
+
+    /// The bytes that count against the budget: the file and its WAL; of a
+    /// DB made before incremental auto-vacuum, whose file never shrinks,
+    /// the pages in use (free pages are reused before the file grows, so
+    /// removing more would free nothing on disk).
+    fn used_bytes(&self) -> Result<u64, StoreError> {
+        if self.auto_vacuum()? == "incremental" {
+            self.size_bytes()
+        } else {
+            self.live_bytes()
+        }
     }
 
     /// Up to `n` spans that explain nothing, oldest first; only when none
@@ -259,27 +326,49 @@ impl Store {
         })
     }
 
-    /// Gives the free pages back to the filesystem (a DB made before
-    /// incremental auto-vacuum only reuses them), then checkpoints and
-    /// truncates the WAL, which lets the file shrink — unless a reader is
-    /// in the way: the store does not wait for readers (the WAL is
-    /// truncated at a later pass, or when it restarts past
-    /// `journal_size_limit`).
-    fn release_free_pages(&self) -> Result<(), StoreError> {
-        // one page per step: step it to the end
-        let mut vacuum = self.conn.prepare_cached("PRAGMA incremental_vacuum")?;
-        let mut rows = vacuum.query([])?;
-        while rows.next()?.is_some() {}
-        drop(rows);
+    /// Gives the free pages back to the filesystem, `step` bytes at a
+    /// time with a checkpoint after each (moving pages writes them to the
+    /// WAL), until none is left or the pass has worked [`PASS_TIME`]. A DB
+    /// made before incremental auto-vacuum only reuses them.
+    fn release_free_pages(&self, step: u64, started: Instant) -> Result<(), StoreError> {
+        if self.auto_vacuum()? != "incremental" {
+            return self.checkpoint_without_waiting();
+        }
+        let pages = (step / self.page_size()?).max(1);
+        loop {
+            let free: i64 = self
+                .conn
+                .query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+            if free == 0 {
+                break;
+            }
+            // one page per step of the statement: step it to the end
+            // (a pragma takes no bound parameter)
+            let mut vacuum = self
+                .conn
+                .prepare_cached(&format!("PRAGMA incremental_vacuum({pages})"))?;
+            let mut rows = vacuum.query([])?;
+            while rows.next()?.is_some() {}
+            drop(rows);
+            self.checkpoint_without_waiting()?;
+            if started.elapsed() >= PASS_TIME {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checkpoints the WAL and truncates it, unless a reader is in the
+    /// way: the store does not wait for readers (the WAL is truncated at a
+    /// later checkpoint, or when it restarts past `journal_size_limit`).
+    fn checkpoint_without_waiting(&self) -> Result<(), StoreError> {
         self.conn.busy_timeout(std::time::Duration::ZERO)?;
+        // a reader in the way is said in the result row, not as an error
         let checkpoint = self
             .conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
         self.conn.busy_timeout(super::BUSY_TIMEOUT)?;
-        match checkpoint {
-            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => Ok(()),
-            other => Ok(other?),
-        }
+        Ok(checkpoint?)
     }
 
     /// Everything retention removed since the DB was created.
