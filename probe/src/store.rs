@@ -78,13 +78,17 @@ fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
 
 /// Less than 1 MiB free where `path` lives.
 fn disk_nearly_full(path: &Path) -> bool {
+    free_bytes(path).is_some_and(|free| free < (1 << 20))
+}
+
+/// Bytes free to this user on the filesystem of the file at `path`.
+fn free_bytes(path: &Path) -> Option<u64> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    nix::sys::statvfs::statvfs(dir)
-        .map(|s| s.blocks_available().saturating_mul(s.fragment_size()) < (1 << 20))
-        .unwrap_or(false)
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some(s.blocks_available().saturating_mul(s.fragment_size()))
 }
 
 /// One finished span, as stored.

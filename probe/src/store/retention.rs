@@ -109,18 +109,13 @@ impl RetentionPolicy {
     /// The bytes the DB at `db` may use now, being `db_bytes` big: the
     /// smaller of the byte cap and the share of the free disk.
     pub fn budget_bytes(&self, db: &Path, db_bytes: u64) -> u64 {
-        let dir = db
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
         let share = self.max_disk_share.clamp(0.0, 1.0);
-        match nix::sys::statvfs::statvfs(dir) {
-            Ok(s) => {
-                let free = s.blocks_available().saturating_mul(s.fragment_size());
+        match super::free_bytes(db) {
+            Some(free) => {
                 let affordable = (free.saturating_add(db_bytes) as f64 * share) as u64;
                 self.max_db_bytes.min(affordable)
             }
-            Err(_) => self.max_db_bytes,
+            None => self.max_db_bytes,
         }
     }
 }
@@ -284,7 +279,7 @@ impl Store {
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT s.probe_id, s.id FROM spans s
              JOIN attributions a ON a.probe_id = s.probe_id AND a.span_id = s.id
-             WHERE {cond} AND ?1 = ?1 ORDER BY s.started_ms, s.id LIMIT ?2"
+             WHERE {cond} ORDER BY s.started_ms, s.id LIMIT ?2"
         ))?;
         let rows = stmt.query_map(params![value, limit.min(i64::MAX as u64) as i64], |r| {
             Ok((r.get(0)?, r.get(1)?))
