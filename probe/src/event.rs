@@ -179,7 +179,7 @@ pub struct KernelEvent {
 pub const SYS_SECCOMP: i32 = 1;
 
 impl KernelEvent {
-    fn bare(kind: Kind, ts_ns: u64, pid: u32, tid: u32, comm: String) -> Self {
+    pub(crate) fn bare(kind: Kind, ts_ns: u64, pid: u32, tid: u32, comm: String) -> Self {
         KernelEvent {
             kind,
             ts_ns,

@@ -9,7 +9,10 @@
 //!   [`btf`] supply tracepoint and struct offsets).
 //! - [`spawn`]: starts a workload attached to its span before it execs;
 //!   [`proctree`] and [`cgroup`] let a span follow a running tree or a cgroup.
-//! - [`event`]: decodes ring-buffer records into [`event::KernelEvent`]s.
+//! - [`event`]: decodes ring-buffer records into [`event::KernelEvent`]s;
+//!   [`gvisor`], the second source, turns gVisor's runtime-monitoring
+//!   points into the same events (`probe trace --gvisor`, the daemon's
+//!   monitor socket) for a sandbox whose kernel is gVisor's.
 //! - [`spans`]: collects a span's events and process facts, bounded;
 //!   [`sessions`] remembers what a session wrote (for `fs.persistence`).
 //! - [`attribution`]: picks the decisive event and the [`primitive`].
@@ -35,6 +38,7 @@ pub mod config;
 pub mod daemon;
 pub mod event;
 pub mod fault;
+pub mod gvisor;
 pub mod loader;
 pub mod mounts;
 pub mod otlp;

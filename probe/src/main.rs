@@ -57,6 +57,7 @@ enum Cmd {
     ///   probe trace -- python3 train.py
     ///   probe trace --json -- sh -c 'echo hi > /readonly/out'
     ///   probe trace --events --timeout 30 -- make test
+    ///   probe trace --gvisor -- runsc --network=none do python3 job.py
     #[command(verbatim_doc_comment)]
     Trace {
         /// Print one JSON attribution object on stdout.
@@ -77,6 +78,14 @@ enum Cmd {
         /// /sys/fs/cgroup/system.slice/docker-ID.scope -- docker exec ID make
         #[arg(long, value_name = "PATH")]
         cgroup: Option<PathBuf>,
+        /// CMD is a runsc (gVisor) command line: the probe is the
+        /// sandbox's runtime monitor instead of loading eBPF (gVisor's
+        /// kernel runs in user space, where eBPF cannot see). It adds its
+        /// own --pod-init-config to runsc and attributes what the sandbox
+        /// reports. Run it on the host, as root. E.g. --gvisor -- runsc
+        /// --network=none do python3 job.py
+        #[arg(long, conflicts_with = "cgroup")]
+        gvisor: bool,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
@@ -342,14 +351,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             timeout,
             event_cap,
             cgroup,
+            gvisor,
             command,
         } => {
             // before loading: a wrong path is a usage error
             let cgroup = cgroup
                 .map(|p| probe::cgroup::Cgroup::open(&p))
                 .transpose()?;
-            let mut probe = Probe::load()?;
-            probe.warn_if_lower_rung();
             let opts = TraceOptions {
                 command,
                 timeout: seconds(timeout)?,
@@ -358,12 +366,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 event_cap: Some(event_cap.max(1)),
                 cgroup,
             };
-            let traced = trace(&mut probe, &opts)?;
-            // the report first: detaching takes grace periods
+            let traced = if gvisor {
+                // no eBPF: gVisor's own monitoring is the source
+                probe::gvisor::oneoff::trace_gvisor(&opts)?
+            } else {
+                let mut probe = Probe::load()?;
+                probe.warn_if_lower_rung();
+                let traced = trace(&mut probe, &opts)?;
+                // the report first: detaching takes grace periods
+                print_attribution(&traced.attribution, json)?;
+                probe.detach_after_exit();
+                if traced.interrupted {
+                    eprintln!("probe: interrupted; the workload was stopped");
+                }
+                return Ok(exit_code(&traced.attribution.exit));
+            };
             print_attribution(&traced.attribution, json)?;
-            probe.detach_after_exit();
             if traced.interrupted {
-                eprintln!("probe: interrupted; the workload was stopped");
+                eprintln!("probe: interrupted; the sandbox was stopped");
             }
             Ok(exit_code(&traced.attribution.exit))
         }

@@ -38,6 +38,8 @@ pub enum Primitive {
     NetEgress,
     #[serde(rename = "caps")]
     Caps,
+    #[serde(rename = "sandbox.kernel")]
+    SandboxKernel,
     #[serde(rename = "signal")]
     Signal,
     #[serde(rename = "timeout")]
@@ -47,7 +49,7 @@ pub enum Primitive {
 }
 
 impl Primitive {
-    pub const ALL: [Primitive; 17] = [
+    pub const ALL: [Primitive; 18] = [
         Primitive::Seccomp,
         Primitive::FsPermission,
         Primitive::FsReadonly,
@@ -62,6 +64,7 @@ impl Primitive {
         Primitive::MemPressure,
         Primitive::NetEgress,
         Primitive::Caps,
+        Primitive::SandboxKernel,
         Primitive::Signal,
         Primitive::Timeout,
         Primitive::None,
@@ -84,6 +87,7 @@ impl Primitive {
             Primitive::MemPressure => "mem.pressure",
             Primitive::NetEgress => "net.egress",
             Primitive::Caps => "caps",
+            Primitive::SandboxKernel => "sandbox.kernel",
             Primitive::Signal => "signal",
             Primitive::Timeout => "timeout",
             Primitive::None => "none",
@@ -117,6 +121,9 @@ impl Primitive {
             Primitive::MemPressure => "long memory-reclaim stalls slowed the workload",
             Primitive::NetEgress => "an outbound connection was refused, unroutable or filtered",
             Primitive::Caps => "a privileged operation without the capability",
+            Primitive::SandboxKernel => {
+                "the sandbox's kernel is not Linux (gVisor's Sentry): it lacks a syscall or a flag Linux has"
+            }
             Primitive::Signal => "a signal from another process, or a crash",
             Primitive::Timeout => "the caller's time limit killed the workload",
             Primitive::None => "no kernel cause: the failure belongs to the interface or the test",
@@ -139,6 +146,9 @@ impl Primitive {
                 "direct or memory-cgroup reclaim stalls (vmscan tracepoints) dominating the span"
             }
             Primitive::Signal => "signal:signal_generate of a fatal signal, then exit by it",
+            Primitive::SandboxKernel => {
+                "under gVisor: ENOSYS, or EINVAL from a call whose flags are all valid on Linux, that the failing process's output reports"
+            }
             Primitive::Timeout => "the caller says it killed the workload on a deadline",
             Primitive::None => "none of the above before the failing exit",
             _ => "see the rule table",

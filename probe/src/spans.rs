@@ -58,10 +58,34 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// Where a span's events came from.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// The probe's eBPF programs in the host's (or VM's) kernel.
+    #[default]
+    Ebpf,
+    /// gVisor's runtime monitoring (its points), for a workload whose
+    /// kernel is gVisor's Sentry. Pids are the sandbox's own.
+    Gvisor,
+}
+
+impl Source {
+    pub fn id(self) -> &'static str {
+        match self {
+            Source::Ebpf => "ebpf",
+            Source::Gvisor => "gvisor",
+        }
+    }
+}
+
 /// Evidence of one span.
 #[derive(Debug)]
 pub struct SpanEvidence {
     pub id: u64,
+    /// Where its events come from: host procfs and mounts speak of the
+    /// span's pids only when it is [`Source::Ebpf`].
+    pub source: Source,
     pub session: Option<String>,
     pub label: String,
     /// CLOCK_MONOTONIC at begin, in ns (the eBPF clock).
@@ -98,6 +122,7 @@ impl SpanEvidence {
     pub fn new(id: u64, session: Option<String>, label: String, start_ns: u64) -> Self {
         SpanEvidence {
             id,
+            source: Source::Ebpf,
             session,
             label,
             start_ns,
@@ -152,7 +177,7 @@ impl SpanEvidence {
             ev.comm = p.comm.clone();
             return;
         }
-        if self.unnamed.contains(&ev.pid) {
+        if self.unnamed.contains(&ev.pid) || self.source != Source::Ebpf {
             return;
         }
         match std::fs::read_to_string(format!("/proc/{}/comm", ev.pid)) {
@@ -265,6 +290,7 @@ impl SpanEvidence {
             Kind::ReclaimStall => self.reclaim_ns += ev.duration_ns.unwrap_or(0),
             Kind::SeccompDenied => {
                 if ev.seccomp_filter.is_none()
+                    && self.source == Source::Ebpf
                     && crate::loader::seccomp_mode(ev.pid).is_some_and(|m| m != 0)
                 {
                     ev.seccomp_filter = Some(true);
@@ -320,6 +346,7 @@ impl SpanEvidence {
         }
         // execve EACCES: is the file on a noexec mount?
         if matches!(nr, 59 | 322)
+            && self.source == Source::Ebpf
             && ev.errno.as_deref() == Some("EACCES")
             && let Some(path) = &ev.path
         {

@@ -72,15 +72,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     let (program, args) = opts.command.split_first().context("no command given")?;
     let label = command_line(&opts.command);
 
-    let (sig_r, sig_w) = UnixStream::pair().context("signal pipe")?;
-    sig_r.set_nonblocking(true)?;
-    let mut sig_ids = Vec::new();
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        sig_ids.push(signal_hook::low_level::pipe::register(
-            sig,
-            sig_w.try_clone()?,
-        )?);
-    }
+    let signals = StopSignals::register()?;
 
     let mut cmd = Command::new(program);
     cmd.args(args);
@@ -117,7 +109,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         Ok(mut child) => {
             stderr = child.stderr.take().map(StderrTee::start);
             let (status, intr, tmo) =
-                wait_collecting(probe, &mut span, child, &sig_r, opts.timeout)?;
+                wait_collecting(probe, &mut span, child, signals.pipe(), opts.timeout)?;
             interrupted = intr;
             timed_out = tmo;
             settle_leftovers(probe, &mut span, LEFTOVERS_SETTLE);
@@ -151,9 +143,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         .map(|(a, b)| a - b)
         .sum();
 
-    for id in sig_ids {
-        signal_hook::low_level::unregister(id);
-    }
+    drop(signals);
 
     let outcome = Outcome {
         exit,
@@ -166,6 +156,46 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         attribution: attribute(&span, &outcome),
         interrupted,
     })
+}
+
+/// SIGINT/SIGTERM/SIGHUP sent to the probe, noted on a pipe that can be
+/// polled; unregistered when dropped.
+pub(crate) struct StopSignals {
+    read: UnixStream,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl StopSignals {
+    pub(crate) fn register() -> anyhow::Result<StopSignals> {
+        let (read, write) = UnixStream::pair().context("signal pipe")?;
+        read.set_nonblocking(true)?;
+        let mut ids = Vec::new();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            ids.push(signal_hook::low_level::pipe::register(
+                sig,
+                write.try_clone()?,
+            )?);
+        }
+        Ok(StopSignals { read, ids })
+    }
+
+    pub(crate) fn pipe(&self) -> &UnixStream {
+        &self.read
+    }
+
+    /// Whether a signal arrived since the last call.
+    pub(crate) fn caught(&self) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(std::io::Read::read(&mut &self.read, &mut buf), Ok(n) if n > 0)
+    }
+}
+
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
 }
 
 /// Follows `cg` from now on and attaches the threads already in it.

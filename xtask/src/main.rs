@@ -511,6 +511,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         // spans exported over OTLP/HTTP to a local receiver
         "--test",
         "otlp",
+        // gVisor sandboxes (runsc), the probe as their runtime monitor
+        "--test",
+        "gvisor",
         "--",
         "--test-threads=1",
     ])

@@ -456,6 +456,19 @@ fn explain_failure(
                 ev.call()
             )
         }
+        // gVisor shows the EINPROGRESS, never how the connect ended (its
+        // outcome is read through getsockopt, which has no point)
+        Primitive::NetEgress
+            if errno == "EINPROGRESS" && span.source == crate::spans::Source::Gvisor =>
+        {
+            format!(
+                "{} was still in progress (EINPROGRESS) when {proc_desc} gave up on it: refused, \
+                 unreachable or unanswered, gVisor's points do not say which (a non-blocking \
+                 connect's outcome is read through getsockopt, which has no point): {}",
+                ev.call(),
+                primitive.meaning()
+            )
+        }
         // a non-blocking connect that never completed: the failure is the
         // silence after it, not the EINPROGRESS its call returned
         Primitive::NetEgress if errno == "EINPROGRESS" => format!(

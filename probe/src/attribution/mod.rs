@@ -84,6 +84,11 @@ impl ExitStatus {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Attribution {
     pub span: u64,
+    /// Where the evidence came from: `ebpf` (the probe's programs in the
+    /// kernel) or `gvisor` (gVisor's runtime monitoring). Absent in
+    /// records made before there was a choice: those are `ebpf`.
+    #[serde(default)]
+    pub source: crate::spans::Source,
     pub session: Option<String>,
     pub label: String,
     pub exit: ExitStatus,
@@ -261,6 +266,9 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     if let Some(note) = uring_seccomp_note(span) {
         verdict.explanation = format!("{}; {note}", verdict.explanation);
     }
+    if let Some(note) = gvisor_note(span, failed, verdict.primitive) {
+        verdict.explanation = format!("{}; {note}", verdict.explanation);
+    }
     let layer = failed.then(|| verdict.primitive.layer());
     let hidden_failure = if failed {
         None
@@ -274,6 +282,7 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     };
     Attribution {
         span: span.id,
+        source: span.source,
         session: span.session.clone(),
         label: span.label.clone(),
         exit: outcome.exit.clone(),
@@ -549,6 +558,24 @@ fn noticed(case: &Case, decisive: Option<&KernelEvent>) -> Vec<String> {
     lines
 }
 
+/// Under gVisor, what its points cannot show, said where it matters
+/// rather than guessed: a seccomp kill leaves only the exit by SIGSYS, and
+/// a failure with no kernel cause may hide a denial gVisor sends no point
+/// for.
+fn gvisor_note(span: &SpanEvidence, failed: bool, primitive: Primitive) -> Option<&'static str> {
+    if span.source != crate::spans::Source::Gvisor || !failed {
+        return None;
+    }
+    match primitive {
+        Primitive::Seccomp => Some(
+            "gVisor sends no point for the denied syscall itself: the exit by SIGSYS is the only \
+             trace a seccomp kill leaves there",
+        ),
+        Primitive::None => Some(crate::gvisor::events::BLIND_SPOTS),
+        _ => None,
+    }
+}
+
 /// What to do about a primitive.
 pub fn hint(p: Primitive) -> &'static str {
     match p {
@@ -581,6 +608,9 @@ pub fn hint(p: Primitive) -> &'static str {
         Primitive::NetEgress => "allow this destination in the sandbox's egress rules, or route it",
         Primitive::Caps => {
             "grant the capability to the sandbox, or do without the privileged operation"
+        }
+        Primitive::SandboxKernel => {
+            "avoid the call or the flag in the workload (or a newer gVisor that has it), or run this workload in a container or microVM"
         }
         Primitive::Signal => "find who sent the signal, or debug the crash",
         Primitive::Timeout => "raise the time limit, or make the workload faster",

@@ -59,6 +59,7 @@ pub(super) fn failure_verdict(case: &Case) -> Verdict {
         .or_else(|| signal_off_path(case))
         .or_else(|| failure_on_path(case).map(|v| failure_reported_before(case, &v).unwrap_or(v)))
         .or_else(|| failure_off_path(case))
+        .or_else(|| unsupported_by_sandbox_kernel(case))
         .or_else(|| disk_refused_anywhere(case))
         .or_else(|| reported_elsewhere(case))
         .or_else(|| memory_pressure(span, outcome))
@@ -455,6 +456,77 @@ fn memory_pressure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
             .find(|e| e.kind == Kind::ReclaimStall)
             .cloned(),
     })
+}
+
+/// A call the sandbox's kernel refused although Linux accepts it: under
+/// gVisor, ENOSYS (a syscall it does not implement), or EINVAL from a call
+/// whose flags are all ones Linux takes (coreutils' statx with
+/// AT_NO_AUTOMOUNT on runsc 20221219). Only in a process that failed and
+/// did not go on, and only when its output reports that very error (its
+/// strerror or errno name): a program probing for a newer syscall and
+/// falling back never says so.
+fn unsupported_by_sandbox_kernel(case: &Case) -> Option<Verdict> {
+    let (span, lineage) = (case.span, &case.lineage);
+    if span.source != crate::spans::Source::Gvisor {
+        return None;
+    }
+    let output = case.outcome.words.output.as_deref().unwrap_or("");
+    let ev = span.events.iter().rev().find(|ev| {
+        ev.kind == Kind::SyscallFailed
+            && linux_accepts(ev)
+            && (Some(ev.pid) == lineage.leaf()
+                || span.processes.get(&ev.pid).is_some_and(|p| p.failed()))
+            && !lineage.survived(ev)
+            && ev
+                .errno
+                .as_deref()
+                .is_some_and(|e| output.contains(crate::event::errno_desc(e)) || output.contains(e))
+    })?;
+    let errno = ev.errno.as_deref().unwrap_or("");
+    let why = match ev.flags {
+        Some(f) if errno == "EINVAL" => format!("whose flags ({f:#x}) are all valid on Linux"),
+        _ => "that Linux implements".to_string(),
+    };
+    Some(Verdict {
+        primitive: Primitive::SandboxKernel,
+        confidence: 0.8,
+        explanation: format!(
+            "{} failed with {errno} ({}) in {}, and its output says so: gVisor's kernel refused \
+             a call {why}; the sandbox's kernel is not Linux",
+            ev.call(),
+            crate::event::errno_desc(errno).to_ascii_lowercase(),
+            who(span, ev.pid),
+        ),
+        decisive: Some(ev.clone()),
+    })
+}
+
+/// ENOSYS, or EINVAL from a raw call whose flags are all ones Linux takes.
+fn linux_accepts(ev: &KernelEvent) -> bool {
+    const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
+    const AT_EACCESS: u64 = 0x200;
+    const AT_REMOVEDIR: u64 = 0x200;
+    const AT_NO_AUTOMOUNT: u64 = 0x800;
+    const AT_EMPTY_PATH: u64 = 0x1000;
+    const AT_STATX_SYNC_TYPE: u64 = 0x6000;
+    const RENAME_ALL: u64 = 0x7;
+    match ev.errno.as_deref() {
+        Some("ENOSYS") => true,
+        Some("EINVAL") => {
+            let valid = match ev.syscall_nr {
+                Some(332) => {
+                    AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH | AT_STATX_SYNC_TYPE
+                }
+                Some(262) => AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH,
+                Some(439) => AT_EACCESS | AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH,
+                Some(263) => AT_REMOVEDIR,
+                Some(316) => RENAME_ALL,
+                _ => return false,
+            };
+            ev.flags.is_some_and(|f| f & !valid == 0)
+        }
+        _ => false,
+    }
 }
 
 /// Nothing the kernel saw explains the status. Processes stopped on the

@@ -1,0 +1,222 @@
+//! `probe trace --gvisor -- runsc … do|run … CMD`: the probe listens as
+//! gVisor's monitor, starts the runsc command with its own session added,
+//! collects the points of the sandbox it starts into one span, and
+//! attributes the outcome as `probe trace` does (no eBPF is loaded: under
+//! gVisor the workload's syscalls never reach the host kernel as its own).
+
+use std::os::fd::AsFd as _;
+use std::os::unix::fs::DirBuilderExt as _;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::attribution::{ExitStatus, Outcome, Words, attribute};
+use crate::spans::{Source, SpanEvidence};
+use crate::tee::{StderrTee, command_line};
+use crate::trace::{StopSignals, TraceOptions, Traced};
+
+use super::monitor::{Delivery, Monitor};
+use super::session;
+
+/// How long points may trail the runsc process's exit: the sandbox
+/// process hangs up its connection when it has sent its last point.
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// A private directory for the socket and the configuration, removed
+/// when dropped.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new() -> anyhow::Result<WorkDir> {
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!(
+            "probe-gvisor-{}-{}",
+            std::process::id(),
+            crate::clock::monotonic_ns()
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+        Ok(WorkDir(dir))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `opts.command` (a runsc command line) with the probe as its
+/// monitor and attributes the outcome.
+pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
+    let work = WorkDir::new()?;
+    let socket = work.0.join("monitor.sock");
+    let config = work.0.join("pod-init.json");
+    let command = session::with_pod_init_config(&opts.command, &config)?;
+    let (tx, rx) = channel();
+    let monitor = Monitor::listen(&socket, tx)?;
+    std::fs::write(
+        &config,
+        serde_json::to_vec_pretty(&session::pod_init_config(&socket))?,
+    )
+    .with_context(|| format!("writing {}", config.display()))?;
+
+    let label = command_line(&opts.command);
+    let (program, args) = command.split_first().context("no command given")?;
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    if opts.stdout_to_stderr {
+        cmd.stdout(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?));
+    }
+    StderrTee::pipe(&mut cmd);
+
+    let signals = StopSignals::register()?;
+    let start_ns = crate::clock::monotonic_ns();
+    let started = Instant::now();
+    let mut span = SpanEvidence::new(1, None, label.clone(), start_ns);
+    span.source = Source::Gvisor;
+    if let Some(cap) = opts.event_cap {
+        span.cap = cap;
+    }
+    let mut collector = Collector::default();
+
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            anyhow::bail!(
+                "cannot start {} (exit {code}): {e}",
+                program.to_string_lossy()
+            );
+        }
+    };
+    let stderr = child.stderr.take().map(StderrTee::start);
+    let runsc = Pid::from_raw(child.id() as i32);
+    let mut interrupted = false;
+    let mut timed_out = None;
+    let mut kill_at: Option<Instant> = None;
+    let status = loop {
+        collector.drain(&rx, &mut span, Duration::from_millis(10));
+        if let Some(status) = child.try_wait().context("waiting for runsc")? {
+            break status;
+        }
+        if signals.caught() {
+            interrupted = true;
+            // runsc passes SIGTERM on to the container
+            let _ = kill(runsc, Signal::SIGTERM);
+            kill_at.get_or_insert(Instant::now() + Duration::from_secs(3));
+        }
+        if let Some(t) = opts.timeout
+            && timed_out.is_none()
+            && started.elapsed() >= t
+        {
+            timed_out = Some(t);
+            let _ = kill(runsc, Signal::SIGTERM);
+            kill_at.get_or_insert(Instant::now() + Duration::from_secs(3));
+        }
+        if kill_at.is_some_and(|at| Instant::now() >= at) {
+            let _ = kill(runsc, Signal::SIGKILL);
+            kill_at = None;
+        }
+    };
+    // the sandbox hangs up when it has said everything
+    let settle_until = Instant::now() + SETTLE;
+    while !collector.all_closed() && Instant::now() < settle_until {
+        collector.drain(&rx, &mut span, Duration::from_millis(20));
+    }
+    drop(monitor);
+    collector.finish(&mut span);
+
+    let exit = ExitStatus {
+        code: status.code(),
+        signal: status.signal().map(crate::event::signal_name),
+    };
+    let outcome = Outcome {
+        exit,
+        timed_out,
+        duration_ns: started.elapsed().as_nanos() as u64,
+        all_events: opts.all_events,
+        words: Words::new(Some(label), stderr.as_ref().map(|t| t.said()).as_deref()),
+    };
+    if collector.connections == 0 {
+        tracing::warn!(
+            "runsc never connected to the probe's monitor: no sandbox was started, or this \
+             runsc has no runtime monitoring (it needs release-20220905 or later)"
+        );
+    }
+    Ok(Traced {
+        attribution: attribute(&span, &outcome),
+        interrupted,
+    })
+}
+
+/// Feeds deliveries into the span and keeps what the monitor said of its
+/// connections.
+#[derive(Default)]
+struct Collector {
+    connections: u64,
+    open: std::collections::HashSet<u64>,
+    pids: std::collections::BTreeSet<u32>,
+}
+
+impl Collector {
+    /// Takes what arrives within `wait` (at least one delivery's worth).
+    fn drain(&mut self, rx: &Receiver<Delivery>, span: &mut SpanEvidence, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        while let Ok(d) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            self.take(d, span);
+        }
+    }
+
+    fn take(&mut self, delivery: Delivery, span: &mut SpanEvidence) {
+        match delivery {
+            Delivery::Connected { conn } => {
+                self.connections += 1;
+                self.open.insert(conn);
+            }
+            Delivery::Closed { conn } => {
+                self.open.remove(&conn);
+            }
+            Delivery::Dropped { dropped, .. } => span.drops.kernel += dropped,
+            Delivery::Point {
+                converted, dropped, ..
+            } => {
+                span.drops.kernel += dropped;
+                for mut ev in converted.events {
+                    ev.ts_ns = ev.ts_ns.saturating_sub(span.start_ns);
+                    self.pids.insert(ev.pid);
+                    span.add(ev);
+                }
+            }
+        }
+    }
+
+    fn all_closed(&self) -> bool {
+        self.connections > 0 && self.open.is_empty()
+    }
+
+    /// The span's root: the container's init, pid 1 in the sandbox (else
+    /// the first pid seen, for a container that is not the pod's first).
+    fn finish(&self, span: &mut SpanEvidence) {
+        span.root_pid = if self.pids.contains(&1) {
+            Some(1)
+        } else {
+            self.pids.first().copied()
+        };
+    }
+}

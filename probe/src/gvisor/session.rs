@@ -1,0 +1,177 @@
+//! The trace session the probe asks runsc for: which points, with which
+//! context, sent where (`--pod-init-config`, or `runsc trace create`).
+
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+/// Context every point carries: the probe keys spans by container and
+/// pid, names processes, and resolves relative paths against the cwd.
+const CONTEXT: [&str; 6] = [
+    "time",
+    "thread_id",
+    "group_id",
+    "container_id",
+    "process_name",
+    "cwd",
+];
+
+/// Syscalls with a schematized point (path, address, flags): their exits.
+/// Reads, writes and closes are left out: they are most of a workload's
+/// syscalls, and gVisor sends a point for every success too.
+const SCHEMATIZED: [&str; 16] = [
+    "open", "openat", "creat", "execve", "execveat", "connect", "socket", "bind", "accept",
+    "accept4", "chdir", "fchdir", "chroot", "clone", "fork", "vfork",
+];
+
+/// Syscalls that fail for sandbox reasons and have no schema: raw points,
+/// sysno and errno only (gVisor does not read their path arguments).
+/// x86_64 numbers: mkdir, rmdir, unlink, unlinkat, mkdirat, rename,
+/// renameat, renameat2, link, linkat, symlink, symlinkat, chmod, fchmodat,
+/// chown, fchownat, truncate, access, faccessat, faccessat2, stat, lstat,
+/// newfstatat, statx, mount, umount2, unshare, setns, ptrace, bpf,
+/// setrlimit, prlimit64.
+pub const RAW_SYSNOS: [u32; 32] = [
+    83, 84, 87, 263, 258, 82, 264, 316, 86, 265, 88, 266, 90, 268, 92, 260, 76, 21, 269, 439, 4, 6,
+    262, 332, 165, 166, 272, 308, 101, 321, 160, 302,
+];
+
+/// The pod-init configuration that sends the probe's points to `endpoint`.
+pub fn pod_init_config(endpoint: &Path) -> Value {
+    json!({ "trace_session": session(endpoint) })
+}
+
+/// The session itself (what `runsc trace create --config` reads).
+pub fn session(endpoint: &Path) -> Value {
+    let context: Vec<&str> = CONTEXT.to_vec();
+    let mut points = vec![
+        json!({"name": "container/start", "context_fields": context}),
+        json!({"name": "sentry/clone", "context_fields": context}),
+        json!({"name": "sentry/execve", "context_fields": context}),
+        json!({"name": "sentry/task_exit", "context_fields": context}),
+    ];
+    for name in SCHEMATIZED {
+        points.push(json!({"name": format!("syscall/{name}/exit"), "context_fields": context}));
+    }
+    for nr in RAW_SYSNOS {
+        // a raw exit point carries its enter point's context fields (a
+        // runsc bug): the enter point asks for them
+        points
+            .push(json!({"name": format!("syscall/sysno/{nr}/enter"), "context_fields": context}));
+        points.push(json!({"name": format!("syscall/sysno/{nr}/exit")}));
+    }
+    json!({
+        "name": "Default",
+        "points": points,
+        "sinks": [{
+            "name": "remote",
+            "config": {"endpoint": endpoint.to_string_lossy(), "retries": 3},
+            "ignore_setup_error": false,
+        }],
+    })
+}
+
+/// Why a command line cannot carry the probe's session.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CommandError {
+    #[error(
+        "--gvisor runs a runsc command line (`probe trace --gvisor -- runsc [flags] do|run …`); \
+         `{0}` is not runsc"
+    )]
+    NotRunsc(String),
+    #[error(
+        "the command already has --pod-init-config: the probe brings its own. Drop it, or add \
+         the probe's session to a running sandbox with `runsc trace create --config` \
+         (`probe gvisor-session` prints it)"
+    )]
+    HasPodInitConfig,
+}
+
+/// `command` with `--pod-init-config=CONFIG` as runsc's first flag. runsc
+/// may follow a wrapper (`sudo`, `timeout 60`, `env X=1`): the first word
+/// whose file name is `runsc` is it.
+pub fn with_pod_init_config(
+    command: &[OsString],
+    config: &Path,
+) -> Result<Vec<OsString>, CommandError> {
+    let at = command
+        .iter()
+        .position(|w| Path::new(w).file_name() == Some(OsStr::new("runsc")))
+        .ok_or_else(|| {
+            CommandError::NotRunsc(
+                command
+                    .first()
+                    .map(|w| w.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            )
+        })?;
+    if command[at + 1..]
+        .iter()
+        .map(|w| w.to_string_lossy())
+        .take_while(|w| w.starts_with('-'))
+        .any(|w| w.trim_start_matches('-').starts_with("pod-init-config"))
+    {
+        return Err(CommandError::HasPodInitConfig);
+    }
+    let mut out = command[..=at].to_vec();
+    let mut flag = OsString::from("--pod-init-config=");
+    flag.push(config);
+    out.push(flag);
+    out.extend_from_slice(&command[at + 1..]);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<OsString> {
+        s.split(' ').map(OsString::from).collect()
+    }
+
+    #[test]
+    fn the_session_flag_goes_right_after_runsc_even_behind_a_wrapper() {
+        let cfg = Path::new("/run/p/cfg.json");
+        assert_eq!(
+            with_pod_init_config(&words("runsc --network=none do ls"), cfg).unwrap(),
+            words("runsc --pod-init-config=/run/p/cfg.json --network=none do ls")
+        );
+        assert_eq!(
+            with_pod_init_config(&words("timeout 60 /usr/bin/runsc do true"), cfg).unwrap(),
+            words("timeout 60 /usr/bin/runsc --pod-init-config=/run/p/cfg.json do true")
+        );
+    }
+
+    #[test]
+    fn a_command_that_is_not_runsc_or_has_its_own_session_is_refused() {
+        let cfg = Path::new("/c.json");
+        assert_eq!(
+            with_pod_init_config(&words("docker run x"), cfg),
+            Err(CommandError::NotRunsc("docker".into()))
+        );
+        assert_eq!(
+            with_pod_init_config(&words("runsc --pod-init-config=/x.json do ls"), cfg),
+            Err(CommandError::HasPodInitConfig)
+        );
+        // a word of the workload that looks like the flag is the workload's
+        assert!(with_pod_init_config(&words("runsc do echo --pod-init-config"), cfg).is_ok());
+    }
+
+    #[test]
+    fn every_raw_point_asks_for_its_context_on_the_enter_side() {
+        let s = session(Path::new("/s"));
+        let points = s["points"].as_array().unwrap();
+        for nr in RAW_SYSNOS {
+            let enter = points
+                .iter()
+                .find(|p| p["name"] == format!("syscall/sysno/{nr}/enter"))
+                .unwrap();
+            assert_eq!(
+                enter["context_fields"].as_array().unwrap().len(),
+                CONTEXT.len()
+            );
+        }
+        assert_eq!(s["sinks"][0]["config"]["endpoint"], "/s");
+    }
+}

@@ -1,0 +1,580 @@
+//! gVisor through its runtime monitoring: `probe trace --gvisor -- runsc …`
+//! starts real sandboxes (Debian's runsc, `do` and `run` with an OCI
+//! bundle), is their monitor, and attributes what happens inside. Each
+//! case runs twice in a row and asserts the primitive, the decisive
+//! syscall and errno, the explanation and that the evidence says it came
+//! from gVisor. The monitor itself meets a garbage datagram, a connection
+//! without a handshake and a sandbox killed mid-stream.
+//!
+//! They need root and runsc (`cargo xtask setup` installs it); under
+//! CI=true a missing one is a failure.
+
+use std::io::Write as _;
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc::channel;
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{
+    AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr, connect, recv, send, socket,
+};
+use probe::gvisor::monitor::{Delivery, Monitor};
+use prost::Message as _;
+
+mod common;
+
+use common::{FAULT, PROBE, Traced, ci, parse, root};
+
+fn runsc_available() -> bool {
+    if !root() {
+        return false;
+    }
+    let found = Command::new("runsc").arg("--version").output().is_ok();
+    assert!(
+        found || !ci(),
+        "runsc is missing (cargo xtask setup installs it); CI=true forbids skipping"
+    );
+    if !found {
+        eprintln!("SKIPPED: runsc is not installed");
+    }
+    found
+}
+
+/// A scratch directory of this test process, removed at the end of a case.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("probe-gvisor-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `probe trace --gvisor --json -- runsc --root STATE --network=none`,
+/// to be followed by `do CMD` or `run …`.
+fn probe_runsc(state: &Path) -> Command {
+    let mut c = Command::new(PROBE);
+    c.args([
+        "trace",
+        "--gvisor",
+        "--json",
+        "--timeout",
+        "60",
+        "--",
+        "runsc",
+    ])
+    .arg(format!("--root={}", state.display()))
+    .arg("--network=none");
+    c
+}
+
+/// `probe trace --gvisor --json -- runsc … do CMD`.
+fn gvisor_do(cmd: &[&str]) -> Traced {
+    let scratch = Scratch::new("do");
+    let out = probe_runsc(&scratch.0.join("state"))
+        .arg("do")
+        .args(cmd)
+        .output()
+        .expect("run probe");
+    parse(out)
+}
+
+/// The same under `runsc run` with an OCI bundle: the host's root
+/// filesystem read-only, `ro_dir` bind-mounted read-only at /ro.
+fn gvisor_run(cmd: &[&str], ro_dir: &Path) -> Traced {
+    let scratch = Scratch::new("run");
+    let bundle = scratch.0.join("bundle");
+    std::fs::create_dir_all(&bundle).unwrap();
+    let spec = Command::new("runsc")
+        .arg("spec")
+        .arg("--bundle")
+        .arg(&bundle)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    assert!(spec.status.success(), "runsc spec: {spec:?}");
+    let path = bundle.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["root"] = serde_json::json!({"path": "/", "readonly": true});
+    config["process"]["terminal"] = false.into();
+    config["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "destination": "/ro", "type": "bind", "source": ro_dir, "options": ["rbind", "ro"],
+        }));
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let id = format!("probe-test-{}", std::process::id());
+    let out = probe_runsc(&scratch.0.join("state"))
+        .args(["run", "--bundle"])
+        .arg(&bundle)
+        .arg(&id)
+        .output()
+        .expect("run probe");
+    parse(out)
+}
+
+fn twice(case: impl Fn() -> Traced, check: impl Fn(&Traced)) {
+    for _ in 0..2 {
+        let t = case();
+        assert_eq!(t.json["source"], "gvisor", "{}", t.context());
+        check(&t);
+    }
+}
+
+fn expect_failure(t: &Traced, primitive: &str, syscall: &str, errno: &str, says: &str) {
+    t.expect(primitive, Some(syscall));
+    assert_eq!(t.decisive("errno"), Some(errno), "{}", t.context());
+    assert_ne!(t.code, Some(0), "{}", t.context());
+    let explanation = t.json["explanation"].as_str().unwrap_or("");
+    assert!(
+        explanation.contains(says),
+        "the explanation should say {says:?}: {}",
+        t.context()
+    );
+}
+
+#[test]
+fn a_missing_file_is_fs_missing_with_its_path() {
+    if !runsc_available() {
+        return;
+    }
+    twice(
+        || gvisor_do(&["cat", "/nonexistent/input.csv"]),
+        |t| {
+            expect_failure(
+                t,
+                "fs.missing",
+                "openat",
+                "ENOENT",
+                "/nonexistent/input.csv",
+            );
+            assert_eq!(t.decisive("path"), Some("/nonexistent/input.csv"));
+            // the sandbox's pids, not the host's: cat is the container's init
+            assert_eq!(t.json["decisive"]["pid"], 1, "{}", t.context());
+        },
+    );
+}
+
+#[test]
+fn a_missing_command_is_exec_missing() {
+    if !runsc_available() {
+        return;
+    }
+    twice(
+        || gvisor_do(&["env", "no-such-tool-xyz", "--version"]),
+        |t| expect_failure(t, "exec.missing", "execve", "ENOENT", "no-such-tool-xyz"),
+    );
+}
+
+#[test]
+fn a_read_only_root_and_a_read_only_bind_mount_are_fs_readonly() {
+    if !runsc_available() {
+        return;
+    }
+    let ro = Scratch::new("ro-source");
+    twice(
+        || gvisor_run(&["touch", "/etc/probe-gvisor-test"], &ro.0),
+        |t| {
+            expect_failure(
+                t,
+                "fs.readonly",
+                "openat",
+                "EROFS",
+                "/etc/probe-gvisor-test",
+            )
+        },
+    );
+    twice(
+        || gvisor_run(&["sh", "-c", "echo hi > /ro/out.txt"], &ro.0),
+        |t| {
+            expect_failure(t, "fs.readonly", "openat", "EROFS", "/ro/out.txt");
+            assert!(!ro.0.join("out.txt").exists());
+        },
+    );
+}
+
+#[test]
+fn a_permission_refusal_is_fs_permission() {
+    if !runsc_available() {
+        return;
+    }
+    twice(
+        || {
+            gvisor_do(&[
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "cat",
+                "/etc/shadow",
+            ])
+        },
+        |t| expect_failure(t, "fs.permission", "openat", "EACCES", "/etc/shadow"),
+    );
+}
+
+#[test]
+fn a_refused_connect_is_net_egress_with_its_address() {
+    if !runsc_available() {
+        return;
+    }
+    // --network=none: the sandbox's own loopback, where nothing listens
+    let blocking = "import socket; socket.create_connection(('127.0.0.1', 9))";
+    twice(
+        || gvisor_do(&["python3", "-c", blocking]),
+        |t| {
+            expect_failure(t, "net.egress", "connect", "ECONNREFUSED", "127.0.0.1:9");
+            assert_eq!(t.decisive("addr"), Some("127.0.0.1:9"));
+        },
+    );
+    // with a timeout the connect is non-blocking: gVisor shows its
+    // EINPROGRESS, not how it ended, and the sentence says so
+    let non_blocking = "import socket; socket.create_connection(('127.0.0.1', 9), timeout=5)";
+    twice(
+        || gvisor_do(&["python3", "-c", non_blocking]),
+        |t| {
+            expect_failure(
+                t,
+                "net.egress",
+                "connect",
+                "EINPROGRESS",
+                "do not say which",
+            )
+        },
+    );
+}
+
+#[test]
+fn a_failed_clone_and_an_fd_limit_are_proc_limit() {
+    if !runsc_available() {
+        return;
+    }
+    twice(
+        || {
+            gvisor_do(&[
+                FAULT,
+                "--rlimit",
+                "nproc=3",
+                "--",
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                "for i in 1 2 3 4 5 6; do sleep 1 & done; wait",
+            ])
+        },
+        |t| {
+            expect_failure(
+                t,
+                "proc.limit",
+                "clone",
+                "EAGAIN",
+                "clone failed with EAGAIN",
+            )
+        },
+    );
+    let script = "files = [open('/dev/null') for _ in range(64)]";
+    twice(
+        || {
+            gvisor_do(&[
+                FAULT,
+                "--rlimit",
+                "nofile=16",
+                "--",
+                "python3",
+                "-c",
+                script,
+            ])
+        },
+        |t| expect_failure(t, "proc.limit", "openat", "EMFILE", "/dev/null"),
+    );
+}
+
+#[test]
+fn a_seccomp_kill_inside_is_seccomp_and_says_the_exit_is_its_only_trace() {
+    if !runsc_available() {
+        return;
+    }
+    twice(
+        || {
+            gvisor_do(&[
+                FAULT,
+                "--seccomp",
+                "kill:mkdir",
+                "--",
+                "mkdir",
+                "/tmp/probe-x",
+            ])
+        },
+        |t| {
+            t.expect("seccomp", None);
+            // runsc passes the container's death by SIGSYS on as 128 + 31
+            assert_eq!(t.code, Some(159), "{}", t.context());
+            let explanation = t.json["explanation"].as_str().unwrap();
+            assert!(explanation.contains("SIGSYS"), "{}", t.context());
+            assert!(explanation.contains("only trace"), "{}", t.context());
+        },
+    );
+}
+
+#[test]
+fn a_clean_run_and_a_program_failing_by_its_own_logic_are_none() {
+    if !runsc_available() {
+        return;
+    }
+    twice(
+        || gvisor_do(&["sh", "-c", "cat /etc/hostname >/dev/null; true"]),
+        |t| {
+            assert_eq!(t.code, Some(0), "{}", t.context());
+            t.expect("none", None);
+            assert_eq!(t.json["failed"], false);
+        },
+    );
+    // python looks up many files it does without, then fails by its own logic
+    twice(
+        || {
+            gvisor_do(&[
+                "python3",
+                "-c",
+                "import json; raise ValueError('bad input')",
+            ])
+        },
+        |t| {
+            assert_eq!(t.code, Some(1), "{}", t.context());
+            t.expect("none", None);
+            assert!(
+                t.json["counts"]["syscall_failed"].as_u64().unwrap_or(0) > 10,
+                "the lookups it got past were seen: {}",
+                t.json["counts"]
+            );
+            let explanation = t.json["explanation"].as_str().unwrap();
+            assert!(
+                explanation.contains("seccomp ERRNO denial") && explanation.contains("gVisor"),
+                "what gVisor cannot show is said: {}",
+                t.context()
+            );
+        },
+    );
+}
+
+#[test]
+fn a_call_the_sandbox_kernel_does_not_accept_is_sandbox_kernel() {
+    if !runsc_available() {
+        return;
+    }
+    // this runsc answers coreutils' statx(…, AT_NO_AUTOMOUNT, …) with
+    // EINVAL, so ls of a missing path says "Invalid argument"
+    twice(
+        || gvisor_do(&["ls", "/nonexistent-probe-path"]),
+        |t| {
+            expect_failure(t, "sandbox.kernel", "statx", "EINVAL", "not Linux");
+            assert_eq!(t.json["decisive"]["flags"], 0x800, "{}", t.context());
+        },
+    );
+}
+
+#[test]
+fn a_sandbox_killed_mid_stream_still_gets_its_attribution() {
+    if !runsc_available() {
+        return;
+    }
+    let scratch = Scratch::new("killed");
+    let state = scratch.0.join("state");
+    let child = probe_runsc(&state)
+        .args(["do", "sh", "-c", "cat /nonexistent/before; sleep 30"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the sandbox process, once it runs: the host process whose command
+    // line says `boot` under our state directory
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sandbox = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no runsc sandbox process appeared"
+        );
+        if let Some(pid) = sandbox_pid(child.id()) {
+            break pid;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sandbox as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the probe did not hang on a dead sandbox"
+    );
+    let t = parse(out);
+    assert_eq!(t.json["source"], "gvisor");
+    assert_eq!(t.json["failed"], true, "{}", t.context());
+    let missing = t.json["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(t.json["noticed"].as_array().into_iter().flatten())
+        .any(|e| e.to_string().contains("/nonexistent/before"));
+    let counted = t.json["counts"]["syscall_failed"].as_u64().unwrap_or(0) > 0;
+    assert!(
+        missing || counted,
+        "what the sandbox said before it died was kept: {}",
+        t.json
+    );
+}
+
+/// The pid of the runsc sandbox (`runsc-sandbox … boot …`) that the
+/// runsc started by `probe` (pid) runs.
+fn sandbox_pid(probe: u32) -> Option<u32> {
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+    };
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        // runsc re-executes itself: its comm is `exe`, its argv[0] says
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if cmdline.split(|&b| b == 0).next() == Some(b"runsc-sandbox".as_slice())
+            && parent(pid).and_then(parent) == Some(probe)
+        {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// A SEQPACKET client of `path`.
+fn client(path: &Path) -> std::os::fd::OwnedFd {
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    connect(fd.as_raw_fd(), &UnixAddr::new(path).unwrap()).unwrap();
+    fd
+}
+
+fn datagram(message_type: u16, dropped: u32, payload: &[u8]) -> Vec<u8> {
+    let mut d = Vec::new();
+    d.write_all(&8u16.to_le_bytes()).unwrap();
+    d.write_all(&message_type.to_le_bytes()).unwrap();
+    d.write_all(&dropped.to_le_bytes()).unwrap();
+    d.extend_from_slice(payload);
+    d
+}
+
+/// No root needed: the monitor over a real SEQPACKET socket, spoken to as
+/// runsc speaks, then with garbage.
+#[test]
+fn the_monitor_survives_garbage_and_a_peer_without_handshake() {
+    use probe::gvisor::wire::{ContextData, Exit, RawSyscall};
+    let scratch = Scratch::new("monitor");
+    let path = scratch.0.join("m.sock");
+    let (tx, rx) = channel();
+    let monitor = Monitor::listen(&path, tx).unwrap();
+    let wait = || rx.recv_timeout(Duration::from_secs(5)).expect("a delivery");
+
+    // a peer that never shakes hands is closed, and the next is served
+    let rude = client(&path);
+    send(rude.as_raw_fd(), b"hello, monitor", MsgFlags::empty()).unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        recv(rude.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap(),
+        0
+    );
+
+    let sandbox = client(&path);
+    send(sandbox.as_raw_fd(), &[0x08, 0x01], MsgFlags::empty()).unwrap();
+    let n = recv(sandbox.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+    assert_eq!(&buf[..n], &[0x08, 0x01], "the handshake is answered");
+    assert!(matches!(wait(), Delivery::Connected { .. }));
+
+    // garbage: a short datagram, a header pointing past the end, a payload
+    // that is no protobuf
+    for junk in [
+        vec![1u8, 2, 3],
+        vec![200, 0, 6, 0, 0, 0, 0, 0, 1],
+        datagram(6, 0, &[0xff; 40]),
+    ] {
+        send(sandbox.as_raw_fd(), &junk, MsgFlags::empty()).unwrap();
+    }
+    // then a real point: mkdir failed with EROFS, 3 points dropped so far
+    let point = RawSyscall {
+        context_data: Some(ContextData {
+            time_ns: 1,
+            thread_id: 7,
+            thread_group_id: 7,
+            container_id: "c1".into(),
+            cwd: "/".into(),
+            process_name: "mkdir".into(),
+        }),
+        exit: Some(Exit {
+            result: 0,
+            errorno: 30,
+        }),
+        sysno: 83,
+        ..Default::default()
+    };
+    send(
+        sandbox.as_raw_fd(),
+        &datagram(6, 3, &point.encode_to_vec()),
+        MsgFlags::empty(),
+    )
+    .unwrap();
+    match wait() {
+        Delivery::Point {
+            converted, dropped, ..
+        } => {
+            assert_eq!(dropped, 3);
+            assert_eq!(converted.container, "c1");
+            let ev = &converted.events[0];
+            assert_eq!(
+                (ev.syscall.as_deref(), ev.errno.as_deref(), ev.pid),
+                (Some("mkdir"), Some("EROFS"), 7)
+            );
+        }
+        other => panic!("expected the point, got {other:?}"),
+    }
+    assert_eq!(
+        monitor
+            .stats
+            .malformed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    assert_eq!(
+        monitor
+            .stats
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    drop(sandbox);
+    assert!(matches!(wait(), Delivery::Closed { .. }));
+}
