@@ -6,6 +6,7 @@
 //! group = "probe"             # may use the socket besides root
 //! events_per_span = 20000
 //! max_open_spans = 4096
+//! gvisor_socket = "/run/probe/probe.gvisor.sock"  # "off": no gVisor monitor
 //! [retention]                 # docs/RETENTION.md
 //! max_age_secs = 604800       # a week (default: no age limit)
 //! max_db_bytes = 1073741824   # 1 GiB (the default)…
@@ -33,6 +34,8 @@ pub struct ConfigFile {
     pub group: Option<String>,
     pub events_per_span: Option<usize>,
     pub max_open_spans: Option<usize>,
+    /// Where gVisor sandboxes send their points (`"off"`: nowhere).
+    pub gvisor_socket: Option<PathBuf>,
     #[serde(default)]
     pub retention: RetentionPolicy,
     /// OpenTelemetry export; the flag and then `OTEL_EXPORTER_OTLP_*`

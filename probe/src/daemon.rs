@@ -56,6 +56,17 @@ pub struct DaemonConfig {
     pub retention: RetentionPolicy,
     /// Export every finished span as an OpenTelemetry span (OTLP/HTTP).
     pub otlp: Option<OtlpConfig>,
+    /// Where gVisor sandboxes send their runtime-monitoring points (None:
+    /// not listening).
+    pub gvisor_socket: Option<PathBuf>,
+}
+
+impl DaemonConfig {
+    /// The gVisor socket beside a control socket: `probe.sock` →
+    /// `probe.gvisor.sock`.
+    pub fn gvisor_socket_beside(socket: &std::path::Path) -> PathBuf {
+        socket.with_extension("gvisor.sock")
+    }
 }
 
 /// Records the drain thread takes per pass, holding the core.
@@ -85,6 +96,8 @@ enum Command {
         meta: Box<BeginMeta>,
         /// What the store keeps of it, when the client said.
         keep_events: Option<KeepEvents>,
+        /// With `pid`: a process of a gVisor sandbox, not of this kernel.
+        gvisor: Option<GvisorTarget>,
         /// The span, and with `tree` how many threads were attached.
         reply: Reply<(u64, Option<usize>)>,
     },
@@ -197,6 +210,28 @@ impl StoreStats {
     }
 }
 
+/// Which gVisor sandbox a `begin_span` pid lives in.
+#[derive(Debug, Clone)]
+enum GvisorTarget {
+    /// The client said (`gvisor_container`).
+    Container(String),
+    /// The client reached us through this runsc's sandbox (its gofer).
+    Runsc(u32),
+}
+
+/// The daemon as gVisor's monitor: the points its sandboxes send, and
+/// which span each belongs to.
+struct GvisorSide {
+    monitor: crate::gvisor::monitor::Monitor,
+    rx: mpsc::Receiver<crate::gvisor::monitor::Delivery>,
+    routes: crate::gvisor::routes::Routes,
+}
+
+/// How long `end_span` of a gVisor span whose process ended waits for
+/// that exit's point (it travels the monitor socket while the caller's
+/// wait returns).
+const GVISOR_EXIT_WAIT: Duration = Duration::from_millis(500);
+
 /// `begin_span`'s fields for OpenTelemetry, as the client sent them.
 #[derive(Default)]
 struct BeginMeta {
@@ -219,6 +254,8 @@ struct OpenSpan {
     cgroup: Option<u64>,
     /// What the store keeps of its events.
     keep_events: KeepEvents,
+    /// A gVisor span: the container its processes are in.
+    gvisor_container: Option<String>,
 }
 
 struct Subscriber {
@@ -251,6 +288,7 @@ struct Core {
     otlp: Option<Arc<Exporter>>,
     /// `begin_span` traceparents that were not valid W3C trace context.
     invalid_traceparents: u64,
+    gvisor: Option<GvisorSide>,
 }
 
 /// The drain thread: waits for the ring buffer (or the read interval, or
@@ -297,6 +335,7 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
         // a bounded pass: under an event storm the lock is let go between
         // passes, so requests are not held up until the ring is empty
         core.drain_at_most(DRAIN_PASS);
+        core.drain_gvisor();
         core.update_rate();
         if last_sweep.elapsed() >= SWEEP_INTERVAL {
             core.sweep();
@@ -414,8 +453,15 @@ impl Core {
                 cgroup,
                 meta,
                 keep_events,
+                gvisor,
                 reply,
             } => {
+                if let Some(target) = gvisor {
+                    let begun =
+                        self.begin_gvisor(session, label, pid, tree, target, *meta, keep_events);
+                    let _ = reply.send(begun);
+                    return;
+                }
                 let begun = self
                     .begin(session, label, *meta, keep_events)
                     .and_then(|span| {
@@ -453,7 +499,21 @@ impl Core {
                 let _ = reply.send(begun);
             }
             Command::Attach { span, pid, reply } => {
-                let _ = reply.send(self.attach(span, pid, None));
+                let container = self
+                    .spans
+                    .get(&span)
+                    .and_then(|o| o.gvisor_container.clone());
+                let attached = match (container, self.gvisor.as_mut()) {
+                    (Some(c), Some(g)) => {
+                        g.routes.attach(span, &c, pid, false);
+                        if let Some(open) = self.spans.get_mut(&span) {
+                            open.evidence.root_pid.get_or_insert(pid);
+                        }
+                        Ok(())
+                    }
+                    _ => self.attach(span, pid, None),
+                };
+                let _ = reply.send(attached);
             }
             Command::End {
                 span,
@@ -534,9 +594,143 @@ impl Core {
                 drops_before,
                 cgroup: None,
                 keep_events: keep_events.unwrap_or(self.config.retention.keep_events),
+                gvisor_container: None,
             },
         );
         Ok(id)
+    }
+
+    /// A span over a process of a gVisor sandbox (`pid` as the sandbox
+    /// sees it, or one `attach` names later): its events come from the
+    /// sandbox's points, not from the kernel. Answers the span and, with
+    /// `tree`, how many processes.
+    #[allow(clippy::too_many_arguments)]
+    fn begin_gvisor(
+        &mut self,
+        session: Option<String>,
+        label: String,
+        pid: Option<u32>,
+        tree: bool,
+        target: GvisorTarget,
+        meta: BeginMeta,
+        keep_events: Option<KeepEvents>,
+    ) -> Result<(u64, Option<usize>), ErrorBody> {
+        // what the sandbox said so far names its container
+        self.drain_gvisor();
+        let Some(g) = self.gvisor.as_mut() else {
+            return Err(ErrorBody::new(
+                ErrorCode::Unavailable,
+                "this daemon does not listen for gVisor sandboxes (it was started without a \
+                 gVisor socket)",
+            ));
+        };
+        let container = match target {
+            GvisorTarget::Container(c) => c,
+            GvisorTarget::Runsc(runsc) => g
+                .routes
+                .container_of(runsc)
+                .map_err(|e| ErrorBody::new(ErrorCode::Unavailable, e.to_string()))?,
+        };
+        let span = self.begin(session, label, meta, keep_events)?;
+        let g = self.gvisor.as_mut().expect("checked above");
+        // without a pid, `attach` names the span's process later
+        let n = pid.map(|pid| g.routes.attach(span, &container, pid, tree));
+        if let Some(open) = self.spans.get_mut(&span) {
+            open.evidence.source = crate::spans::Source::Gvisor;
+            open.evidence.root_pid = pid;
+            open.gvisor_container = Some(container);
+        }
+        Ok((span, n.filter(|_| tree)))
+    }
+
+    /// Takes what the gVisor monitor delivered so far.
+    fn drain_gvisor(&mut self) {
+        while let Some(d) = self.gvisor.as_ref().and_then(|g| g.rx.try_recv().ok()) {
+            self.take_gvisor(d);
+        }
+    }
+
+    /// Routes one delivery of the gVisor monitor to its spans.
+    fn take_gvisor(&mut self, delivery: crate::gvisor::monitor::Delivery) {
+        use crate::gvisor::monitor::Delivery;
+        let Core {
+            gvisor,
+            spans,
+            sessions,
+            subscribers,
+            events_total,
+            late_events,
+            ..
+        } = self;
+        let Some(g) = gvisor.as_mut() else { return };
+        let (conn, dropped) = match &delivery {
+            Delivery::Connected { conn, peer_pid } => {
+                g.routes.connected(*conn, *peer_pid);
+                return;
+            }
+            Delivery::Closed { conn } => {
+                g.routes.closed(*conn);
+                return;
+            }
+            Delivery::Dropped { conn, dropped } | Delivery::Point { conn, dropped, .. } => {
+                (*conn, *dropped)
+            }
+        };
+        if dropped > 0 {
+            // runsc counts per sandbox: every span of it may have lost them
+            g.routes.counts.dropped += dropped;
+            for span in g.routes.spans_of(conn) {
+                if let Some(open) = spans.get_mut(&span) {
+                    open.evidence.drops.kernel += dropped;
+                }
+            }
+        }
+        let Delivery::Point { converted, .. } = delivery else {
+            return;
+        };
+        for mut ev in converted.events {
+            *events_total += 1;
+            let Some(span) = g.routes.route(conn, &converted.container, &ev) else {
+                continue;
+            };
+            let Some(open) = spans.get_mut(&span) else {
+                *late_events += 1;
+                continue;
+            };
+            ev.ts_ns = ev.ts_ns.saturating_sub(open.evidence.start_ns);
+            if let Some(session) = open.evidence.session.as_deref() {
+                sessions.observe(session, span, &mut ev);
+            }
+            if !subscribers.is_empty() {
+                publish(subscribers, span, &ev);
+            }
+            open.evidence.add(ev);
+        }
+    }
+
+    /// For a gVisor span whose root ended: waits (bounded) for that exit's
+    /// point, which travels the monitor socket while the caller's wait
+    /// returns.
+    fn await_gvisor_exit(&mut self, span: u64) {
+        let deadline = Instant::now() + GVISOR_EXIT_WAIT;
+        loop {
+            self.drain_gvisor();
+            let exited = self.spans.get(&span).is_none_or(|o| {
+                o.evidence
+                    .root_pid
+                    .and_then(|p| o.evidence.processes.get(&p))
+                    .is_some_and(|p| p.exited)
+            });
+            if exited || Instant::now() >= deadline {
+                return;
+            }
+            let Some(g) = self.gvisor.as_ref() else {
+                return;
+            };
+            if let Ok(d) = g.rx.recv_timeout(Duration::from_millis(10)) {
+                self.take_gvisor(d);
+            }
+        }
     }
 
     /// Follows `path` for `span` (when given): the threads in it now are
@@ -677,6 +871,13 @@ impl Core {
                 format!("span {span} is not open (never begun, or already ended)"),
             ));
         }
+        if self
+            .spans
+            .get(&span)
+            .is_some_and(|o| o.gvisor_container.is_some())
+        {
+            return self.end_gvisor(span, exit, timed_out, is_error, words);
+        }
         if let Some(id) = self.spans.get(&span).and_then(|o| o.cgroup) {
             self.probe.unfollow_cgroup(id, span);
         }
@@ -702,6 +903,47 @@ impl Core {
         };
         let drops_after: u64 = self.probe.drops().iter().sum();
         open.evidence.drops.kernel = drops_after.saturating_sub(open.drops_before);
+        self.finish(span, open, exit, timed_out, is_error, words)
+    }
+
+    /// Ends a gVisor span: its points so far (and its root's exit, when
+    /// the caller says it ended), then the same attribution and store.
+    fn end_gvisor(
+        &mut self,
+        span: u64,
+        exit: Option<ExitStatus>,
+        timed_out: Option<Duration>,
+        is_error: bool,
+        words: Words,
+    ) -> Result<Attribution, ErrorBody> {
+        if exit.is_some() {
+            self.await_gvisor_exit(span);
+        } else {
+            self.drain_gvisor();
+        }
+        if let Some(g) = self.gvisor.as_mut() {
+            g.routes.end(span);
+        }
+        let Some(open) = self.spans.remove(&span) else {
+            return Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("span {span} is not open"),
+            ));
+        };
+        // drops: runsc's own count, added as its points arrived
+        self.finish(span, open, exit, timed_out, is_error, words)
+    }
+
+    /// Attributes, exports and stores an ended span.
+    fn finish(
+        &mut self,
+        span: u64,
+        mut open: OpenSpan,
+        exit: Option<ExitStatus>,
+        timed_out: Option<Duration>,
+        is_error: bool,
+        words: Words,
+    ) -> Result<Attribution, ErrorBody> {
         let exit = exit.unwrap_or_else(|| observed_exit(&open.evidence));
         let outcome = Outcome {
             exit,
@@ -811,6 +1053,29 @@ impl Core {
             otlp: self.otlp.as_ref().map(|e| OtlpStatus {
                 invalid_traceparents: self.invalid_traceparents,
                 ..e.status()
+            }),
+            gvisor: self.gvisor.as_ref().map(|g| {
+                let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+                let stats = &g.monitor.stats;
+                crate::status::GvisorStatus {
+                    socket: g.monitor.path().to_path_buf(),
+                    sandboxes: g
+                        .routes
+                        .sandboxes()
+                        .into_iter()
+                        .map(|(runsc_pid, containers)| crate::status::GvisorSandbox {
+                            runsc_pid,
+                            containers,
+                        })
+                        .collect(),
+                    connections: load(&stats.connections),
+                    datagrams: load(&stats.datagrams),
+                    points: g.routes.counts.points,
+                    unrouted: g.routes.counts.unrouted,
+                    dropped: g.routes.counts.dropped,
+                    malformed: load(&stats.malformed),
+                    refused: load(&stats.refused),
+                }
             }),
             rss_kib,
             db: DbStatus {
@@ -1118,6 +1383,20 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let gvisor = match &config.gvisor_socket {
+        Some(path) => {
+            let (tx, rx) = mpsc::channel();
+            let monitor = crate::gvisor::monitor::Monitor::listen(path, tx)
+                .with_context(|| format!("the gVisor socket {}", path.display()))?;
+            tracing::info!(socket = %path.display(), "listening for gVisor sandboxes");
+            Some(GvisorSide {
+                monitor,
+                rx,
+                routes: Default::default(),
+            })
+        }
+        None => None,
+    };
     let (wake_r, wake_w) = StdUnixStream::pair()?;
     wake_w.set_nonblocking(true)?;
     let core = Core {
@@ -1139,6 +1418,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         rate: (Instant::now(), 0, 0.0),
         otlp: otlp.clone(),
         invalid_traceparents: 0,
+        gvisor,
     };
     let handle = Arc::new(CoreHandle {
         core: std::sync::Mutex::new(core),
@@ -1301,6 +1581,12 @@ async fn connection(
             .await?;
         return Ok(());
     }
+    let peer = Peer {
+        runsc: cred
+            .pid()
+            .and_then(|p| u32::try_from(p).ok())
+            .and_then(crate::gvisor::routes::runsc_behind),
+    };
     // spans begun here that end with this connection (`ends_with_connection`)
     let mut ends_with_us: Vec<u64> = Vec::new();
     let served: anyhow::Result<()> = async {
@@ -1374,7 +1660,7 @@ async fn connection(
                             ..
                         }
                     );
-                    let line = respond(&id, req, &core, &config).await;
+                    let line = respond(&id, req, &core, &config, peer).await;
                     if ends_with_us_too
                         && let Some(span) = serde_json::from_str::<Value>(&line)
                             .ok()
@@ -1398,12 +1684,25 @@ async fn connection(
             is_error: false,
             words: Default::default(),
         };
-        respond(&Value::Null, end, &core, &config).await;
+        respond(&Value::Null, end, &core, &config, peer).await;
     }
     served
 }
 
-async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonConfig) -> String {
+/// Who is at the other end of a control connection.
+#[derive(Debug, Clone, Copy, Default)]
+struct Peer {
+    /// A client inside a gVisor sandbox: the runsc that started it.
+    runsc: Option<u32>,
+}
+
+async fn respond(
+    id: &Value,
+    req: Request,
+    core: &CoreHandle,
+    config: &DaemonConfig,
+    peer: Peer,
+) -> String {
     let result: Result<Value, ErrorBody> = match req {
         Request::Hello => Ok(
             json!({"protocol": protocol::PROTOCOL_VERSION, "version": env!("CARGO_PKG_VERSION")}),
@@ -1423,8 +1722,14 @@ async fn respond(id: &Value, req: Request, core: &CoreHandle, config: &DaemonCon
             tracestate,
             ends_with_connection: _,
             keep_events,
+            gvisor_container,
         } => core
             .ask(|reply| Command::Begin {
+                gvisor: match (gvisor_container, peer.runsc) {
+                    (Some(c), _) => Some(GvisorTarget::Container(c)),
+                    (None, Some(runsc)) => Some(GvisorTarget::Runsc(runsc)),
+                    (None, None) => None,
+                },
                 session,
                 label,
                 pid,

@@ -130,6 +130,29 @@ enum Cmd {
         /// OTEL_EXPORTER_OTLP_ENDPOINT; none: no export.
         #[arg(long, value_name = "URL")]
         otlp: Option<String>,
+        /// Where gVisor sandboxes send their runtime-monitoring points
+        /// (`probe gvisor-session` writes the runsc configuration that
+        /// sends them here); `off`: do not listen [default: beside the
+        /// control socket, probe.gvisor.sock].
+        #[arg(long, value_name = "PATH")]
+        gvisor_socket: Option<PathBuf>,
+    },
+    /// Print the runsc (gVisor) trace session that sends a sandbox's
+    /// runtime-monitoring points to the daemon: the file for `runsc
+    /// --pod-init-config=FILE`, or with --session-only the one for `runsc
+    /// trace create --config FILE` on a running sandbox.
+    ///
+    /// Examples:
+    ///   probe gvisor-session > /etc/probe/gvisor.json
+    ///   runsc --pod-init-config=/etc/probe/gvisor.json --host-uds=open run …
+    #[command(verbatim_doc_comment)]
+    GvisorSession {
+        /// The daemon's gVisor socket [default: /run/probe/probe.gvisor.sock].
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// The session object alone (for `runsc trace create`).
+        #[arg(long)]
+        session_only: bool,
     },
     /// Run a command inside a span of the running daemon; print its attribution.
     ///
@@ -395,6 +418,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             event_cap,
             max_open_spans,
             otlp,
+            gvisor_socket,
         } => {
             let file = match &config {
                 Some(path) => probe::config::load(path)?,
@@ -408,10 +432,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ),
                 None => None,
             };
+            let socket = socket
+                .or(file.socket)
+                .unwrap_or_else(|| DEFAULT_SOCKET.into());
             probe::daemon::run(DaemonConfig {
-                socket: socket
-                    .or(file.socket)
-                    .unwrap_or_else(|| DEFAULT_SOCKET.into()),
+                gvisor_socket: match gvisor_socket.or(file.gvisor_socket) {
+                    Some(p) if p.as_os_str() == "off" => None,
+                    Some(p) => Some(p),
+                    None => Some(DaemonConfig::gvisor_socket_beside(&socket)),
+                },
+                socket,
                 db: db.or(file.db).unwrap_or_else(|| DEFAULT_DB.into()),
                 group,
                 event_cap: event_cap
@@ -457,6 +487,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             },
             command,
         ),
+        Cmd::GvisorSession {
+            socket,
+            session_only,
+        } => {
+            let socket = socket.unwrap_or_else(|| {
+                DaemonConfig::gvisor_socket_beside(std::path::Path::new(DEFAULT_SOCKET))
+            });
+            let value = if session_only {
+                probe::gvisor::session::session(&socket)
+            } else {
+                probe::gvisor::session::pod_init_config(&socket)
+            };
+            println!("{}", serde_json::to_string_pretty(&value)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Status { socket, json } => {
             let status = Client::connect(&socket)?.daemon_status()?;
             if json {

@@ -88,6 +88,13 @@ pub enum Request {
         /// daemon's setting.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         keep_events: Option<crate::store::KeepEvents>,
+        /// With `pid`: the process is in this gVisor sandbox container
+        /// (its pid as the sandbox sees it), and the span's events come
+        /// from the sandbox's runtime monitoring. A client inside a gVisor
+        /// sandbox (through `--host-uds=open`) need not say: the daemon
+        /// knows its sandbox from the connection.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gvisor_container: Option<String>,
     },
     /// Traces `pid` (and everything it starts) in the span. Send it while
     /// the child is blocked before exec.
@@ -287,6 +294,7 @@ mod tests {
                 traceparent: None,
                 tracestate: None,
                 ends_with_connection: false,
+                gvisor_container: None,
                 keep_events: None,
             }
         );

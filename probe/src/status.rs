@@ -31,8 +31,40 @@ pub struct DaemonStatus {
     pub sessions_remembered: usize,
     /// OpenTelemetry export (`None` when off).
     pub otlp: Option<OtlpStatus>,
+    /// The gVisor monitor (`None` when not listening).
+    #[serde(default)]
+    pub gvisor: Option<GvisorStatus>,
     pub rss_kib: Option<u64>,
     pub db: DbStatus,
+}
+
+/// The daemon as gVisor's runtime monitor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GvisorStatus {
+    pub socket: PathBuf,
+    /// Sandboxes connected now: the runsc that started each and the
+    /// containers its points named.
+    pub sandboxes: Vec<GvisorSandbox>,
+    /// Sandboxes that ever connected and shook hands.
+    pub connections: u64,
+    pub datagrams: u64,
+    /// Points that made events; of their events, those of processes in
+    /// no span.
+    pub points: u64,
+    pub unrouted: u64,
+    /// Points runsc dropped (its `dropped_count`), counted into the
+    /// spans of that sandbox as kernel drops.
+    pub dropped: u64,
+    /// Datagrams that were no point (skipped), connections without a
+    /// handshake (closed).
+    pub malformed: u64,
+    pub refused: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GvisorSandbox {
+    pub runsc_pid: Option<u32>,
+    pub containers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -162,6 +194,30 @@ impl DaemonStatus {
                 }
             ),
         };
+        let gvisor = match &self.gvisor {
+            None => "off".to_owned(),
+            Some(g) => format!(
+                "{} — {} sandbox(es) connected{}, {} ever; {} points ({} outside any span), {} dropped by runsc, {} malformed, {} refused",
+                g.socket.display(),
+                g.sandboxes.len(),
+                match g
+                    .sandboxes
+                    .iter()
+                    .flat_map(|s| s.containers.iter())
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                {
+                    c if c.is_empty() => String::new(),
+                    c => format!(" ({})", c.join(", ")),
+                },
+                g.connections,
+                g.points,
+                g.unrouted,
+                g.dropped,
+                g.malformed,
+                g.refused,
+            ),
+        };
         let (d, db) = (&self.drops, &self.db);
         format!(
             "probe daemon   pid {}, up {}s, protocol {}, version {}\n\
@@ -174,7 +230,8 @@ impl DaemonStatus {
              db             {} — {:.1} MiB of a {:.1} MiB budget, {} spans ({} B each), queue {}, stored {}, errors {}\n\
              retention      removed {} spans ({} that explained something) / {} events; keep_events = {} ({}); auto_vacuum {}; longest write {:.1} ms\n\
              memory         RSS {:.1} MiB\n\
-             otlp           {otlp}\n",
+             otlp           {otlp}\n\
+             gvisor         {gvisor}\n",
             self.pid,
             self.uptime_s,
             self.protocol,

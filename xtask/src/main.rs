@@ -495,6 +495,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         // mcp-fuzzer against serve (stdio, HTTP) and the proxy
         "--test",
         "fuzz",
+        // the bridge inside gVisor, the host daemon its monitor; a campaign
+        "--test",
+        "gvisor",
     ]))?;
     let mut cmd = Command::new("cargo");
     cmd.args([

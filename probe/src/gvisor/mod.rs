@@ -4,11 +4,13 @@
 //! itself streams "points" (syscall exits with their errno, clone, execve,
 //! task exits) to a Unix socket on the host. [`wire`] reads them,
 //! [`events`] turns them into the probe's events, [`monitor`] listens,
-//! [`session`] writes the configuration runsc is started with, and
-//! [`oneoff`] is `probe trace --gvisor`.
+//! [`session`] writes the configuration runsc is started with,
+//! [`oneoff`] is `probe trace --gvisor`, and [`routes`] tells the daemon
+//! which span a point belongs to.
 
 pub mod events;
 pub mod monitor;
 pub mod oneoff;
+pub mod routes;
 pub mod session;
 pub mod wire;

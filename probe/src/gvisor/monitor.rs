@@ -23,8 +23,9 @@ use super::wire::{self, MAX_DATAGRAM};
 /// What the monitor hands on.
 #[derive(Debug)]
 pub enum Delivery {
-    /// A sandbox connected and shook hands.
-    Connected { conn: u64 },
+    /// A sandbox connected and shook hands. `peer_pid`: the host process
+    /// that connected (the runsc that started the sandbox).
+    Connected { conn: u64, peer_pid: Option<u32> },
     /// The events of one point. `dropped` is how many points runsc dropped
     /// on this connection since its previous datagram (its own count is
     /// cumulative).
@@ -141,7 +142,13 @@ fn read_connection(conn: u64, fd: OwnedFd, deliver: Sender<Delivery>, stats: Arc
         return;
     }
     stats.connections.fetch_add(1, Ordering::Relaxed);
-    if deliver.send(Delivery::Connected { conn }).is_err() {
+    let peer_pid = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::PeerCredentials)
+        .ok()
+        .and_then(|c| u32::try_from(c.pid()).ok());
+    if deliver
+        .send(Delivery::Connected { conn, peer_pid })
+        .is_err()
+    {
         return;
     }
     let clock = Clock::now();

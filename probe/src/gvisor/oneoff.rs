@@ -25,8 +25,9 @@ use super::monitor::{Delivery, Monitor};
 use super::session;
 
 /// How long points may trail the runsc process's exit: the sandbox
-/// process hangs up its connection when it has sent its last point.
-const SETTLE: Duration = Duration::from_secs(2);
+/// hangs up its connection when it has sent its last point, usually
+/// before runsc returns, but after it when the monitor fell behind.
+const SETTLE: Duration = Duration::from_secs(5);
 
 /// A private directory for the socket and the configuration, removed
 /// when dropped.
@@ -185,7 +186,7 @@ impl Collector {
 
     fn take(&mut self, delivery: Delivery, span: &mut SpanEvidence) {
         match delivery {
-            Delivery::Connected { conn } => {
+            Delivery::Connected { conn, .. } => {
                 self.connections += 1;
                 self.open.insert(conn);
             }

@@ -63,6 +63,9 @@ pub fn session(endpoint: &Path) -> Value {
     }
     json!({
         "name": "Default",
+        // a runsc without one of these points still sends the others (an
+        // unknown point otherwise drops the whole session, silently)
+        "ignore_missing": true,
         "points": points,
         "sinks": [{
             "name": "remote",

@@ -1,0 +1,265 @@
+//! The daemon's map from gVisor's points to its spans. eBPF spans are
+//! keyed in the kernel (a traced thread carries its span); gVisor's points
+//! carry a container id and the sandbox's own pids, so the daemon keeps
+//! the same map in user space: a span's processes are the one it was
+//! begun for and whatever that one forks, as clone points say.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use crate::event::{KernelEvent, Kind};
+
+/// A process in a sandbox: its container and its pid there.
+pub type SandboxPid = (String, u32);
+
+/// One runsc connection to the monitor.
+#[derive(Debug, Default)]
+struct Connection {
+    /// The host pid that connected (the runsc process that started the
+    /// sandbox): a bridge inside reaches the daemon through that
+    /// sandbox's gofer, a child of the same runsc.
+    runsc_pid: Option<u32>,
+    /// The containers its points named.
+    containers: BTreeSet<String>,
+}
+
+/// Counts for `probe status`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RouteCounts {
+    /// Points that made events.
+    pub points: u64,
+    /// Events of processes in no span (the sandbox's other work).
+    pub unrouted: u64,
+    /// Points runsc dropped (its `dropped_count`), all connections.
+    pub dropped: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Routes {
+    connections: HashMap<u64, Connection>,
+    spans: HashMap<SandboxPid, u64>,
+    /// Live processes' parents, per container, from clone and exit points:
+    /// what a span begun over a running tree takes with it.
+    parents: HashMap<SandboxPid, u32>,
+    pub counts: RouteCounts,
+}
+
+/// Why a gVisor span cannot be begun.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum RouteError {
+    #[error(
+        "no gVisor sandbox has connected to this daemon's monitor socket for this connection's \
+         sandbox: start runsc with the daemon's session (`probe gvisor-session > FILE`, then \
+         `runsc --pod-init-config=FILE …`), or name the container (`gvisor_container`)"
+    )]
+    NoSandbox,
+    #[error(
+        "the sandbox of runsc {0} runs several containers ({1}): name one (`gvisor_container`)"
+    )]
+    Ambiguous(u32, String),
+}
+
+impl Routes {
+    pub fn connected(&mut self, conn: u64, runsc_pid: Option<u32>) {
+        self.connections.insert(
+            conn,
+            Connection {
+                runsc_pid,
+                containers: BTreeSet::new(),
+            },
+        );
+    }
+
+    /// The sandbox hung up: its processes are gone (their spans keep what
+    /// they collected).
+    pub fn closed(&mut self, conn: u64) {
+        if let Some(c) = self.connections.remove(&conn) {
+            self.parents
+                .retain(|(container, _), _| !c.containers.contains(container));
+        }
+    }
+
+    /// Connected sandboxes: (runsc pid, containers).
+    pub fn sandboxes(&self) -> Vec<(Option<u32>, Vec<String>)> {
+        let mut v: Vec<_> = self
+            .connections
+            .values()
+            .map(|c| (c.runsc_pid, c.containers.iter().cloned().collect()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The container of the sandbox that runsc `runsc_pid` started.
+    pub fn container_of(&self, runsc_pid: u32) -> Result<String, RouteError> {
+        let containers: BTreeSet<&String> = self
+            .connections
+            .values()
+            .filter(|c| c.runsc_pid == Some(runsc_pid))
+            .flat_map(|c| c.containers.iter())
+            .collect();
+        match containers.len() {
+            0 => Err(RouteError::NoSandbox),
+            1 => Ok(containers.into_iter().next().cloned().unwrap_or_default()),
+            _ => Err(RouteError::Ambiguous(
+                runsc_pid,
+                containers
+                    .into_iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )),
+        }
+    }
+
+    /// Puts `pid` of `container` in `span`; with `tree`, its known
+    /// descendants too. Answers how many processes.
+    pub fn attach(&mut self, span: u64, container: &str, pid: u32, tree: bool) -> usize {
+        let mut taken = vec![pid];
+        if tree {
+            let mut i = 0;
+            while i < taken.len() {
+                let parent = taken[i];
+                taken.extend(
+                    self.parents
+                        .iter()
+                        .filter(|((c, _), p)| c == container && **p == parent)
+                        .map(|((_, child), _)| *child),
+                );
+                i += 1;
+            }
+        }
+        let unique: HashSet<u32> = taken.into_iter().collect();
+        for p in &unique {
+            self.spans.insert((container.to_string(), *p), span);
+        }
+        unique.len()
+    }
+
+    /// Forgets the processes of an ended span.
+    pub fn end(&mut self, span: u64) {
+        self.spans.retain(|_, s| *s != span);
+    }
+
+    /// The span `ev` belongs to; follows forks and exits on the way.
+    pub fn route(&mut self, conn: u64, container: &str, ev: &KernelEvent) -> Option<u64> {
+        if let Some(c) = self.connections.get_mut(&conn)
+            && !c.containers.contains(container)
+        {
+            c.containers.insert(container.to_string());
+        }
+        self.counts.points += 1;
+        let key = (container.to_string(), ev.pid);
+        let span = self.spans.get(&key).copied();
+        match ev.kind {
+            Kind::Fork if ev.thread != Some(true) => {
+                if let Some(child) = ev.child_pid {
+                    let child_key = (container.to_string(), child);
+                    self.parents.insert(child_key.clone(), ev.pid);
+                    if let Some(s) = span {
+                        self.spans.insert(child_key, s);
+                    }
+                }
+            }
+            Kind::Exit => {
+                self.parents.remove(&key);
+                self.spans.remove(&key);
+            }
+            _ => {}
+        }
+        if span.is_none() {
+            self.counts.unrouted += 1;
+        }
+        span
+    }
+
+    /// The spans of `conn`'s containers, which its drops may belong to.
+    pub fn spans_of(&self, conn: u64) -> Vec<u64> {
+        let Some(c) = self.connections.get(&conn) else {
+            return Vec::new();
+        };
+        let mut spans: Vec<u64> = self
+            .spans
+            .iter()
+            .filter(|((container, _), _)| c.containers.contains(container))
+            .map(|(_, s)| *s)
+            .collect();
+        spans.sort_unstable();
+        spans.dedup();
+        spans
+    }
+}
+
+/// The runsc process behind a daemon client: a bridge inside a gVisor
+/// sandbox reaches the host's socket (`--host-uds=open`) through the
+/// sandbox's gofer, whose parent is the runsc that started the sandbox.
+pub fn runsc_behind(peer_pid: u32) -> Option<u32> {
+    let cmdline = std::fs::read(format!("/proc/{peer_pid}/cmdline")).ok()?;
+    // runsc re-executes itself: its comm is `exe`, its argv[0] says which
+    if cmdline.split(|&b| b == 0).next()? != b"runsc-gofer" {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{peer_pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: Kind, pid: u32) -> KernelEvent {
+        KernelEvent::bare(kind, 0, pid, pid, "sh".into())
+    }
+
+    fn fork(parent: u32, child: u32) -> KernelEvent {
+        let mut e = ev(Kind::Fork, parent);
+        e.child_pid = Some(child);
+        e.thread = Some(false);
+        e
+    }
+
+    #[test]
+    fn a_span_takes_what_its_process_forks_and_lets_go_at_exit() {
+        let mut r = Routes::default();
+        r.connected(1, Some(100));
+        assert_eq!(r.route(1, "c", &fork(1, 5)), None, "before any span");
+        assert_eq!(r.container_of(100), Ok("c".into()));
+        assert_eq!(r.attach(7, "c", 5, false), 1);
+        assert_eq!(r.route(1, "c", &fork(5, 6)), Some(7));
+        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 6)), Some(7));
+        // the same pid in another container is another process
+        assert_eq!(r.route(1, "d", &ev(Kind::SyscallFailed, 6)), None);
+        assert_eq!(r.route(1, "c", &ev(Kind::Exit, 6)), Some(7));
+        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 6)), None);
+        assert_eq!(r.spans_of(1), vec![7]);
+        r.end(7);
+        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 5)), None);
+        assert_eq!(r.counts.unrouted, 4);
+    }
+
+    #[test]
+    fn a_tree_takes_the_descendants_known_now() {
+        let mut r = Routes::default();
+        r.connected(1, None);
+        for (p, c) in [(1, 2), (2, 3), (3, 4), (1, 9)] {
+            r.route(1, "c", &fork(p, c));
+        }
+        assert_eq!(r.attach(5, "c", 2, true), 3);
+        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 4)), Some(5));
+        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 9)), None);
+    }
+
+    #[test]
+    fn a_runsc_with_no_sandbox_or_several_containers_is_refused() {
+        let mut r = Routes::default();
+        assert_eq!(r.container_of(100), Err(RouteError::NoSandbox));
+        r.connected(1, Some(100));
+        r.route(1, "a", &ev(Kind::Exec, 1));
+        r.route(1, "b", &ev(Kind::Exec, 1));
+        assert!(matches!(
+            r.container_of(100),
+            Err(RouteError::Ambiguous(100, _))
+        ));
+        r.closed(1);
+        assert_eq!(r.container_of(100), Err(RouteError::NoSandbox));
+    }
+}
