@@ -73,34 +73,72 @@ pub fn v2_root() -> Option<PathBuf> {
     })
 }
 
+/// A process's memory cgroup: its path (as /proc/PID/cgroup says it),
+/// its directory, and whether that is a v1 `memory` hierarchy.
+#[derive(Debug, Clone)]
+pub struct MemoryCgroup {
+    pub path: String,
+    pub dir: PathBuf,
+    pub v1: bool,
+}
+
+impl MemoryCgroup {
+    /// `None` in the root cgroup, or when the process is gone.
+    pub fn of(pid: u32) -> Option<MemoryCgroup> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let line = |want: &dyn Fn(&str) -> bool| {
+            text.lines().find_map(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+                want(controllers).then(|| path.to_string())
+            })
+        };
+        let (path, dir, v1) = match line(&|c| c.split(',').any(|c| c == "memory")) {
+            Some(path) => {
+                let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+                (path, dir, true)
+            }
+            None => {
+                let path = line(&|c| c.is_empty())?;
+                let dir = v2_root()?.join(path.trim_start_matches('/'));
+                (path, dir, false)
+            }
+        };
+        (path != "/").then_some(MemoryCgroup { path, dir, v1 })
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// How many times the OOM killer killed in it (`oom_kill` of v2's
+    /// memory.events, v1's memory.oom_control); `None` once it is gone.
+    pub fn oom_kills(&self) -> Option<u64> {
+        let file = self.file(if self.v1 {
+            "memory.oom_control"
+        } else {
+            "memory.events"
+        });
+        let text = std::fs::read_to_string(file).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|n| n.trim().parse().ok())
+    }
+}
+
 /// The memory cgroup a process is in: its path (the `memory` line of
 /// /proc/PID/cgroup on a v1 or hybrid host, else the v2 `0::` line) and
 /// that cgroup's limit in KiB (`None` when unlimited or unreadable);
 /// `None` in the root cgroup, which has no limit to name. Read while an
 /// OOM victim is still being killed, to say where the limit was.
 pub fn memory_of(pid: u32) -> Option<(String, Option<u64>)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let line = |want: &dyn Fn(&str) -> bool| {
-        text.lines().find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-            want(controllers).then(|| path.to_string())
-        })
-    };
-    let (path, limit) = match line(&|c| c.split(',').any(|c| c == "memory")) {
-        Some(path) => {
-            let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
-            (path, dir.join("memory.limit_in_bytes"))
-        }
-        None => {
-            let path = line(&|c| c.is_empty())?;
-            let dir = v2_root()?.join(path.trim_start_matches('/'));
-            (path, dir.join("memory.max"))
-        }
-    };
-    if path == "/" {
-        return None;
-    }
+    let m = MemoryCgroup::of(pid)?;
+    let limit = m.file(if m.v1 {
+        "memory.limit_in_bytes"
+    } else {
+        "memory.max"
+    });
+    let path = m.path;
     // "max" (v2) or a page-rounded 2^63 (v1) when there is no limit
     let limit = std::fs::read_to_string(limit)
         .ok()

@@ -150,7 +150,8 @@ pub fn cannot_run() -> Option<String> {
         return Some(format!(
             "this is gVisor (runsc), a user-space kernel (it reports Linux {}): it has no \
              bpf(2) and no tracepoints, so no eBPF probe can run inside it; run the probe \
-             on the host, or use gVisor's own runtime monitoring; {SEE}",
+             on the host as gVisor's monitor instead: `probe trace --gvisor -- runsc … do CMD`, \
+             or a host `probe run` this sandbox sends its points to (`probe gvisor-session`); {SEE}",
             release()
         ));
     }
@@ -228,7 +229,7 @@ pub fn items(tracepoints: &[(&str, &str, bool)]) -> Vec<Item> {
             !gvisor,
             if gvisor { "gVisor (runsc)" } else { "no" },
         )
-        .fix("run the probe on the host, outside the gVisor sandbox")
+        .fix("run the probe on the host as gVisor's monitor: `probe trace --gvisor -- runsc … do CMD`, or `probe run` with the sandbox started by `runsc --pod-init-config` (`probe gvisor-session`)")
         .required(),
     );
     let bpf = has_bpf_syscall();

@@ -92,6 +92,11 @@ fn gvisor_do(cmd: &[&str]) -> Traced {
 /// The same under `runsc run` with an OCI bundle: the host's root
 /// filesystem read-only, `ro_dir` bind-mounted read-only at /ro.
 fn gvisor_run(cmd: &[&str], ro_dir: &Path) -> Traced {
+    gvisor_run_limited(cmd, ro_dir, None)
+}
+
+/// [`gvisor_run`] with the sandbox's memory limited (bytes).
+fn gvisor_run_limited(cmd: &[&str], ro_dir: &Path, memory: Option<u64>) -> Traced {
     let scratch = Scratch::new("run");
     let bundle = scratch.0.join("bundle");
     std::fs::create_dir_all(&bundle).unwrap();
@@ -109,6 +114,9 @@ fn gvisor_run(cmd: &[&str], ro_dir: &Path) -> Traced {
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     config["root"] = serde_json::json!({"path": "/", "readonly": true});
     config["process"]["terminal"] = false.into();
+    if let Some(limit) = memory {
+        config["linux"]["resources"]["memory"] = serde_json::json!({"limit": limit});
+    }
     config["mounts"]
         .as_array_mut()
         .unwrap()
@@ -202,6 +210,36 @@ fn a_read_only_root_and_a_read_only_bind_mount_are_fs_readonly() {
         |t| {
             expect_failure(t, "fs.readonly", "openat", "EROFS", "/ro/out.txt");
             assert!(!ro.0.join("out.txt").exists());
+        },
+    );
+}
+
+#[test]
+fn a_sandbox_over_its_memory_limit_is_mem_oom_read_from_its_host_cgroup() {
+    if !runsc_available() {
+        return;
+    }
+    let ro = Scratch::new("oom-ro");
+    let script = "x = bytearray(10**9); print(len(x))";
+    twice(
+        || gvisor_run_limited(&["python3", "-c", script], &ro.0, Some(64 << 20)),
+        |t| {
+            t.expect("mem.oom", None);
+            // the whole sandbox went: runsc says 128 + SIGKILL
+            assert_eq!(t.code, Some(137), "{}", t.context());
+            assert_eq!(t.json["decisive"]["kind"], "oom_victim", "{}", t.context());
+            assert_eq!(
+                t.json["decisive"]["memory_max_kb"],
+                64 * 1024,
+                "{}",
+                t.context()
+            );
+            let explanation = t.json["explanation"].as_str().unwrap();
+            assert!(
+                explanation.contains("64 MiB") && explanation.contains("host cgroup"),
+                "{}",
+                t.context()
+            );
         },
     );
 }

@@ -638,9 +638,10 @@ fn gvisor(dist: &Path) -> anyhow::Result<()> {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let said = format!("{stdout}{stderr}");
-        if out.status.code() != Some(125) || !said.contains("gVisor") {
+        if out.status.code() != Some(125) || !said.contains("gVisor") || !said.contains("--gvisor")
+        {
             bail!(
-                "probe {} under runsc: {}, expected exit 125 naming gVisor:\n{}",
+                "probe {} under runsc: {}, expected exit 125 naming gVisor and `--gvisor`:\n{}",
                 args.join(" "),
                 out.status,
                 tail(&said, 10)

@@ -571,6 +571,10 @@ fn gvisor_note(span: &SpanEvidence, failed: bool, primitive: Primitive) -> Optio
             "gVisor sends no point for the denied syscall itself: the exit by SIGSYS is the only \
              trace a seccomp kill leaves there",
         ),
+        Primitive::MemOom => Some(
+            "the host's OOM killer killed the whole gVisor sandbox (its Sentry), read from the \
+             sandbox's host cgroup: gVisor sends no point for it",
+        ),
         Primitive::None => Some(crate::gvisor::events::BLIND_SPOTS),
         _ => None,
     }

@@ -91,6 +91,7 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
         span.cap = cap;
     }
     let mut collector = Collector::default();
+    let mut memory = SandboxMemory::default();
 
     let mut child = match cmd.spawn() {
         Ok(child) => child,
@@ -113,6 +114,7 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
     let mut kill_at: Option<Instant> = None;
     let status = loop {
         collector.drain(&rx, &mut span, Duration::from_millis(10));
+        memory.watch(child.id());
         if let Some(status) = child.try_wait().context("waiting for runsc")? {
             break status;
         }
@@ -142,6 +144,9 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
     }
     drop(monitor);
     collector.finish(&mut span);
+    if let Some(oom) = memory.kill(&span) {
+        span.add(oom);
+    }
 
     let exit = ExitStatus {
         code: status.code(),
@@ -164,6 +169,83 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
         attribution: attribute(&span, &outcome),
         interrupted,
     })
+}
+
+/// The sandbox's memory cgroup on the host, watched while it runs: gVisor
+/// has no point for an OOM kill (the host's OOM killer kills the whole
+/// sandbox process), and runsc removes the cgroup once the sandbox is
+/// gone, so its `oom_kill` count is read as the run goes.
+#[derive(Default)]
+struct SandboxMemory {
+    cgroup: Option<crate::cgroup::MemoryCgroup>,
+    limit_kb: Option<u64>,
+    kills_at_start: u64,
+    kills: u64,
+    looked: Option<Instant>,
+}
+
+impl SandboxMemory {
+    /// Finds the cgroup (once the sandbox runs), then reads its count.
+    fn watch(&mut self, runsc: u32) {
+        if let Some(cg) = &self.cgroup {
+            if let Some(n) = cg.oom_kills() {
+                self.kills = n.saturating_sub(self.kills_at_start);
+            }
+            return;
+        }
+        if self
+            .looked
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
+        {
+            return;
+        }
+        self.looked = Some(Instant::now());
+        let Some(sandbox) = sandbox_process(runsc) else {
+            return;
+        };
+        if let Some(cg) = crate::cgroup::MemoryCgroup::of(sandbox) {
+            self.kills_at_start = cg.oom_kills().unwrap_or(0);
+            self.limit_kb = crate::cgroup::memory_of(sandbox).and_then(|(_, limit)| limit);
+            self.cgroup = Some(cg);
+        }
+    }
+
+    /// The OOM kill the count saw, as the event the eBPF side sends for
+    /// its victim: here the container's init, which died with the sandbox.
+    fn kill(&self, span: &SpanEvidence) -> Option<crate::event::KernelEvent> {
+        let cg = self.cgroup.as_ref().filter(|_| self.kills > 0)?;
+        let pid = span.root_pid.unwrap_or(1);
+        let comm = span
+            .processes
+            .get(&pid)
+            .map(|p| p.comm.clone())
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| "the sandbox".into());
+        let at = crate::clock::monotonic_ns().saturating_sub(span.start_ns);
+        let mut ev =
+            crate::event::KernelEvent::bare(crate::event::Kind::OomVictim, at, pid, pid, comm);
+        ev.cgroup = Some(cg.path.clone());
+        ev.memory_max_kb = self.limit_kb;
+        Some(ev)
+    }
+}
+
+/// The runsc-sandbox process `runsc` started (runsc re-executes itself:
+/// argv[0] names the part, its comm is `exe`).
+fn sandbox_process(runsc: u32) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{runsc}/task")).ok()?;
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).next() == Some(b"runsc-sandbox".as_slice()))
+        })
 }
 
 /// Feeds deliveries into the span and keeps what the monitor said of its
