@@ -229,7 +229,7 @@ fn wait_with_rusage(mut child: Child) -> anyhow::Result<(std::process::ExitStatu
 }
 
 /// The sections of docs/BENCHMARKS.md, in order, with the heading each starts at.
-pub const SECTIONS: [(&str, &str); 10] = [
+pub const SECTIONS: [(&str, &str); 11] = [
     ("probe", "# Benchmarks"),
     ("kernels", "## Start and stop"),
     ("daemon", "## Daemon"),
@@ -239,6 +239,7 @@ pub const SECTIONS: [(&str, &str); 10] = [
     ("campaign", "## Campaign"),
     ("fleet", "## Fleet"),
     ("evidence", "## Evidence on disk"),
+    ("gvisor", "## gVisor monitoring"),
     ("run", "## This run"),
 ];
 

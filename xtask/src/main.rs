@@ -18,6 +18,7 @@ mod demo;
 mod dist;
 mod evidence;
 mod foreign;
+mod gvisor_bench;
 mod image;
 mod install_step;
 mod kernels;
@@ -124,7 +125,7 @@ enum Cmd {
         no_write: bool,
         /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
         /// and the others are kept.
-        #[arg(long, value_parser = ["probe", "kernels", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet", "evidence"])]
+        #[arg(long, value_parser = ["probe", "kernels", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet", "evidence", "gvisor"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
@@ -281,6 +282,7 @@ fn main() -> anyhow::Result<()> {
                         bench::cargo_bench_section("agent-bridge-campaign", "ingest")?
                     ),
                     "evidence" => evidence::bench(campaign_tests)?,
+                    "gvisor" => gvisor_bench::bench(&build_probe_release()?, runs)?,
                     _ => campaign::bench(campaign_tests)?,
                 };
                 print!("{text}");
