@@ -74,6 +74,7 @@ async fn a_bridge_inside_gvisor_gets_a_span_per_call_from_the_host_daemon() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (_daemon, socket, runsc) = daemon_and_runsc(dir.path());
+    garbage_to_the_monitor(&socket.with_extension("gvisor.sock"));
     let wrapper: Vec<&str> = runsc.iter().map(String::as_str).collect();
     let args: Vec<String> = ["serve", "--stdio", "--probe-socket"]
         .map(String::from)
@@ -135,8 +136,72 @@ async fn a_bridge_inside_gvisor_gets_a_span_per_call_from_the_host_daemon() {
     assert_eq!(g["sandboxes"].as_array().map(Vec::len), Some(1), "{g}");
     let container = g["sandboxes"][0]["containers"][0].as_str().unwrap_or("");
     assert!(container.starts_with("runsc-"), "{g}");
-    assert_eq!(g["malformed"], 0, "{g}");
+    assert_eq!(
+        (g["malformed"].clone(), g["refused"].clone()),
+        (json!(1), json!(1)),
+        "{g}"
+    );
     assert!(g["points"].as_u64().unwrap() > 0, "{g}");
+
+    // the sandbox dies mid-stream (runsc killed with the bridge): the
+    // daemon lets it go and goes on serving
+    drop(b);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let g = status(&socket)["gvisor"].clone();
+        if g["sandboxes"].as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead sandbox is still listed: {g}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// What no runsc sends: a peer that skips the handshake, and one that
+/// shakes hands and then sends a datagram that is no point.
+fn garbage_to_the_monitor(path: &Path) {
+    use nix::sys::socket::{
+        AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr, connect, recv, send, socket,
+    };
+    use std::os::fd::AsRawFd as _;
+    let client = || {
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::empty(),
+            None,
+        )
+        .unwrap();
+        connect(fd.as_raw_fd(), &UnixAddr::new(path).unwrap()).unwrap();
+        fd
+    };
+    let mut buf = [0u8; 16];
+    let rude = client();
+    send(
+        rude.as_raw_fd(),
+        b"GET / HTTP/1.1\r\n\r\n",
+        MsgFlags::empty(),
+    )
+    .unwrap();
+    assert_eq!(
+        recv(rude.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap(),
+        0,
+        "closed"
+    );
+    let peer = client();
+    send(peer.as_raw_fd(), &[0x08, 0x01], MsgFlags::empty()).unwrap();
+    let n = recv(peer.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+    assert_eq!(&buf[..n], &[0x08, 0x01]);
+    // a header whose size points past the datagram's end
+    send(
+        peer.as_raw_fd(),
+        &[0xff, 0x00, 0x07, 0x00, 0, 0, 0, 0, 1, 2],
+        MsgFlags::empty(),
+    )
+    .unwrap();
 }
 
 #[test]

@@ -126,9 +126,15 @@ pub fn render(a: &Attribution) -> String {
         );
     }
     let counts: Vec<String> = a.counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    let source = match a.source {
+        crate::spans::Source::Ebpf => "",
+        crate::spans::Source::Gvisor => {
+            " (from gVisor's runtime monitoring; pids are the sandbox's)"
+        }
+    };
     let _ = writeln!(
         out,
-        "  seen        {} · drops: kernel {}, retention {}{}",
+        "  seen        {}{source} · drops: kernel {}, retention {}{}",
         if counts.is_empty() {
             "no events".to_string()
         } else {
