@@ -59,6 +59,10 @@ pub struct DaemonConfig {
     /// Where gVisor sandboxes send their runtime-monitoring points (None:
     /// not listening).
     pub gvisor_socket: Option<PathBuf>,
+    /// The user chose that path (a flag or the config file): not being
+    /// able to listen there stops the daemon; at the default place beside
+    /// the control socket it is a warning.
+    pub gvisor_socket_chosen: bool,
 }
 
 impl DaemonConfig {
@@ -1386,14 +1390,29 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let gvisor = match &config.gvisor_socket {
         Some(path) => {
             let (tx, rx) = mpsc::channel();
-            let monitor = crate::gvisor::monitor::Monitor::listen(path, tx)
-                .with_context(|| format!("the gVisor socket {}", path.display()))?;
-            tracing::info!(socket = %path.display(), "listening for gVisor sandboxes");
-            Some(GvisorSide {
-                monitor,
-                rx,
-                routes: Default::default(),
-            })
+            match crate::gvisor::monitor::Monitor::listen(path, tx) {
+                Ok(monitor) => {
+                    tracing::info!(socket = %path.display(), "listening for gVisor sandboxes");
+                    Some(GvisorSide {
+                        monitor,
+                        rx,
+                        routes: Default::default(),
+                    })
+                }
+                Err(e) if config.gvisor_socket_chosen => {
+                    return Err(e.context(format!("the gVisor socket {}", path.display())));
+                }
+                // the default place beside the control socket: the daemon
+                // serves without it rather than not at all
+                Err(e) => {
+                    tracing::warn!(
+                        "not listening for gVisor sandboxes at {}: {e:#} (--gvisor-socket PATH \
+                         puts it elsewhere)",
+                        path.display()
+                    );
+                    None
+                }
+            }
         }
         None => None,
     };

@@ -435,8 +435,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let socket = socket
                 .or(file.socket)
                 .unwrap_or_else(|| DEFAULT_SOCKET.into());
+            let gvisor_socket = gvisor_socket.or(file.gvisor_socket);
             probe::daemon::run(DaemonConfig {
-                gvisor_socket: match gvisor_socket.or(file.gvisor_socket) {
+                gvisor_socket_chosen: gvisor_socket.is_some(),
+                gvisor_socket: match gvisor_socket {
                     Some(p) if p.as_os_str() == "off" => None,
                     Some(p) => Some(p),
                     None => Some(DaemonConfig::gvisor_socket_beside(&socket)),
