@@ -463,7 +463,7 @@ fn memory_pressure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
 /// whose flags are all ones Linux takes (coreutils' statx with
 /// AT_NO_AUTOMOUNT on runsc 20221219). Only in a process that failed and
 /// did not go on, and only when its output reports that very error (its
-/// strerror or errno name): a program probing for a newer syscall and
+/// strerror, as libc words it, or errno name): a program probing for a newer syscall and
 /// falling back never says so.
 fn unsupported_by_sandbox_kernel(case: &Case) -> Option<Verdict> {
     let (span, lineage) = (case.span, &case.lineage);
@@ -477,10 +477,11 @@ fn unsupported_by_sandbox_kernel(case: &Case) -> Option<Verdict> {
             && (Some(ev.pid) == lineage.leaf()
                 || span.processes.get(&ev.pid).is_some_and(|p| p.failed()))
             && !lineage.survived(ev)
-            && ev
-                .errno
-                .as_deref()
-                .is_some_and(|e| output.contains(crate::event::errno_desc(e)) || output.contains(e))
+            && ev.errno_nr().is_some_and(|n| {
+                // what a program prints: its libc's strerror, or the name
+                output.contains(nix::errno::Errno::from_raw(n).desc())
+                    || ev.errno.as_deref().is_some_and(|e| output.contains(e))
+            })
     })?;
     let errno = ev.errno.as_deref().unwrap_or("");
     let why = match ev.flags {
@@ -494,7 +495,9 @@ fn unsupported_by_sandbox_kernel(case: &Case) -> Option<Verdict> {
             "{} failed with {errno} ({}) in {}, and its output says so: gVisor's kernel refused \
              a call {why}; the sandbox's kernel is not Linux",
             ev.call(),
-            crate::event::errno_desc(errno).to_ascii_lowercase(),
+            ev.errno_nr()
+                .map(|n| nix::errno::Errno::from_raw(n).desc().to_ascii_lowercase())
+                .unwrap_or_default(),
             who(span, ev.pid),
         ),
         decisive: Some(ev.clone()),
@@ -1156,5 +1159,54 @@ mod tests {
         s.add(testing::fork(9, 10, 0));
         let a = attribute(&s, &status(127));
         assert_eq!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
+    }
+
+    /// The same events as gVisor's: its source decides, and the words.
+    fn gvisor_span(events: Vec<KernelEvent>) -> SpanEvidence {
+        let mut s = SpanEvidence::new(1, None, "unit".into(), 0);
+        s.source = crate::spans::Source::Gvisor;
+        s.root_pid = Some(10);
+        for e in events {
+            s.add(e);
+        }
+        s
+    }
+
+    #[test]
+    fn a_call_gvisor_refuses_that_linux_accepts_is_sandbox_kernel_only_when_said() {
+        let statx = || {
+            let mut e = failed(10, MS, "statx", libc::EINVAL, "");
+            e.flags = Some(0x800); // AT_NO_AUTOMOUNT: valid on Linux
+            e
+        };
+        let ls = testing::said(2, "ls: cannot access '/x': Invalid argument\n");
+        let a = attribute(
+            &gvisor_span(vec![statx(), exit_with(10, 2 * MS, Some(2))]),
+            &ls,
+        );
+        assert_eq!(a.primitive, Primitive::SandboxKernel, "{}", a.explanation);
+        assert!(a.explanation.contains("0x800"), "{}", a.explanation);
+        // a flag Linux does not know is the program's own EINVAL
+        let mut bad = statx();
+        bad.flags = Some(0x800 | 0x1_0000_0000);
+        let a = attribute(&gvisor_span(vec![bad, exit_with(10, 2 * MS, Some(2))]), &ls);
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        // a probe for a newer syscall that fell back says nothing of it
+        let clone3 = failed(10, MS, "clone3", libc::ENOSYS, "");
+        let quiet = testing::said(1, "ValueError: bad input\n");
+        let a = attribute(
+            &gvisor_span(vec![clone3.clone(), exit_with(10, 2 * MS, Some(1))]),
+            &quiet,
+        );
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        let told = testing::said(1, "clone3: Function not implemented\n");
+        let a = attribute(
+            &gvisor_span(vec![clone3.clone(), exit_with(10, 2 * MS, Some(1))]),
+            &told,
+        );
+        assert_eq!(a.primitive, Primitive::SandboxKernel, "{}", a.explanation);
+        // the same events from the kernel's own eBPF are no sandbox-kernel gap
+        let a = attribute(&span(vec![clone3, exit_with(10, 2 * MS, Some(1))]), &told);
+        assert_ne!(a.primitive, Primitive::SandboxKernel, "{}", a.explanation);
     }
 }
