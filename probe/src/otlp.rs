@@ -402,6 +402,8 @@ pub fn probe_span(meta: &CallMeta, a: &Attribution, start_ns: u64, end_ns: u64) 
         attributes.push(kv("probe.session", s.as_str()));
     }
     attributes.push(kv_i64("probe.span_id", a.span as i64));
+    // where the evidence came from: the kernel's eBPF or gVisor's points
+    attributes.push(kv("probe.source", a.source.id()));
     attributes.push(kv("probe.label", a.label.as_str()));
     attributes.push(kv_bool("probe.failed", a.failed));
     if let Some(c) = a.exit.code {

@@ -185,6 +185,28 @@ fn a_missing_command_is_exec_missing() {
         || gvisor_do(&["env", "no-such-tool-xyz", "--version"]),
         |t| expect_failure(t, "exec.missing", "execve", "ENOENT", "no-such-tool-xyz"),
     );
+    // a shell's PATH search is stat(2), whose raw points carry no path:
+    // its own "not found" names the command, its failed stats and 127 back it
+    for shell in ["sh", "bash"] {
+        twice(
+            || gvisor_do(&[shell, "-c", "no-such-tool-xyz --version"]),
+            |t| {
+                expect_failure(
+                    t,
+                    "exec.missing",
+                    "newfstatat",
+                    "ENOENT",
+                    "`no-such-tool-xyz`",
+                );
+                assert_eq!(t.code, Some(127), "{}", t.context());
+            },
+        );
+    }
+    // a 127 the shell's words do not explain is no missing command
+    twice(
+        || gvisor_do(&["sh", "-c", "exit 127"]),
+        |t| t.expect("none", None),
+    );
 }
 
 #[test]

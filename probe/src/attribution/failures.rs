@@ -305,6 +305,79 @@ pub(super) fn command_not_found(
     })
 }
 
+/// Under gVisor a shell's PATH search is stat(2), whose raw points carry no
+/// path: a command is missing when the shell said so itself ("sh: 1: foo:
+/// not found", "bash: foo: command not found"), exited 127, and its stat
+/// lookups (two or more: one per PATH directory) failed with ENOENT, and
+/// nothing of that name ran afterwards. The words
+/// name the command; the kernel's side is the failed lookups and the 127.
+pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
+    if span.source != crate::spans::Source::Gvisor {
+        return None;
+    }
+    let (name, line) = not_found_name(outcome.words.output.as_deref()?)?;
+    let shell = span
+        .processes
+        .iter()
+        .filter(|(_, p)| p.exit_code == Some(127))
+        .map(|(pid, _)| *pid)
+        .min()
+        .or(span.root_pid.filter(|_| outcome.exit.code == Some(127)))?;
+    let lookups: Vec<&KernelEvent> = span
+        .events
+        .iter()
+        .filter(|e| {
+            e.pid == shell
+                && e.kind == Kind::SyscallFailed
+                && e.errno.as_deref() == Some("ENOENT")
+                && e.path.is_none()
+                // a PATH search stats each directory's candidate
+                && matches!(e.syscall_nr, Some(4 | 6 | 262 | 332))
+        })
+        .collect();
+    // one per PATH directory: a lone failed stat is no search
+    if lookups.len() < 2 {
+        return None;
+    }
+    let last = *lookups.last()?;
+    let ran = span.events.iter().any(|e| {
+        e.kind == Kind::Exec
+            && e.ts_ns >= last.ts_ns
+            && e.path.as_deref().and_then(|p| p.rsplit('/').next()) == Some(name.as_str())
+    });
+    if ran {
+        return None;
+    }
+    Some(Verdict {
+        primitive: Primitive::ExecMissing,
+        confidence: 0.9,
+        explanation: format!(
+            "`{name}` is not installed: {} (pid {}) looked it up ({} {} failed with ENOENT; \
+             gVisor's points for these carry no path) and exited 127, saying \"{line}\"",
+            last.comm,
+            last.pid,
+            lookups.len(),
+            last.syscall.as_deref().unwrap_or("lookup"),
+        ),
+        decisive: Some(last.clone()),
+    })
+}
+
+/// The command a shell's "not found" line names, and the line.
+fn not_found_name(output: &str) -> Option<(String, String)> {
+    output.lines().rev().find_map(|line| {
+        let line = line.trim();
+        let name = line
+            .strip_suffix(": command not found")
+            .or_else(|| line.strip_suffix(": not found"))
+            .and_then(|head| head.rsplit(": ").next())
+            .or_else(|| line.split_once("command not found: ").map(|(_, n)| n))?;
+        let name = name.trim();
+        (!name.is_empty() && !name.contains(char::is_whitespace))
+            .then(|| (name.to_string(), line.to_string()))
+    })
+}
+
 /// The strongest failure that counts as evidence ([`Grades::evidence`])
 /// among those `eligible` accepts (given the event, its primitive and its
 /// weight), explained; among equals the latest wins.
@@ -512,5 +585,32 @@ fn explain_failure(
         confidence,
         explanation,
         decisive: Some(ev.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::not_found_name;
+
+    #[test]
+    fn a_shells_not_found_line_names_the_command() {
+        for (output, name) in [
+            ("sh: 1: cargo: not found\n", "cargo"),
+            ("bash: line 1: rg: command not found\n", "rg"),
+            ("zsh: command not found: jq\n", "jq"),
+            (
+                "building…\n/bin/sh: 3: ./run.sh: not found\nmake: *** [x] Error 127\n",
+                "./run.sh",
+            ),
+        ] {
+            assert_eq!(
+                not_found_name(output).map(|(n, _)| n).as_deref(),
+                Some(name),
+                "{output}"
+            );
+        }
+        for output in ["ValueError: bad input", "Error: page not found", ""] {
+            assert_eq!(not_found_name(output), None, "{output}");
+        }
     }
 }

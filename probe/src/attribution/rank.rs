@@ -42,8 +42,8 @@ use crate::primitive::Primitive;
 use crate::spans::SpanEvidence;
 
 use super::failures::{
-    command_not_found, latest_strong_failure, reported_failure, resource_failure_behind_crash,
-    strongest_failure,
+    command_not_found, command_not_found_said, latest_strong_failure, reported_failure,
+    resource_failure_behind_crash, strongest_failure,
 };
 use super::lineage::{SignalOrigin, fatal_signal, signal_origin};
 use super::{Case, Outcome, Verdict};
@@ -314,6 +314,7 @@ fn strong_failure_on_path(case: &Case) -> Option<Verdict> {
         command_not_found(span, outcome, |ev| {
             lineage.survived(ev) || lineage.outlived_by_a_succeeding_parent.contains(&ev.pid)
         })
+        .or_else(|| command_not_found_said(span, outcome))
     };
     match failure_on_path(case) {
         // a shell that went on to look the command up after the denial (its
