@@ -676,7 +676,13 @@ impl Core {
                 g.routes.closed(*conn);
                 return;
             }
-            Delivery::Dropped { conn, dropped } | Delivery::Point { conn, dropped, .. } => {
+            Delivery::Container { conn, container } => {
+                g.routes.container(*conn, container);
+                return;
+            }
+            Delivery::Dropped { conn, dropped } => (*conn, *dropped),
+            Delivery::Point { conn, dropped, .. } => {
+                g.routes.counts.points += 1;
                 (*conn, *dropped)
             }
         };
@@ -694,7 +700,7 @@ impl Core {
         };
         for mut ev in converted.events {
             *events_total += 1;
-            let Some(span) = g.routes.route(conn, &converted.container, &ev) else {
+            let Some(span) = g.routes.route(&converted.container, &ev) else {
                 continue;
             };
             let Some(open) = spans.get_mut(&span) else {
@@ -712,29 +718,22 @@ impl Core {
         }
     }
 
-    /// For a gVisor span whose root ended: waits (bounded) for that exit's
-    /// point, which travels the monitor socket while the caller's wait
-    /// returns.
-    fn await_gvisor_exit(&mut self, span: u64) {
-        let deadline = Instant::now() + GVISOR_EXIT_WAIT;
-        loop {
-            self.drain_gvisor();
-            let exited = self.spans.get(&span).is_none_or(|o| {
-                o.evidence
-                    .root_pid
-                    .and_then(|p| o.evidence.processes.get(&p))
-                    .is_some_and(|p| p.exited)
-            });
-            if exited || Instant::now() >= deadline {
-                return;
-            }
-            let Some(g) = self.gvisor.as_ref() else {
-                return;
-            };
-            if let Ok(d) = g.rx.recv_timeout(Duration::from_millis(10)) {
-                self.take_gvisor(d);
-            }
+    /// Whether `end_span` may go on: not a gVisor span, no process named,
+    /// or its root's exit point has arrived (drained first). Asked in
+    /// short turns of the lock while the connection waits.
+    fn gvisor_exit_arrived(&mut self, span: u64) -> bool {
+        let Some(open) = self.spans.get(&span) else {
+            return true;
+        };
+        if open.gvisor_container.is_none() {
+            return true;
         }
+        self.drain_gvisor();
+        self.spans.get(&span).is_none_or(|o| {
+            o.evidence
+                .root_pid
+                .is_none_or(|p| o.evidence.processes.get(&p).is_some_and(|p| p.exited))
+        })
     }
 
     /// Follows `path` for `span` (when given): the threads in it now are
@@ -920,11 +919,8 @@ impl Core {
         is_error: bool,
         words: Words,
     ) -> Result<Attribution, ErrorBody> {
-        if exit.is_some() {
-            self.await_gvisor_exit(span);
-        } else {
-            self.drain_gvisor();
-        }
+        // the connection waited for the exit's point (`respond`)
+        self.drain_gvisor();
         if let Some(g) = self.gvisor.as_mut() {
             g.routes.end(span);
         }
@@ -1708,6 +1704,23 @@ async fn connection(
     served
 }
 
+/// A gVisor span whose process ended: waits (up to [`GVISOR_EXIT_WAIT`])
+/// for that exit's point, which travels the monitor socket while the
+/// caller's wait returns, holding the core only to look.
+async fn await_gvisor_exit(core: &CoreHandle, span: u64) {
+    let deadline = Instant::now() + GVISOR_EXIT_WAIT;
+    loop {
+        let arrived = match core.lock() {
+            Ok(mut c) => c.gvisor_exit_arrived(span),
+            Err(_) => true,
+        };
+        if arrived || Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Who is at the other end of a control connection.
 #[derive(Debug, Clone, Copy, Default)]
 struct Peer {
@@ -1785,8 +1798,11 @@ async fn respond(
             timed_out_ms,
             is_error,
             words,
-        } => core
-            .ask(|reply| Command::End {
+        } => {
+            if exit.is_some() {
+                await_gvisor_exit(core, span_id).await;
+            }
+            core.ask(|reply| Command::End {
                 span: span_id,
                 exit,
                 timed_out: timed_out_ms.map(Duration::from_millis),
@@ -1795,7 +1811,8 @@ async fn respond(
                 reply,
             })
             .await
-            .map(|a| json!({"attribution": a})),
+            .map(|a| json!({"attribution": a}))
+        }
         Request::Status => {
             let (tx, rx) = oneshot::channel();
             match core.send(Command::Status { reply: tx }) {

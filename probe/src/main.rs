@@ -496,10 +496,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let socket = socket.unwrap_or_else(|| {
                 DaemonConfig::gvisor_socket_beside(std::path::Path::new(DEFAULT_SOCKET))
             });
+            // a sandbox starts while the daemon is down (its points lost)
+            let start = probe::gvisor::session::IfNoMonitor::Start;
             let value = if session_only {
-                probe::gvisor::session::session(&socket)
+                probe::gvisor::session::session(&socket, start)
             } else {
-                probe::gvisor::session::pod_init_config(&socket)
+                probe::gvisor::session::pod_init_config(&socket, start)
             };
             println!("{}", serde_json::to_string_pretty(&value)?);
             Ok(ExitCode::SUCCESS)

@@ -45,9 +45,14 @@ fn runsc_available() -> bool {
 struct Scratch(PathBuf);
 
 impl Scratch {
+    /// A directory of its own: cases of this binary may run at once.
     fn new(name: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("probe-gvisor-test-{}-{name}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "probe-gvisor-test-{}-{n}-{name}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         Scratch(dir)
@@ -63,18 +68,17 @@ impl Drop for Scratch {
 /// `probe trace --gvisor --json -- runsc --root STATE --network=none`,
 /// to be followed by `do CMD` or `run …`.
 fn probe_runsc(state: &Path) -> Command {
+    probe_runsc_with(state, &[])
+}
+
+/// [`probe_runsc`] with more flags for `probe trace`.
+fn probe_runsc_with(state: &Path, flags: &[&str]) -> Command {
     let mut c = Command::new(PROBE);
-    c.args([
-        "trace",
-        "--gvisor",
-        "--json",
-        "--timeout",
-        "60",
-        "--",
-        "runsc",
-    ])
-    .arg(format!("--root={}", state.display()))
-    .arg("--network=none");
+    c.arg("trace")
+        .args(flags)
+        .args(["--gvisor", "--json", "--timeout", "60", "--", "runsc"])
+        .arg(format!("--root={}", state.display()))
+        .arg("--network=none");
     c
 }
 
@@ -124,7 +128,13 @@ fn gvisor_run_limited(cmd: &[&str], ro_dir: &Path, memory: Option<u64>) -> Trace
             "destination": "/ro", "type": "bind", "source": ro_dir, "options": ["rbind", "ro"],
         }));
     std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
-    let id = format!("probe-test-{}", std::process::id());
+    // the scratch directory's name is unique to this case
+    let id = scratch
+        .0
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     let out = probe_runsc(&scratch.0.join("state"))
         .args(["run", "--bundle"])
         .arg(&bundle)
@@ -455,32 +465,41 @@ fn a_sandbox_killed_mid_stream_still_gets_its_attribution() {
     }
     let scratch = Scratch::new("killed");
     let state = scratch.0.join("state");
-    let child = probe_runsc(&state)
-        .args(["do", "sh", "-c", "cat /nonexistent/before; sleep 30"])
+    // with --json the workload's output comes on the probe's stderr: its
+    // "ready" says the failed open is behind it (gVisor sends a point
+    // before the syscall returns)
+    // every event in the report, not only the evidence of its verdict
+    let mut child = probe_runsc_with(&state, &["--events"])
+        .arg("do")
+        .args([
+            "sh",
+            "-c",
+            "cat /nonexistent/before; echo ready >&2; sleep 30",
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // the sandbox process, once it runs: the host process whose command
-    // line says `boot` under our state directory
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let sandbox = loop {
-        assert!(
-            Instant::now() < deadline,
-            "no runsc sandbox process appeared"
-        );
-        if let Some(pid) = sandbox_pid(child.id()) {
-            break pid;
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    loop {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+        assert!(n > 0, "the workload never got ready: {said}");
+        said.push_str(&line);
+        if line.trim() == "ready" {
+            break;
         }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    std::thread::sleep(Duration::from_millis(1500));
+    }
+    let sandbox = sandbox_pid(child.id()).expect("the runsc sandbox process");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sandbox as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
     let started = Instant::now();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(20),
@@ -489,17 +508,16 @@ fn a_sandbox_killed_mid_stream_still_gets_its_attribution() {
     let t = parse(out);
     assert_eq!(t.json["source"], "gvisor");
     assert_eq!(t.json["failed"], true, "{}", t.context());
-    let missing = t.json["events"]
+    assert_ne!(t.code, Some(0), "{rest}");
+    let kept = t.json["events"]
         .as_array()
         .into_iter()
         .flatten()
-        .chain(t.json["noticed"].as_array().into_iter().flatten())
-        .any(|e| e.to_string().contains("/nonexistent/before"));
-    let counted = t.json["counts"]["syscall_failed"].as_u64().unwrap_or(0) > 0;
+        .any(|e| e["path"] == "/nonexistent/before" && e["errno"] == "ENOENT");
     assert!(
-        missing || counted,
-        "what the sandbox said before it died was kept: {}",
-        t.json
+        kept,
+        "the failed open the sandbox reported before it died was kept: {}",
+        t.json["events"]
     );
 }
 
@@ -607,6 +625,15 @@ fn the_monitor_survives_garbage_and_a_peer_without_handshake() {
         MsgFlags::empty(),
     )
     .unwrap();
+    // each unreadable datagram is a point lost, counted
+    for _ in 0..3 {
+        assert!(matches!(wait(), Delivery::Dropped { dropped: 1, .. }));
+    }
+    // the sandbox's container, said with its first point
+    match wait() {
+        Delivery::Container { container, .. } => assert_eq!(container, "c1"),
+        other => panic!("expected the container, got {other:?}"),
+    }
     match wait() {
         Delivery::Point {
             converted, dropped, ..

@@ -316,34 +316,40 @@ pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> 
         return None;
     }
     let (name, line) = not_found_name(outcome.words.output.as_deref()?)?;
-    let shell = span
+    // every process that exited 127 (`sh -c 'bash -c foo'`: the inner
+    // one searched), and the root when the workload's status is 127
+    let mut shells: Vec<u32> = span
         .processes
         .iter()
         .filter(|(_, p)| p.exit_code == Some(127))
         .map(|(pid, _)| *pid)
-        .min()
-        .or(span.root_pid.filter(|_| outcome.exit.code == Some(127)))?;
-    let lookups: Vec<&KernelEvent> = span
-        .events
-        .iter()
-        .filter(|e| {
-            e.pid == shell
-                && e.kind == Kind::SyscallFailed
-                && e.errno.as_deref() == Some("ENOENT")
-                && e.path.is_none()
-                // a PATH search stats each directory's candidate
-                && matches!(e.syscall_nr, Some(4 | 6 | 262 | 332))
-        })
         .collect();
+    shells.extend(span.root_pid.filter(|_| outcome.exit.code == Some(127)));
+    let lookups_of = |shell: u32| -> Vec<&KernelEvent> {
+        span.events
+            .iter()
+            .filter(|e| {
+                e.pid == shell
+                    && e.kind == Kind::SyscallFailed
+                    && e.errno.as_deref() == Some("ENOENT")
+                    && e.path.is_none()
+                    // a PATH search stats each directory's candidate
+                    && matches!(e.syscall_nr, Some(4 | 6 | 262 | 332))
+            })
+            .collect()
+    };
     // one per PATH directory: a lone failed stat is no search
-    if lookups.len() < 2 {
-        return None;
-    }
+    let lookups = shells
+        .into_iter()
+        .map(lookups_of)
+        .filter(|l| l.len() >= 2)
+        .max_by_key(|l| l.last().map(|e| e.ts_ns))?;
     let last = *lookups.last()?;
     let ran = span.events.iter().any(|e| {
         e.kind == Kind::Exec
             && e.ts_ns >= last.ts_ns
-            && e.path.as_deref().and_then(|p| p.rsplit('/').next()) == Some(name.as_str())
+            && (e.comm == name
+                || e.path.as_deref().and_then(|p| p.rsplit('/').next()) == Some(name.as_str()))
     });
     if ran {
         return None;

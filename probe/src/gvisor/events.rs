@@ -64,8 +64,11 @@ pub fn convert(point: &Point, clock: &Clock) -> Option<Converted> {
             let ctx = x.context_data.as_ref()?;
             let mut ev = base(Kind::Exec, ctx, clock);
             ev.path = Some(x.binary_path.clone());
-            // the new image's name, as the kernel's comm would be
-            if let Some(name) = x.binary_path.rsplit('/').next().filter(|n| !n.is_empty()) {
+            // the new image's name as the kernel's comm would be: argv[0]'s
+            // (`sh`, not the `/usr/bin/dash` it resolves to), as later
+            // points name the process
+            let named = x.argv.first().unwrap_or(&x.binary_path);
+            if let Some(name) = named.rsplit('/').next().filter(|n| !n.is_empty()) {
                 ev.comm = name.chars().take(15).collect();
             }
             (ctx, vec![ev])

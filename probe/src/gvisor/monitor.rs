@@ -34,7 +34,11 @@ pub enum Delivery {
         converted: Converted,
         dropped: u64,
     },
-    /// A point that made no event, still carrying a drop count.
+    /// The connection's sandbox runs this container (said once per
+    /// container, with its first point, whether that point makes events).
+    Container { conn: u64, container: String },
+    /// Points lost: runsc's count grew (`dropped` since the last
+    /// datagram), or a datagram could not be read (1).
     Dropped { conn: u64, dropped: u64 },
     /// The sandbox hung up (exited, or was killed mid-stream).
     Closed { conn: u64 },
@@ -62,6 +66,12 @@ pub struct Monitor {
 impl Monitor {
     /// Binds `path` (replacing a stale socket file) and starts accepting.
     pub fn listen(path: &Path, deliver: Sender<Delivery>) -> anyhow::Result<Monitor> {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() || seqpacket_answers(path) {
+            anyhow::bail!(
+                "{} is in use by another monitor (another probe daemon?)",
+                path.display()
+            );
+        }
         let _ = std::fs::remove_file(path);
         let fd = socket(
             AddressFamily::Unix,
@@ -73,6 +83,9 @@ impl Monitor {
         let addr =
             UnixAddr::new(path).with_context(|| format!("socket path {}", path.display()))?;
         bind(fd.as_raw_fd(), &addr).with_context(|| format!("bind {}", path.display()))?;
+        // runsc connects as root: nobody else needs to
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .with_context(|| format!("chmod 0600 {}", path.display()))?;
         listen(&fd, Backlog::new(64).expect("a valid backlog"))
             .with_context(|| format!("listen on {}", path.display()))?;
         let stats = Arc::new(MonitorStats::default());
@@ -98,12 +111,37 @@ impl Drop for Monitor {
     }
 }
 
+/// Whether a SEQPACKET listener answers at `path` (a live monitor).
+fn seqpacket_answers(path: &Path) -> bool {
+    let Ok(fd) = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    ) else {
+        return false;
+    };
+    UnixAddr::new(path).is_ok_and(|addr| nix::sys::socket::connect(fd.as_raw_fd(), &addr).is_ok())
+}
+
 fn accept_loop(listener: OwnedFd, deliver: Sender<Delivery>, stats: Arc<MonitorStats>) {
     let next = AtomicU64::new(1);
     loop {
         let raw = match accept(listener.as_raw_fd()) {
             Ok(fd) => fd,
             Err(nix::errno::Errno::EINTR | nix::errno::Errno::ECONNABORTED) => continue,
+            // out of fds or memory for a moment: a sandbox waits in the
+            // backlog rather than never being heard
+            Err(
+                e @ (nix::errno::Errno::EMFILE
+                | nix::errno::Errno::ENFILE
+                | nix::errno::Errno::ENOBUFS
+                | nix::errno::Errno::ENOMEM),
+            ) => {
+                tracing::warn!("gVisor monitor: accept: {e}; retrying");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
             Err(e) => {
                 tracing::error!("gVisor monitor: accept: {e}; no new sandbox will be heard");
                 return;
@@ -153,16 +191,36 @@ fn read_connection(conn: u64, fd: OwnedFd, deliver: Sender<Delivery>, stats: Arc
     }
     let clock = Clock::now();
     let mut dropped_so_far = 0u32;
+    let mut containers = std::collections::HashSet::new();
     while let Some(n) = recv_datagram(raw, &mut buf) {
         stats.datagrams.fetch_add(1, Ordering::Relaxed);
         let datagram = match wire::decode(&buf[..n]) {
             Ok(d) => d,
             Err(e) => {
+                // a point lost all the same: counted as the sandbox's drop
                 stats.malformed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("gVisor monitor: connection {conn}: skipped a datagram: {e}");
+                if deliver
+                    .send(Delivery::Dropped { conn, dropped: 1 })
+                    .is_err()
+                {
+                    return;
+                }
                 continue;
             }
         };
+        if let Some(container) = datagram.point.container()
+            && !containers.contains(container)
+        {
+            containers.insert(container.to_string());
+            let container = container.to_string();
+            if deliver
+                .send(Delivery::Container { conn, container })
+                .is_err()
+            {
+                return;
+            }
+        }
         let dropped = u64::from(datagram.dropped_count.saturating_sub(dropped_so_far));
         dropped_so_far = dropped_so_far.max(datagram.dropped_count);
         let delivery = match convert(&datagram.point, &clock) {

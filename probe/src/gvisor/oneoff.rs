@@ -69,7 +69,10 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
     let monitor = Monitor::listen(&socket, tx)?;
     std::fs::write(
         &config,
-        serde_json::to_vec_pretty(&session::pod_init_config(&socket))?,
+        serde_json::to_vec_pretty(&session::pod_init_config(
+            &socket,
+            session::IfNoMonitor::Fail,
+        ))?,
     )
     .with_context(|| format!("writing {}", config.display()))?;
 
@@ -137,10 +140,22 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
             kill_at = None;
         }
     };
-    // the sandbox hangs up when it has said everything
+    // the sandbox hangs up when it has said everything (one that never
+    // connected has nothing to say)
     let settle_until = Instant::now() + SETTLE;
-    while !collector.all_closed() && Instant::now() < settle_until {
+    while collector.connections > 0 && !collector.all_closed() && Instant::now() < settle_until {
         collector.drain(&rx, &mut span, Duration::from_millis(20));
+    }
+    // what arrived by now is kept; what a sandbox still sends is not waited for
+    while let Ok(d) = rx.try_recv() {
+        collector.take(d, &mut span);
+    }
+    if !collector.all_closed() && collector.connections > 0 {
+        tracing::warn!(
+            "the sandbox still held its monitor connection {} s after runsc exited: later \
+             points are not in this report",
+            SETTLE.as_secs()
+        );
     }
     drop(monitor);
     collector.finish(&mut span);
@@ -179,7 +194,6 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
 struct SandboxMemory {
     cgroup: Option<crate::cgroup::MemoryCgroup>,
     limit_kb: Option<u64>,
-    kills_at_start: u64,
     kills: u64,
     looked: Option<Instant>,
 }
@@ -189,7 +203,7 @@ impl SandboxMemory {
     fn watch(&mut self, runsc: u32) {
         if let Some(cg) = &self.cgroup {
             if let Some(n) = cg.oom_kills() {
-                self.kills = n.saturating_sub(self.kills_at_start);
+                self.kills = n;
             }
             return;
         }
@@ -203,8 +217,10 @@ impl SandboxMemory {
         let Some(sandbox) = sandbox_process(runsc) else {
             return;
         };
+        // runsc makes the sandbox's cgroup for it: every kill counted
+        // there is this run's, even one before the cgroup was found
         if let Some(cg) = crate::cgroup::MemoryCgroup::of(sandbox) {
-            self.kills_at_start = cg.oom_kills().unwrap_or(0);
+            self.kills = cg.oom_kills().unwrap_or(0);
             self.limit_kb = crate::cgroup::memory_of(sandbox).and_then(|(_, limit)| limit);
             self.cgroup = Some(cg);
         }
@@ -230,22 +246,36 @@ impl SandboxMemory {
     }
 }
 
-/// The runsc-sandbox process `runsc` started (runsc re-executes itself:
-/// argv[0] names the part, its comm is `exe`).
-fn sandbox_process(runsc: u32) -> Option<u32> {
-    let tasks = std::fs::read_dir(format!("/proc/{runsc}/task")).ok()?;
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|c| {
-            c.split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok())
-                .collect::<Vec<_>>()
-        })
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.split(|&b| b == 0).next() == Some(b"runsc-sandbox".as_slice()))
-        })
+/// The runsc-sandbox process under `top` (runsc, or a wrapper of it:
+/// `timeout 60 runsc …`), a few generations down (runsc re-executes
+/// itself: argv[0] names the part, its comm is `exe`).
+fn sandbox_process(top: u32) -> Option<u32> {
+    let children = |pid: u32| -> Vec<u32> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| {
+                c.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let is_sandbox = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split(|&b| b == 0).next() == Some(b"runsc-sandbox".as_slice()))
+    };
+    let mut generation = vec![top];
+    for _ in 0..4 {
+        generation = generation.into_iter().flat_map(children).collect();
+        if let Some(found) = generation.iter().copied().find(is_sandbox) {
+            return Some(found);
+        }
+    }
+    None
 }
 
 /// Feeds deliveries into the span and keeps what the monitor said of its
@@ -275,6 +305,7 @@ impl Collector {
             Delivery::Closed { conn } => {
                 self.open.remove(&conn);
             }
+            Delivery::Container { .. } => {}
             Delivery::Dropped { dropped, .. } => span.drops.kernel += dropped,
             Delivery::Point {
                 converted, dropped, ..

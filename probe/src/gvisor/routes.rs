@@ -47,9 +47,11 @@ pub struct Routes {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum RouteError {
     #[error(
-        "no gVisor sandbox has connected to this daemon's monitor socket for this connection's \
-         sandbox: start runsc with the daemon's session (`probe gvisor-session > FILE`, then \
-         `runsc --pod-init-config=FILE …`), or name the container (`gvisor_container`)"
+        "this client is inside a gVisor sandbox whose points never reached this daemon: start \
+         runsc with the daemon's session (`probe gvisor-session > FILE`, then `runsc \
+         --pod-init-config=FILE …`; runsc does not reconnect to a daemon started after it). A \
+         sandbox started detached (`run --detach`, `create`/`start`, containerd) is not found \
+         behind its client: name its container (`gvisor_container`)"
     )]
     NoSandbox,
     #[error(
@@ -67,6 +69,13 @@ impl Routes {
                 containers: BTreeSet::new(),
             },
         );
+    }
+
+    /// `conn`'s sandbox runs `container`.
+    pub fn container(&mut self, conn: u64, container: &str) {
+        if let Some(c) = self.connections.get_mut(&conn) {
+            c.containers.insert(container.to_string());
+        }
     }
 
     /// The sandbox hung up: its processes are gone (their spans keep what
@@ -140,14 +149,11 @@ impl Routes {
         self.spans.retain(|_, s| *s != span);
     }
 
-    /// The span `ev` belongs to; follows forks and exits on the way.
-    pub fn route(&mut self, conn: u64, container: &str, ev: &KernelEvent) -> Option<u64> {
-        if let Some(c) = self.connections.get_mut(&conn)
-            && !c.containers.contains(container)
-        {
-            c.containers.insert(container.to_string());
-        }
-        self.counts.points += 1;
+    /// The span `ev` (of a point of `container`) belongs to; follows
+    /// forks on the way. An exit does not end the process's membership:
+    /// gVisor reports a task's exit per task, and a leader that left by
+    /// `pthread_exit` has threads still running; the span's end does.
+    pub fn route(&mut self, container: &str, ev: &KernelEvent) -> Option<u64> {
         let key = (container.to_string(), ev.pid);
         let span = self.spans.get(&key).copied();
         match ev.kind {
@@ -162,7 +168,6 @@ impl Routes {
             }
             Kind::Exit => {
                 self.parents.remove(&key);
-                self.spans.remove(&key);
             }
             _ => {}
         }
@@ -218,22 +223,24 @@ mod tests {
     }
 
     #[test]
-    fn a_span_takes_what_its_process_forks_and_lets_go_at_exit() {
+    fn a_span_takes_what_its_process_forks_and_keeps_it_until_it_ends() {
         let mut r = Routes::default();
         r.connected(1, Some(100));
-        assert_eq!(r.route(1, "c", &fork(1, 5)), None, "before any span");
+        r.container(1, "c");
+        assert_eq!(r.route("c", &fork(1, 5)), None, "before any span");
         assert_eq!(r.container_of(100), Ok("c".into()));
         assert_eq!(r.attach(7, "c", 5, false), 1);
-        assert_eq!(r.route(1, "c", &fork(5, 6)), Some(7));
-        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 6)), Some(7));
+        assert_eq!(r.route("c", &fork(5, 6)), Some(7));
+        assert_eq!(r.route("c", &ev(Kind::SyscallFailed, 6)), Some(7));
         // the same pid in another container is another process
-        assert_eq!(r.route(1, "d", &ev(Kind::SyscallFailed, 6)), None);
-        assert_eq!(r.route(1, "c", &ev(Kind::Exit, 6)), Some(7));
-        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 6)), None);
+        assert_eq!(r.route("d", &ev(Kind::SyscallFailed, 6)), None);
+        assert_eq!(r.route("c", &ev(Kind::Exit, 6)), Some(7));
+        // a thread of an exited leader is still the span's
+        assert_eq!(r.route("c", &ev(Kind::SyscallFailed, 6)), Some(7));
         assert_eq!(r.spans_of(1), vec![7]);
         r.end(7);
-        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 5)), None);
-        assert_eq!(r.counts.unrouted, 4);
+        assert_eq!(r.route("c", &ev(Kind::SyscallFailed, 5)), None);
+        assert_eq!(r.counts.unrouted, 3);
     }
 
     #[test]
@@ -241,11 +248,11 @@ mod tests {
         let mut r = Routes::default();
         r.connected(1, None);
         for (p, c) in [(1, 2), (2, 3), (3, 4), (1, 9)] {
-            r.route(1, "c", &fork(p, c));
+            r.route("c", &fork(p, c));
         }
         assert_eq!(r.attach(5, "c", 2, true), 3);
-        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 4)), Some(5));
-        assert_eq!(r.route(1, "c", &ev(Kind::SyscallFailed, 9)), None);
+        assert_eq!(r.route("c", &ev(Kind::SyscallFailed, 4)), Some(5));
+        assert_eq!(r.route("c", &ev(Kind::SyscallFailed, 9)), None);
     }
 
     #[test]
@@ -253,8 +260,8 @@ mod tests {
         let mut r = Routes::default();
         assert_eq!(r.container_of(100), Err(RouteError::NoSandbox));
         r.connected(1, Some(100));
-        r.route(1, "a", &ev(Kind::Exec, 1));
-        r.route(1, "b", &ev(Kind::Exec, 1));
+        r.container(1, "a");
+        r.container(1, "b");
         assert!(matches!(
             r.container_of(100),
             Err(RouteError::Ambiguous(100, _))

@@ -37,13 +37,31 @@ pub const RAW_SYSNOS: [u32; 32] = [
     262, 332, 165, 166, 272, 308, 101, 321, 160, 302,
 ];
 
+/// Syscalls a user-space kernel may not have (ENOSYS), newer than most
+/// programs' fallbacks, with no point of their own: raw points too, so a
+/// program that reports one missing is `sandbox.kernel` (x86_64: clone3,
+/// io_uring_setup, pidfd_open, openat2, landlock_create_ruleset,
+/// memfd_secret, close_range, epoll_pwait2, process_madvise).
+pub const RAW_ENOSYS_SYSNOS: [u32; 9] = [435, 425, 434, 437, 444, 447, 436, 441, 440];
+
+/// Whether runsc starts the sandbox when no monitor answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IfNoMonitor {
+    /// `probe trace --gvisor`: the probe is the monitor; a sandbox it
+    /// cannot hear is an error.
+    Fail,
+    /// The daemon's session: a sandbox still starts while the daemon is
+    /// down (its points are lost; its bridge's calls say why).
+    Start,
+}
+
 /// The pod-init configuration that sends the probe's points to `endpoint`.
-pub fn pod_init_config(endpoint: &Path) -> Value {
-    json!({ "trace_session": session(endpoint) })
+pub fn pod_init_config(endpoint: &Path, if_none: IfNoMonitor) -> Value {
+    json!({ "trace_session": session(endpoint, if_none) })
 }
 
 /// The session itself (what `runsc trace create --config` reads).
-pub fn session(endpoint: &Path) -> Value {
+pub fn session(endpoint: &Path, if_none: IfNoMonitor) -> Value {
     let context: Vec<&str> = CONTEXT.to_vec();
     let mut points = vec![
         json!({"name": "container/start", "context_fields": context}),
@@ -54,7 +72,7 @@ pub fn session(endpoint: &Path) -> Value {
     for name in SCHEMATIZED {
         points.push(json!({"name": format!("syscall/{name}/exit"), "context_fields": context}));
     }
-    for nr in RAW_SYSNOS {
+    for nr in RAW_SYSNOS.into_iter().chain(RAW_ENOSYS_SYSNOS) {
         // a raw exit point carries its enter point's context fields (a
         // runsc bug): the enter point asks for them
         points
@@ -70,7 +88,7 @@ pub fn session(endpoint: &Path) -> Value {
         "sinks": [{
             "name": "remote",
             "config": {"endpoint": endpoint.to_string_lossy(), "retries": 3},
-            "ignore_setup_error": false,
+            "ignore_setup_error": if_none == IfNoMonitor::Start,
         }],
     })
 }
@@ -91,6 +109,10 @@ pub enum CommandError {
     HasPodInitConfig,
 }
 
+/// runsc's subcommands that start or join a sandbox (after them, words
+/// are the subcommand's and the workload's).
+const SUBCOMMANDS: [&str; 6] = ["do", "run", "create", "start", "exec", "restore"];
+
 /// `command` with `--pod-init-config=CONFIG` as runsc's first flag. runsc
 /// may follow a wrapper (`sudo`, `timeout 60`, `env X=1`): the first word
 /// whose file name is `runsc` is it.
@@ -109,10 +131,12 @@ pub fn with_pod_init_config(
                     .unwrap_or_default(),
             )
         })?;
+    // runsc's global flags come before its subcommand, their values
+    // either `--flag=v` or the next word (`--root STATE`)
     if command[at + 1..]
         .iter()
         .map(|w| w.to_string_lossy())
-        .take_while(|w| w.starts_with('-'))
+        .take_while(|w| !SUBCOMMANDS.contains(&w.as_ref()))
         .any(|w| w.trim_start_matches('-').starts_with("pod-init-config"))
     {
         return Err(CommandError::HasPodInitConfig);
@@ -157,13 +181,21 @@ mod tests {
             with_pod_init_config(&words("runsc --pod-init-config=/x.json do ls"), cfg),
             Err(CommandError::HasPodInitConfig)
         );
+        // behind a flag whose value is the next word
+        assert_eq!(
+            with_pod_init_config(
+                &words("runsc --root /run/rs --pod-init-config /x.json run --bundle b c"),
+                cfg
+            ),
+            Err(CommandError::HasPodInitConfig)
+        );
         // a word of the workload that looks like the flag is the workload's
         assert!(with_pod_init_config(&words("runsc do echo --pod-init-config"), cfg).is_ok());
     }
 
     #[test]
     fn every_raw_point_asks_for_its_context_on_the_enter_side() {
-        let s = session(Path::new("/s"));
+        let s = session(Path::new("/s"), IfNoMonitor::Fail);
         let points = s["points"].as_array().unwrap();
         for nr in RAW_SYSNOS {
             let enter = points
@@ -176,5 +208,8 @@ mod tests {
             );
         }
         assert_eq!(s["sinks"][0]["config"]["endpoint"], "/s");
+        assert_eq!(s["sinks"][0]["ignore_setup_error"], false);
+        let daemon = session(Path::new("/s"), IfNoMonitor::Start);
+        assert_eq!(daemon["sinks"][0]["ignore_setup_error"], true);
     }
 }

@@ -316,6 +316,24 @@ pub enum Point {
     Other(u16),
 }
 
+impl Point {
+    /// The container the point came from, when it carries its context
+    /// (container/start names its own id).
+    pub fn container(&self) -> Option<&str> {
+        let ctx = match self {
+            Point::ContainerStart(m) => return Some(m.id.as_str()).filter(|id| !id.is_empty()),
+            Point::Clone(m) => m.context_data.as_ref(),
+            Point::Execve(m) => m.context_data.as_ref(),
+            Point::TaskExit(m) => m.context_data.as_ref(),
+            Point::Raw(m) => m.context_data.as_ref(),
+            Point::Syscall(m) => m.context_data.as_ref(),
+            Point::Other(_) => None,
+        };
+        ctx.map(|c| c.container_id.as_str())
+            .filter(|id| !id.is_empty())
+    }
+}
+
 /// One datagram: its point and runsc's cumulative count of points it
 /// dropped for this connection.
 #[derive(Clone, Debug, PartialEq)]
