@@ -219,8 +219,8 @@ impl StoreStats {
 enum GvisorTarget {
     /// The client said (`gvisor_container`).
     Container(String),
-    /// The client reached us through this runsc's sandbox (its gofer).
-    Runsc(u32),
+    /// The client reached us from inside a sandbox, through its gofer.
+    Behind(crate::gvisor::routes::SandboxClient),
 }
 
 /// The daemon as gVisor's monitor: the points its sandboxes send, and
@@ -630,10 +630,15 @@ impl Core {
         };
         let container = match target {
             GvisorTarget::Container(c) => c,
-            GvisorTarget::Runsc(runsc) => g
-                .routes
-                .container_of(runsc)
-                .map_err(|e| ErrorBody::new(ErrorCode::Unavailable, e.to_string()))?,
+            GvisorTarget::Behind(client) => match client.container {
+                Some(c) if g.routes.is_connected(&c) => c,
+                // a sandbox process not found: its runsc's connection
+                _ => client
+                    .runsc
+                    .ok_or(crate::gvisor::routes::RouteError::NoSandbox)
+                    .and_then(|r| g.routes.container_of(r))
+                    .map_err(|e| ErrorBody::new(ErrorCode::Unavailable, e.to_string()))?,
+            },
         };
         let span = self.begin(session, label, meta, keep_events)?;
         let g = self.gvisor.as_mut().expect("checked above");
@@ -1597,10 +1602,10 @@ async fn connection(
         return Ok(());
     }
     let peer = Peer {
-        runsc: cred
+        sandbox: cred
             .pid()
             .and_then(|p| u32::try_from(p).ok())
-            .and_then(crate::gvisor::routes::runsc_behind),
+            .and_then(crate::gvisor::routes::sandbox_behind),
     };
     // spans begun here that end with this connection (`ends_with_connection`)
     let mut ends_with_us: Vec<u64> = Vec::new();
@@ -1675,7 +1680,7 @@ async fn connection(
                             ..
                         }
                     );
-                    let line = respond(&id, req, &core, &config, peer).await;
+                    let line = respond(&id, req, &core, &config, &peer).await;
                     if ends_with_us_too
                         && let Some(span) = serde_json::from_str::<Value>(&line)
                             .ok()
@@ -1699,7 +1704,7 @@ async fn connection(
             is_error: false,
             words: Default::default(),
         };
-        respond(&Value::Null, end, &core, &config, peer).await;
+        respond(&Value::Null, end, &core, &config, &peer).await;
     }
     served
 }
@@ -1722,10 +1727,10 @@ async fn await_gvisor_exit(core: &CoreHandle, span: u64) {
 }
 
 /// Who is at the other end of a control connection.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Peer {
-    /// A client inside a gVisor sandbox: the runsc that started it.
-    runsc: Option<u32>,
+    /// A client inside a gVisor sandbox: that sandbox.
+    sandbox: Option<crate::gvisor::routes::SandboxClient>,
 }
 
 async fn respond(
@@ -1733,7 +1738,7 @@ async fn respond(
     req: Request,
     core: &CoreHandle,
     config: &DaemonConfig,
-    peer: Peer,
+    peer: &Peer,
 ) -> String {
     let result: Result<Value, ErrorBody> = match req {
         Request::Hello => Ok(
@@ -1757,9 +1762,9 @@ async fn respond(
             gvisor_container,
         } => core
             .ask(|reply| Command::Begin {
-                gvisor: match (gvisor_container, peer.runsc) {
+                gvisor: match (gvisor_container, peer.sandbox.clone()) {
                     (Some(c), _) => Some(GvisorTarget::Container(c)),
-                    (None, Some(runsc)) => Some(GvisorTarget::Runsc(runsc)),
+                    (None, Some(client)) => Some(GvisorTarget::Behind(client)),
                     (None, None) => None,
                 },
                 session,

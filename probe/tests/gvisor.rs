@@ -665,3 +665,96 @@ fn the_monitor_survives_garbage_and_a_peer_without_handshake() {
     drop(sandbox);
     assert!(matches!(wait(), Delivery::Closed { .. }));
 }
+
+/// A daemon of this test's own: `probe run` with its sockets and DB in
+/// `dir`, killed on drop.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A sandbox started detached (`run --detach`, as containerd does): its
+/// runsc has exited, so the daemon finds the sandbox behind a client by
+/// the gofer's bundle; a command `runsc exec`s inside gets its span.
+#[test]
+fn a_detached_sandbox_gets_spans_from_the_host_daemon() {
+    if !runsc_available() {
+        return;
+    }
+    let scratch = Scratch::new("detached");
+    let dir = &scratch.0;
+    let socket = dir.join("probe.sock");
+    let _daemon = Daemon(
+        Command::new(PROBE)
+            .args(["run", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(dir.join("evidence.db"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    probe::client::wait_until_ready(&socket, Duration::from_secs(30)).unwrap();
+    let session = Command::new(PROBE)
+        .args(["gvisor-session", "--socket"])
+        .arg(socket.with_extension("gvisor.sock"))
+        .output()
+        .unwrap();
+    assert!(session.status.success(), "{session:?}");
+    let config = dir.join("gvisor.json");
+    std::fs::write(&config, &session.stdout).unwrap();
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(&bundle).unwrap();
+    let spec = Command::new("runsc")
+        .arg("spec")
+        .arg("--bundle")
+        .arg(&bundle)
+        .args(["--", "sleep", "120"])
+        .output()
+        .unwrap();
+    assert!(spec.status.success(), "{spec:?}");
+    let path = bundle.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    c["root"] = serde_json::json!({"path": "/", "readonly": true});
+    c["process"]["terminal"] = false.into();
+    std::fs::write(&path, serde_json::to_vec(&c).unwrap()).unwrap();
+    let id = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let runsc = |args: &[&str]| {
+        let mut cmd = Command::new("runsc");
+        cmd.arg(format!("--root={}", dir.join("state").display()));
+        cmd.args(args);
+        cmd
+    };
+    let started = runsc(&["--host-uds=open", "--network=none"])
+        .arg(format!("--pod-init-config={}", config.display()))
+        .args(["run", "--detach", "--bundle"])
+        .arg(&bundle)
+        .arg(&id)
+        // the sandbox keeps what it inherits: pipes would never close
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(started.success(), "runsc run --detach: {started}");
+    let out = runsc(&["exec", &id, PROBE, "span", "--json", "--socket"])
+        .arg(&socket)
+        .args(["--", "cat", "/nonexistent/detached.csv"])
+        .output()
+        .unwrap();
+    let _ = runsc(&["kill", &id, "KILL"]).output();
+    let _ = runsc(&["delete", "-force", &id]).output();
+    let t = parse(out);
+    assert_eq!(t.json["source"], "gvisor", "{}", t.context());
+    expect_failure(
+        &t,
+        "fs.missing",
+        "openat",
+        "ENOENT",
+        "/nonexistent/detached.csv",
+    );
+}

@@ -572,8 +572,8 @@ fn gvisor_note(span: &SpanEvidence, failed: bool, primitive: Primitive) -> Optio
              trace a seccomp kill leaves there",
         ),
         Primitive::MemOom => Some(
-            "the host's OOM killer killed the whole gVisor sandbox (its Sentry), read from the \
-             sandbox's host cgroup: gVisor sends no point for it",
+            "the host's OOM killer killed the whole gVisor sandbox (its Sentry), as the \
+             sandbox's host cgroup and the kernel log say: gVisor sends no point for it",
         ),
         Primitive::None => Some(crate::gvisor::events::BLIND_SPOTS),
         _ => None,

@@ -94,7 +94,7 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
         span.cap = cap;
     }
     let mut collector = Collector::default();
-    let mut memory = SandboxMemory::default();
+    let mut memory = SandboxMemory::new();
 
     let mut child = match cmd.spawn() {
         Ok(child) => child,
@@ -186,20 +186,32 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
     })
 }
 
-/// The sandbox's memory cgroup on the host, watched while it runs: gVisor
-/// has no point for an OOM kill (the host's OOM killer kills the whole
-/// sandbox process), and runsc removes the cgroup once the sandbox is
-/// gone, so its `oom_kill` count is read as the run goes.
-#[derive(Default)]
+/// The sandbox's memory on the host, watched while it runs: gVisor has no
+/// point for an OOM kill (the host's OOM killer kills the whole sandbox
+/// process). Two witnesses: the `oom_kill` count of the sandbox's own
+/// memory cgroup, read as the run goes (runsc removes the cgroup once the
+/// sandbox is gone), and the kernel log's record of the kill, read at the
+/// end (it outlives the cgroup: a kill between two reads is not missed).
 struct SandboxMemory {
+    sandbox: Option<u32>,
     cgroup: Option<crate::cgroup::MemoryCgroup>,
     limit_kb: Option<u64>,
     kills: u64,
-    looked: Option<Instant>,
+    log: Option<KernelLog>,
 }
 
 impl SandboxMemory {
-    /// Finds the cgroup (once the sandbox runs), then reads its count.
+    fn new() -> SandboxMemory {
+        SandboxMemory {
+            sandbox: None,
+            cgroup: None,
+            limit_kb: None,
+            kills: 0,
+            log: KernelLog::open_at_end(),
+        }
+    }
+
+    /// Finds the sandbox and its cgroup, then reads its count.
     fn watch(&mut self, runsc: u32) {
         if let Some(cg) = &self.cgroup {
             if let Some(n) = cg.oom_kills() {
@@ -207,29 +219,33 @@ impl SandboxMemory {
             }
             return;
         }
-        if self
-            .looked
-            .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
-        {
-            return;
-        }
-        self.looked = Some(Instant::now());
-        let Some(sandbox) = sandbox_process(runsc) else {
+        let Some(sandbox) = self.sandbox.or_else(|| sandbox_process(runsc)) else {
             return;
         };
-        // runsc makes the sandbox's cgroup for it: every kill counted
-        // there is this run's, even one before the cgroup was found
-        if let Some(cg) = crate::cgroup::MemoryCgroup::of(sandbox) {
+        self.sandbox = Some(sandbox);
+        // its own cgroup, once runsc has moved it there (until then it is
+        // in runsc's, which is not the sandbox's limit)
+        let own = crate::cgroup::MemoryCgroup::of(sandbox);
+        let parents = crate::cgroup::MemoryCgroup::of(runsc);
+        if let Some(cg) = own.filter(|c| parents.as_ref().is_none_or(|p| p.path != c.path)) {
+            // runsc makes the cgroup for this sandbox: every kill counted
+            // there is this run's, even one before it was found
             self.kills = cg.oom_kills().unwrap_or(0);
             self.limit_kb = crate::cgroup::memory_of(sandbox).and_then(|(_, limit)| limit);
             self.cgroup = Some(cg);
         }
     }
 
-    /// The OOM kill the count saw, as the event the eBPF side sends for
+    /// The OOM kill a witness saw, as the event the eBPF side sends for
     /// its victim: here the container's init, which died with the sandbox.
-    fn kill(&self, span: &SpanEvidence) -> Option<crate::event::KernelEvent> {
-        let cg = self.cgroup.as_ref().filter(|_| self.kills > 0)?;
+    fn kill(&mut self, span: &SpanEvidence) -> Option<crate::event::KernelEvent> {
+        let logged = match (self.sandbox, self.log.as_mut()) {
+            (Some(pid), Some(log)) => log.oom_killed(pid),
+            _ => false,
+        };
+        if self.kills == 0 && !logged {
+            return None;
+        }
         let pid = span.root_pid.unwrap_or(1);
         let comm = span
             .processes
@@ -240,9 +256,52 @@ impl SandboxMemory {
         let at = crate::clock::monotonic_ns().saturating_sub(span.start_ns);
         let mut ev =
             crate::event::KernelEvent::bare(crate::event::Kind::OomVictim, at, pid, pid, comm);
-        ev.cgroup = Some(cg.path.clone());
+        ev.cgroup = self.cgroup.as_ref().map(|c| c.path.clone());
         ev.memory_max_kb = self.limit_kb;
         Some(ev)
+    }
+}
+
+/// The kernel log (`/dev/kmsg`), read from where it stood when opened.
+struct KernelLog(std::fs::File);
+
+impl KernelLog {
+    /// `None` where the log cannot be read (no root, a container without it).
+    fn open_at_end() -> Option<KernelLog> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+            .ok()?;
+        // SAFETY: lseek on an fd we own; SEEK_END on /dev/kmsg moves to
+        // the next record to be written
+        unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(&file), 0, libc::SEEK_END) };
+        Some(KernelLog(file))
+    }
+
+    /// Whether a record since opening says the OOM killer killed `pid`
+    /// ("Killed process PID (comm) …"). Its anon RSS is not taken: the
+    /// Sentry keeps the workload's memory in a memory file, not anon.
+    fn oom_killed(&mut self, pid: u32) -> bool {
+        let needle = format!("Killed process {pid} (");
+        let mut buf = vec![0u8; 8192];
+        let mut found = false;
+        loop {
+            // one record per read; EAGAIN at the end, EPIPE when records
+            // were overwritten (the next read goes on)
+            match std::io::Read::read(&mut self.0, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let record = String::from_utf8_lossy(&buf[..n]);
+                    let text = record.split_once(';').map_or(record.as_ref(), |(_, t)| t);
+                    found |= text.contains(&needle);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(_) => break,
+            }
+        }
+        found
     }
 }
 

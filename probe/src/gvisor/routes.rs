@@ -98,6 +98,13 @@ impl Routes {
         v
     }
 
+    /// Whether a connected sandbox runs `container`.
+    pub fn is_connected(&self, container: &str) -> bool {
+        self.connections
+            .values()
+            .any(|c| c.containers.contains(container))
+    }
+
     /// The container of the sandbox that runsc `runsc_pid` started.
     pub fn container_of(&self, runsc_pid: u32) -> Result<String, RouteError> {
         let containers: BTreeSet<&String> = self
@@ -194,17 +201,63 @@ impl Routes {
     }
 }
 
-/// The runsc process behind a daemon client: a bridge inside a gVisor
-/// sandbox reaches the host's socket (`--host-uds=open`) through the
-/// sandbox's gofer, whose parent is the runsc that started the sandbox.
-pub fn runsc_behind(peer_pid: u32) -> Option<u32> {
-    let cmdline = std::fs::read(format!("/proc/{peer_pid}/cmdline")).ok()?;
+/// The gVisor sandbox behind a daemon client: a bridge inside reaches the
+/// host's socket (`--host-uds=open`) through the sandbox's gofer. Its
+/// container is the last word of the sandbox process (`runsc-sandbox …
+/// boot … ID`) that shares the gofer's `--bundle`; its runsc is the
+/// gofer's parent while that runsc runs in the foreground (`do`, `run`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxClient {
+    pub container: Option<String>,
+    pub runsc: Option<u32>,
+}
+
+/// See [`SandboxClient`]; `None` when `peer_pid` is no gofer.
+pub fn sandbox_behind(peer_pid: u32) -> Option<SandboxClient> {
+    let gofer = argv(peer_pid)?;
     // runsc re-executes itself: its comm is `exe`, its argv[0] says which
-    if cmdline.split(|&b| b == 0).next()? != b"runsc-gofer" {
+    if gofer.first()? != "runsc-gofer" {
         return None;
     }
-    let stat = std::fs::read_to_string(format!("/proc/{peer_pid}/stat")).ok()?;
-    stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+    let runsc = std::fs::read_to_string(format!("/proc/{peer_pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok());
+    let container = bundle_of(&gofer).and_then(|bundle| {
+        std::fs::read_dir("/proc")
+            .ok()?
+            .flatten()
+            .find_map(|entry| {
+                let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+                let words = argv(pid)?;
+                (words.first()? == "runsc-sandbox" && bundle_of(&words) == Some(bundle.clone()))
+                    .then(|| words.last().cloned())
+                    .flatten()
+            })
+    });
+    Some(SandboxClient { container, runsc })
+}
+
+fn argv(pid: u32) -> Option<Vec<String>> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        cmdline
+            .split(|&b| b == 0)
+            .filter(|w| !w.is_empty())
+            .map(|w| String::from_utf8_lossy(w).into_owned())
+            .collect(),
+    )
+}
+
+/// `--bundle DIR` or `--bundle=DIR`.
+fn bundle_of(words: &[String]) -> Option<String> {
+    words
+        .iter()
+        .enumerate()
+        .find_map(|(i, w)| match w.strip_prefix("--bundle") {
+            Some("") => words.get(i + 1).cloned(),
+            Some(rest) => rest.strip_prefix('=').map(str::to_string),
+            None => None,
+        })
 }
 
 #[cfg(test)]
@@ -241,6 +294,24 @@ mod tests {
         r.end(7);
         assert_eq!(r.route("c", &ev(Kind::SyscallFailed, 5)), None);
         assert_eq!(r.counts.unrouted, 3);
+    }
+
+    #[test]
+    fn a_bundle_is_read_in_either_form() {
+        let w = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        assert_eq!(
+            bundle_of(&w(
+                "runsc-gofer --root=/r gofer --bundle /tmp/b --spec-fd=3"
+            )),
+            Some("/tmp/b".into())
+        );
+        assert_eq!(
+            bundle_of(&w(
+                "runsc-sandbox --root=/r boot --bundle=/tmp/b --cpu-num 2 runsc-1"
+            )),
+            Some("/tmp/b".into())
+        );
+        assert_eq!(bundle_of(&w("runsc-sandbox --bundles=/x")), None);
     }
 
     #[test]
