@@ -418,10 +418,7 @@ pub fn kill_group(leader: u32, sig: nix::sys::signal::Signal) {
 }
 
 pub fn exit_status(s: std::process::ExitStatus) -> ExitStatus {
-    ExitStatus {
-        code: s.code(),
-        signal: s.signal().map(probe::event::signal_name),
-    }
+    s.into()
 }
 
 /// A stream's capture: the one that finished before the span ended, else

@@ -873,35 +873,16 @@ impl Core {
         is_error: bool,
         words: Words,
     ) -> Result<Attribution, ErrorBody> {
-        if !self.spans.contains_key(&span) {
+        let Some(open) = self.spans.get(&span) else {
             return Err(ErrorBody::new(
                 ErrorCode::NotFound,
                 format!("span {span} is not open (never begun, or already ended)"),
             ));
-        }
-        if self
-            .spans
-            .get(&span)
-            .is_some_and(|o| o.gvisor_container.is_some())
-        {
-            return self.end_gvisor(span, exit, timed_out, is_error, words);
-        }
-        if let Some(id) = self.spans.get(&span).and_then(|o| o.cgroup) {
-            self.probe.unfollow_cgroup(id, span);
-        }
-        self.drain();
-        let pending = match self.spans.get(&span) {
-            Some(open) => {
-                let tids: Vec<u32> = open.evidence.tids.iter().copied().collect();
-                // threads that a later span took over (overlapping calls
-                // into one server) stay traced for that span
-                self.probe.untrack_own(span, tids)
-            }
-            None => Vec::new(),
         };
-        self.drain();
-        if let Some(open) = self.spans.get_mut(&span) {
-            open.evidence.add_pending(&pending);
+        if open.gvisor_container.is_some() {
+            self.close_gvisor_span(span);
+        } else {
+            self.close_kernel_span(span);
         }
         let Some(mut open) = self.spans.remove(&span) else {
             return Err(ErrorBody::new(
@@ -909,46 +890,6 @@ impl Core {
                 format!("span {span} is not open"),
             ));
         };
-        let drops_after: u64 = self.probe.drops().iter().sum();
-        open.evidence.drops.kernel = drops_after.saturating_sub(open.drops_before);
-        self.finish(span, open, exit, timed_out, is_error, words)
-    }
-
-    /// Ends a gVisor span: its points so far (and its root's exit, when
-    /// the caller says it ended), then the same attribution and store.
-    fn end_gvisor(
-        &mut self,
-        span: u64,
-        exit: Option<ExitStatus>,
-        timed_out: Option<Duration>,
-        is_error: bool,
-        words: Words,
-    ) -> Result<Attribution, ErrorBody> {
-        // the connection waited for the exit's point (`respond`)
-        self.drain_gvisor();
-        if let Some(g) = self.gvisor.as_mut() {
-            g.routes.end(span);
-        }
-        let Some(open) = self.spans.remove(&span) else {
-            return Err(ErrorBody::new(
-                ErrorCode::NotFound,
-                format!("span {span} is not open"),
-            ));
-        };
-        // drops: runsc's own count, added as its points arrived
-        self.finish(span, open, exit, timed_out, is_error, words)
-    }
-
-    /// Attributes, exports and stores an ended span.
-    fn finish(
-        &mut self,
-        span: u64,
-        mut open: OpenSpan,
-        exit: Option<ExitStatus>,
-        timed_out: Option<Duration>,
-        is_error: bool,
-        words: Words,
-    ) -> Result<Attribution, ErrorBody> {
         let exit = exit.unwrap_or_else(|| observed_exit(&open.evidence));
         let outcome = Outcome {
             exit,
@@ -984,6 +925,40 @@ impl Core {
             tracing::error!("store thread is gone; span {span} was not saved");
         }
         Ok(attribution)
+    }
+
+    /// The kernel's last word on an eBPF span: stops following it, takes
+    /// what the ring buffer still holds and its drops meanwhile.
+    fn close_kernel_span(&mut self, span: u64) {
+        if let Some(id) = self.spans.get(&span).and_then(|o| o.cgroup) {
+            self.probe.unfollow_cgroup(id, span);
+        }
+        self.drain();
+        let pending = match self.spans.get(&span) {
+            Some(open) => {
+                let tids: Vec<u32> = open.evidence.tids.iter().copied().collect();
+                // threads that a later span took over (overlapping calls
+                // into one server) stay traced for that span
+                self.probe.untrack_own(span, tids)
+            }
+            None => Vec::new(),
+        };
+        self.drain();
+        let drops_after: u64 = self.probe.drops().iter().sum();
+        if let Some(open) = self.spans.get_mut(&span) {
+            open.evidence.add_pending(&pending);
+            open.evidence.drops.kernel = drops_after.saturating_sub(open.drops_before);
+        }
+    }
+
+    /// The sandbox's last word on a gVisor span: its points so far (the
+    /// connection waited for the exit's, see `respond`). Its drops are
+    /// runsc's own count, added as its points arrived.
+    fn close_gvisor_span(&mut self, span: u64) {
+        self.drain_gvisor();
+        if let Some(g) = self.gvisor.as_mut() {
+            g.routes.end(span);
+        }
     }
 
     fn update_rate(&mut self) {

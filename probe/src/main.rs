@@ -709,7 +709,6 @@ fn wait_forwarding(
     mut child: std::process::Child,
     timeout: Option<Duration>,
 ) -> anyhow::Result<(ExitStatus, Option<Duration>)> {
-    use std::os::unix::process::ExitStatusExt as _;
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])?;
@@ -735,13 +734,7 @@ fn wait_forwarding(
     };
     handle.close();
     let _ = forwarder.join();
-    Ok((
-        ExitStatus {
-            code: status.code(),
-            signal: status.signal().map(probe::event::signal_name),
-        },
-        timed_out,
-    ))
+    Ok((status.into(), timed_out))
 }
 
 /// `30s`, `10m`, `2h`, `7d` ago, or Unix ms.

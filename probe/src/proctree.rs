@@ -1,12 +1,23 @@
 //! A running process tree as /proc shows it: every thread of a process and
-//! of all its descendants (for `begin_span` with `tree`).
+//! of all its descendants (for `begin_span` with `tree`), a process's
+//! parent and command line.
 
 use std::collections::HashSet;
 
 /// The thread ids of `pid` (all its threads) and, recursively, of every
 /// child of any of them. Processes that exit during the walk are skipped.
 pub fn threads(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
+    walk(pid).1
+}
+
+/// `pid` and, recursively, every process it started that still runs.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    walk(pid).0
+}
+
+/// (the processes, their threads) of the tree under `pid`.
+fn walk(pid: u32) -> (Vec<u32>, Vec<u32>) {
+    let (mut processes, mut threads) = (Vec::new(), Vec::new());
     let mut seen = HashSet::new();
     let mut todo = vec![pid];
     // without CONFIG_PROC_CHILDREN: parent → children from every /proc/N/stat
@@ -15,8 +26,9 @@ pub fn threads(pid: u32) -> Vec<u32> {
         if !seen.insert(p) {
             continue;
         }
+        processes.push(p);
         for tid in tasks(p) {
-            out.push(tid);
+            threads.push(tid);
             match std::fs::read_to_string(format!("/proc/{p}/task/{tid}/children")) {
                 Ok(children) => {
                     todo.extend(
@@ -33,7 +45,31 @@ pub fn threads(pid: u32) -> Vec<u32> {
             }
         }
     }
-    out
+    (processes, threads)
+}
+
+/// The parent of `pid`, from /proc/PID/stat.
+pub fn ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // comm may hold spaces and parentheses: fields start after the last ')'
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The command line of `pid`, word by word (empty words dropped).
+pub fn argv(pid: u32) -> Option<Vec<String>> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        cmdline
+            .split(|&b| b == 0)
+            .filter(|w| !w.is_empty())
+            .map(|w| String::from_utf8_lossy(w).into_owned())
+            .collect(),
+    )
 }
 
 /// The threads of one process (none when it is gone).
@@ -57,15 +93,7 @@ fn parents() -> std::collections::HashMap<u32, Vec<u32>> {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // comm may hold spaces and parentheses: fields start after the last ')'
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok());
-        if let Some(ppid) = ppid {
+        if let Some(ppid) = ppid(pid) {
             map.entry(ppid).or_default().push(pid);
         }
     }

@@ -5,7 +5,6 @@
 use std::ffi::OsString;
 use std::os::fd::{AsFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -295,11 +294,7 @@ fn wait_collecting(
         }
         if child_done {
             let status = child.wait().context("wait for the workload")?;
-            let exit = ExitStatus {
-                code: status.code(),
-                signal: status.signal().map(crate::event::signal_name),
-            };
-            return Ok((exit, interrupted, timed_out));
+            return Ok((status.into(), interrupted, timed_out));
         }
     }
 }

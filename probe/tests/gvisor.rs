@@ -102,7 +102,37 @@ fn gvisor_run(cmd: &[&str], ro_dir: &Path) -> Traced {
 /// [`gvisor_run`] with the sandbox's memory limited (bytes).
 fn gvisor_run_limited(cmd: &[&str], ro_dir: &Path, memory: Option<u64>) -> Traced {
     let scratch = Scratch::new("run");
-    let bundle = scratch.0.join("bundle");
+    let bundle = oci_bundle(&scratch.0, cmd, |config| {
+        if let Some(limit) = memory {
+            config["linux"]["resources"]["memory"] = serde_json::json!({"limit": limit});
+        }
+        config["mounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "destination": "/ro", "type": "bind", "source": ro_dir, "options": ["rbind", "ro"],
+            }));
+    });
+    // the scratch directory's name is unique to this case
+    let id = scratch
+        .0
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let out = probe_runsc(&scratch.0.join("state"))
+        .args(["run", "--bundle"])
+        .arg(&bundle)
+        .arg(&id)
+        .output()
+        .expect("run probe");
+    parse(out)
+}
+
+/// An OCI bundle under `dir` running `cmd` on the host's root filesystem,
+/// read-only, without a terminal; `edit` changes its config.json further.
+fn oci_bundle(dir: &Path, cmd: &[&str], edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let bundle = dir.join("bundle");
     std::fs::create_dir_all(&bundle).unwrap();
     let spec = Command::new("runsc")
         .arg("spec")
@@ -118,30 +148,9 @@ fn gvisor_run_limited(cmd: &[&str], ro_dir: &Path, memory: Option<u64>) -> Trace
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     config["root"] = serde_json::json!({"path": "/", "readonly": true});
     config["process"]["terminal"] = false.into();
-    if let Some(limit) = memory {
-        config["linux"]["resources"]["memory"] = serde_json::json!({"limit": limit});
-    }
-    config["mounts"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({
-            "destination": "/ro", "type": "bind", "source": ro_dir, "options": ["rbind", "ro"],
-        }));
+    edit(&mut config);
     std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
-    // the scratch directory's name is unique to this case
-    let id = scratch
-        .0
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let out = probe_runsc(&scratch.0.join("state"))
-        .args(["run", "--bundle"])
-        .arg(&bundle)
-        .arg(&id)
-        .output()
-        .expect("run probe");
-    parse(out)
+    bundle
 }
 
 fn twice(case: impl Fn() -> Traced, check: impl Fn(&Traced)) {
@@ -491,7 +500,8 @@ fn a_sandbox_killed_mid_stream_still_gets_its_attribution() {
             break;
         }
     }
-    let sandbox = sandbox_pid(child.id()).expect("the runsc sandbox process");
+    let sandbox =
+        probe::gvisor::oneoff::sandbox_process(child.id()).expect("the runsc sandbox process");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sandbox as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -519,30 +529,6 @@ fn a_sandbox_killed_mid_stream_still_gets_its_attribution() {
         "the failed open the sandbox reported before it died was kept: {}",
         t.json["events"]
     );
-}
-
-/// The pid of the runsc sandbox (`runsc-sandbox … boot …`) that the
-/// runsc started by `probe` (pid) runs.
-fn sandbox_pid(probe: u32) -> Option<u32> {
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
-    };
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        // runsc re-executes itself: its comm is `exe`, its argv[0] says
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if cmdline.split(|&b| b == 0).next() == Some(b"runsc-sandbox".as_slice())
-            && parent(pid).and_then(parent) == Some(probe)
-        {
-            return Some(pid);
-        }
-    }
-    None
 }
 
 /// A SEQPACKET client of `path`.
@@ -707,21 +693,7 @@ fn a_detached_sandbox_gets_spans_from_the_host_daemon() {
     assert!(session.status.success(), "{session:?}");
     let config = dir.join("gvisor.json");
     std::fs::write(&config, &session.stdout).unwrap();
-    let bundle = dir.join("bundle");
-    std::fs::create_dir_all(&bundle).unwrap();
-    let spec = Command::new("runsc")
-        .arg("spec")
-        .arg("--bundle")
-        .arg(&bundle)
-        .args(["--", "sleep", "120"])
-        .output()
-        .unwrap();
-    assert!(spec.status.success(), "{spec:?}");
-    let path = bundle.join("config.json");
-    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    c["root"] = serde_json::json!({"path": "/", "readonly": true});
-    c["process"]["terminal"] = false.into();
-    std::fs::write(&path, serde_json::to_vec(&c).unwrap()).unwrap();
+    let bundle = oci_bundle(dir, &["sleep", "120"], |_| {});
     let id = dir.file_name().unwrap().to_string_lossy().into_owned();
     let runsc = |args: &[&str]| {
         let mut cmd = Command::new("runsc");

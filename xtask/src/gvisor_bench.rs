@@ -10,6 +10,8 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 
+use crate::bench::median;
+
 /// The workloads: a sandbox that does nothing, an interpreter's start (many
 /// lookups it gets past), and a loop of failing commands (a fork, an exec
 /// and a failed open each).
@@ -50,11 +52,6 @@ fn once(probe: Option<&Path>, script: &str) -> anyhow::Result<(f64, serde_json::
         serde_json::Value::Null
     };
     Ok((secs, json))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 pub fn bench(probe_dir: &Path, runs: usize) -> anyhow::Result<String> {

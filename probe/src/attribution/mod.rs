@@ -51,6 +51,17 @@ pub struct ExitStatus {
     pub signal: Option<String>,
 }
 
+impl From<std::process::ExitStatus> for ExitStatus {
+    /// A waited-for process's status: its code, or the signal that killed it.
+    fn from(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt as _;
+        ExitStatus {
+            code: status.code(),
+            signal: status.signal().map(crate::event::signal_name),
+        }
+    }
+}
+
 impl ExitStatus {
     pub fn success(&self) -> bool {
         self.code == Some(0) && self.signal.is_none()

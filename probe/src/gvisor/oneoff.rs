@@ -6,7 +6,6 @@
 
 use std::os::fd::AsFd as _;
 use std::os::unix::fs::DirBuilderExt as _;
-use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
@@ -16,7 +15,7 @@ use anyhow::Context as _;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::attribution::{ExitStatus, Outcome, Words, attribute};
+use crate::attribution::{Outcome, Words, attribute};
 use crate::spans::{Source, SpanEvidence};
 use crate::tee::{StderrTee, command_line};
 use crate::trace::{StopSignals, TraceOptions, Traced};
@@ -158,17 +157,13 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
         );
     }
     drop(monitor);
-    collector.finish(&mut span);
+    span.root_pid = sandbox_root(&span);
     if let Some(oom) = memory.kill(&span) {
         span.add(oom);
     }
 
-    let exit = ExitStatus {
-        code: status.code(),
-        signal: status.signal().map(crate::event::signal_name),
-    };
     let outcome = Outcome {
-        exit,
+        exit: status.into(),
         timed_out,
         duration_ns: started.elapsed().as_nanos() as u64,
         all_events: opts.all_events,
@@ -184,6 +179,17 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
         attribution: attribute(&span, &outcome),
         interrupted,
     })
+}
+
+/// The span's root: the lowest pid seen, the container's init (pid 1 in
+/// the sandbox, or the first process of a container that is not the pod's
+/// first).
+fn sandbox_root(span: &SpanEvidence) -> Option<u32> {
+    span.processes
+        .keys()
+        .copied()
+        .chain(span.events.iter().map(|e| e.pid))
+        .min()
 }
 
 /// The sandbox's memory on the host, watched while it runs: gVisor has no
@@ -306,35 +312,13 @@ impl KernelLog {
 }
 
 /// The runsc-sandbox process under `top` (runsc, or a wrapper of it:
-/// `timeout 60 runsc …`), a few generations down (runsc re-executes
-/// itself: argv[0] names the part, its comm is `exe`).
-fn sandbox_process(top: u32) -> Option<u32> {
-    let children = |pid: u32| -> Vec<u32> {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return Vec::new();
-        };
-        tasks
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-            .flat_map(|c| {
-                c.split_whitespace()
-                    .filter_map(|p| p.parse::<u32>().ok())
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
-    let is_sandbox = |pid: &u32| {
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| c.split(|&b| b == 0).next() == Some(b"runsc-sandbox".as_slice()))
-    };
-    let mut generation = vec![top];
-    for _ in 0..4 {
-        generation = generation.into_iter().flat_map(children).collect();
-        if let Some(found) = generation.iter().copied().find(is_sandbox) {
-            return Some(found);
-        }
-    }
-    None
+/// `timeout 60 runsc …`; runsc re-executes itself: argv[0] names the
+/// part, its comm is `exe`).
+pub fn sandbox_process(top: u32) -> Option<u32> {
+    crate::proctree::descendants(top).into_iter().find(|&pid| {
+        crate::proctree::argv(pid)
+            .is_some_and(|w| w.first().map(String::as_str) == Some("runsc-sandbox"))
+    })
 }
 
 /// Feeds deliveries into the span and keeps what the monitor said of its
@@ -343,7 +327,6 @@ fn sandbox_process(top: u32) -> Option<u32> {
 struct Collector {
     connections: u64,
     open: std::collections::HashSet<u64>,
-    pids: std::collections::BTreeSet<u32>,
 }
 
 impl Collector {
@@ -372,7 +355,6 @@ impl Collector {
                 span.drops.kernel += dropped;
                 for mut ev in converted.events {
                     ev.ts_ns = ev.ts_ns.saturating_sub(span.start_ns);
-                    self.pids.insert(ev.pid);
                     span.add(ev);
                 }
             }
@@ -381,15 +363,5 @@ impl Collector {
 
     fn all_closed(&self) -> bool {
         self.connections > 0 && self.open.is_empty()
-    }
-
-    /// The span's root: the container's init, pid 1 in the sandbox (else
-    /// the first pid seen, for a container that is not the pod's first).
-    fn finish(&self, span: &mut SpanEvidence) {
-        span.root_pid = if self.pids.contains(&1) {
-            Some(1)
-        } else {
-            self.pids.first().copied()
-        };
     }
 }

@@ -8,9 +8,6 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::event::{KernelEvent, Kind};
 
-/// A process in a sandbox: its container and its pid there.
-pub type SandboxPid = (String, u32);
-
 /// One runsc connection to the monitor.
 #[derive(Debug, Default)]
 struct Connection {
@@ -33,13 +30,21 @@ pub struct RouteCounts {
     pub dropped: u64,
 }
 
+/// The processes of one container, by the pid the sandbox sees.
+#[derive(Debug, Default)]
+struct Processes {
+    spans: HashMap<u32, u64>,
+    /// Live processes' parents, from clone and exit points: what a span
+    /// begun over a running tree takes with it.
+    parents: HashMap<u32, u32>,
+}
+
 #[derive(Debug, Default)]
 pub struct Routes {
     connections: HashMap<u64, Connection>,
-    spans: HashMap<SandboxPid, u64>,
-    /// Live processes' parents, per container, from clone and exit points:
-    /// what a span begun over a running tree takes with it.
-    parents: HashMap<SandboxPid, u32>,
+    /// Per container: looked up by `&str` for every event, allocating
+    /// nothing.
+    containers: HashMap<String, Processes>,
     pub counts: RouteCounts,
 }
 
@@ -82,8 +87,11 @@ impl Routes {
     /// they collected).
     pub fn closed(&mut self, conn: u64) {
         if let Some(c) = self.connections.remove(&conn) {
-            self.parents
-                .retain(|(container, _), _| !c.containers.contains(container));
+            for container in &c.containers {
+                if let Some(p) = self.containers.get_mut(container) {
+                    p.parents.clear();
+                }
+            }
         }
     }
 
@@ -130,30 +138,34 @@ impl Routes {
     /// Puts `pid` of `container` in `span`; with `tree`, its known
     /// descendants too. Answers how many processes.
     pub fn attach(&mut self, span: u64, container: &str, pid: u32, tree: bool) -> usize {
+        let procs = self.containers.entry(container.to_string()).or_default();
         let mut taken = vec![pid];
         if tree {
             let mut i = 0;
             while i < taken.len() {
                 let parent = taken[i];
                 taken.extend(
-                    self.parents
+                    procs
+                        .parents
                         .iter()
-                        .filter(|((c, _), p)| c == container && **p == parent)
-                        .map(|((_, child), _)| *child),
+                        .filter(|(_, p)| **p == parent)
+                        .map(|(child, _)| *child),
                 );
                 i += 1;
             }
         }
         let unique: HashSet<u32> = taken.into_iter().collect();
         for p in &unique {
-            self.spans.insert((container.to_string(), *p), span);
+            procs.spans.insert(*p, span);
         }
         unique.len()
     }
 
     /// Forgets the processes of an ended span.
     pub fn end(&mut self, span: u64) {
-        self.spans.retain(|_, s| *s != span);
+        for procs in self.containers.values_mut() {
+            procs.spans.retain(|_, s| *s != span);
+        }
     }
 
     /// The span `ev` (of a point of `container`) belongs to; follows
@@ -161,23 +173,28 @@ impl Routes {
     /// gVisor reports a task's exit per task, and a leader that left by
     /// `pthread_exit` has threads still running; the span's end does.
     pub fn route(&mut self, container: &str, ev: &KernelEvent) -> Option<u64> {
-        let key = (container.to_string(), ev.pid);
-        let span = self.spans.get(&key).copied();
-        match ev.kind {
+        let span = match ev.kind {
             Kind::Fork if ev.thread != Some(true) => {
+                let procs = match self.containers.get_mut(container) {
+                    Some(p) => p,
+                    None => self.containers.entry(container.to_string()).or_default(),
+                };
+                let span = procs.spans.get(&ev.pid).copied();
                 if let Some(child) = ev.child_pid {
-                    let child_key = (container.to_string(), child);
-                    self.parents.insert(child_key.clone(), ev.pid);
+                    procs.parents.insert(child, ev.pid);
                     if let Some(s) = span {
-                        self.spans.insert(child_key, s);
+                        procs.spans.insert(child, s);
                     }
                 }
+                span
             }
-            Kind::Exit => {
-                self.parents.remove(&key);
-            }
-            _ => {}
-        }
+            _ => self.containers.get_mut(container).and_then(|procs| {
+                if ev.kind == Kind::Exit {
+                    procs.parents.remove(&ev.pid);
+                }
+                procs.spans.get(&ev.pid).copied()
+            }),
+        };
         if span.is_none() {
             self.counts.unrouted += 1;
         }
@@ -189,11 +206,11 @@ impl Routes {
         let Some(c) = self.connections.get(&conn) else {
             return Vec::new();
         };
-        let mut spans: Vec<u64> = self
-            .spans
+        let mut spans: Vec<u64> = c
+            .containers
             .iter()
-            .filter(|((container, _), _)| c.containers.contains(container))
-            .map(|(_, s)| *s)
+            .filter_map(|container| self.containers.get(container))
+            .flat_map(|procs| procs.spans.values().copied())
             .collect();
         spans.sort_unstable();
         spans.dedup();
@@ -214,14 +231,12 @@ pub struct SandboxClient {
 
 /// See [`SandboxClient`]; `None` when `peer_pid` is no gofer.
 pub fn sandbox_behind(peer_pid: u32) -> Option<SandboxClient> {
+    use crate::proctree::argv;
     let gofer = argv(peer_pid)?;
     // runsc re-executes itself: its comm is `exe`, its argv[0] says which
     if gofer.first()? != "runsc-gofer" {
         return None;
     }
-    let runsc = std::fs::read_to_string(format!("/proc/{peer_pid}/stat"))
-        .ok()
-        .and_then(|stat| stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok());
     let container = bundle_of(&gofer).and_then(|bundle| {
         std::fs::read_dir("/proc")
             .ok()?
@@ -234,18 +249,10 @@ pub fn sandbox_behind(peer_pid: u32) -> Option<SandboxClient> {
                     .flatten()
             })
     });
-    Some(SandboxClient { container, runsc })
-}
-
-fn argv(pid: u32) -> Option<Vec<String>> {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    Some(
-        cmdline
-            .split(|&b| b == 0)
-            .filter(|w| !w.is_empty())
-            .map(|w| String::from_utf8_lossy(w).into_owned())
-            .collect(),
-    )
+    Some(SandboxClient {
+        container,
+        runsc: crate::proctree::ppid(peer_pid),
+    })
 }
 
 /// `--bundle DIR` or `--bundle=DIR`.
