@@ -31,10 +31,13 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
-use crate::attribution::{Attribution, ExitStatus, Outcome, Words, attribute};
+use crate::attribution::{
+    Attribution, ExitStatus, Outcome, PidsIn, RootPid, SandboxView, Words, attribute,
+};
 use crate::event::{Kind, decode, read_raw};
 use crate::loader::Probe;
 use crate::otlp::{CallMeta, Exporter, OtlpConfig, TraceParent};
+use crate::peer::{SandboxKind, Scope};
 use crate::protocol::{self, ErrorBody, ErrorCode, MAX_LINE, Request};
 use crate::sessions::Sessions;
 use crate::spans::SpanEvidence;
@@ -102,16 +105,23 @@ enum Command {
         keep_events: Option<KeepEvents>,
         /// With `pid`: a process of a gVisor sandbox, not of this kernel.
         gvisor: Option<GvisorTarget>,
+        /// The sandbox of the client that opens it (None: the host's).
+        sandbox: Option<SandboxView>,
         /// The span, and with `tree` how many threads were attached.
         reply: Reply<(u64, Option<usize>)>,
     },
     Attach {
         span: u64,
         pid: u32,
+        /// The asking client's sandbox: only its own spans.
+        caller: Option<String>,
+        /// `pid` as the client numbered it.
+        client_pid: u32,
         reply: Reply<()>,
     },
     End {
         span: u64,
+        caller: Option<String>,
         exit: Option<ExitStatus>,
         timed_out: Option<Duration>,
         is_error: bool,
@@ -124,7 +134,10 @@ enum Command {
     Subscribe {
         span: Option<u64>,
         kind: Option<Kind>,
+        /// A confined client's sandbox: only its spans' events.
+        caller: Option<String>,
         tx: tokio::sync::mpsc::Sender<String>,
+        reply: Reply<()>,
     },
 }
 
@@ -134,6 +147,25 @@ struct CoreHandle {
     stopping: AtomicBool,
     /// Wakes the drain thread (for shutdown).
     wake: StdUnixStream,
+    /// Confined clients: connected now, and requests refused as outside
+    /// their sandbox.
+    clients: ClientCounts,
+}
+
+#[derive(Default)]
+struct ClientCounts {
+    sandboxed_now: AtomicU64,
+    forbidden: AtomicU64,
+}
+
+impl ClientCounts {
+    /// Counts a refusal on its way to the client.
+    fn refused(&self, e: ErrorBody) -> ErrorBody {
+        if e.code == ErrorCode::Forbidden {
+            self.forbidden.fetch_add(1, Ordering::Relaxed);
+        }
+        e
+    }
 }
 
 impl CoreHandle {
@@ -260,11 +292,21 @@ struct OpenSpan {
     keep_events: KeepEvents,
     /// A gVisor span: the container its processes are in.
     gvisor_container: Option<String>,
+    /// The sandbox whose client opened it (None: a host client).
+    sandbox: Option<SandboxView>,
+}
+
+impl OpenSpan {
+    fn owner(&self) -> Option<&str> {
+        self.sandbox.as_ref().map(|v| v.id.as_str())
+    }
 }
 
 struct Subscriber {
     span: Option<u64>,
     kind: Option<Kind>,
+    /// A confined client's sandbox (None: every span's events).
+    owner: Option<String>,
     tx: tokio::sync::mpsc::Sender<String>,
     lagged: u64,
 }
@@ -439,7 +481,7 @@ impl Core {
                 sessions.observe(session, raw.span, &mut ev);
             }
             if !subscribers.is_empty() {
-                publish(subscribers, raw.span, &ev);
+                publish(subscribers, raw.span, open.owner(), &ev);
             }
             open.evidence.add(ev);
         }
@@ -458,16 +500,25 @@ impl Core {
                 meta,
                 keep_events,
                 gvisor,
+                sandbox,
                 reply,
             } => {
                 if let Some(target) = gvisor {
-                    let begun =
-                        self.begin_gvisor(session, label, pid, tree, target, *meta, keep_events);
+                    let begun = self.begin_gvisor(
+                        session,
+                        label,
+                        pid,
+                        tree,
+                        target,
+                        *meta,
+                        keep_events,
+                        sandbox,
+                    );
                     let _ = reply.send(begun);
                     return;
                 }
                 let begun = self
-                    .begin(session, label, *meta, keep_events)
+                    .begin(session, label, *meta, keep_events, sandbox)
                     .and_then(|span| {
                         let attached =
                             self.follow_cgroup(span, cgroup.as_deref())
@@ -502,7 +553,23 @@ impl Core {
                     });
                 let _ = reply.send(begun);
             }
-            Command::Attach { span, pid, reply } => {
+            Command::Attach {
+                span,
+                pid,
+                caller,
+                client_pid,
+                reply,
+            } => {
+                if let Err(e) = self.reachable(span, caller.as_deref()) {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                if let Some(view) = self.spans.get_mut(&span).and_then(|o| o.sandbox.as_mut()) {
+                    view.root_pid.get_or_insert(RootPid {
+                        daemon: pid,
+                        sandbox: client_pid,
+                    });
+                }
                 let container = self
                     .spans
                     .get(&span)
@@ -521,24 +588,60 @@ impl Core {
             }
             Command::End {
                 span,
+                caller,
                 exit,
                 timed_out,
                 is_error,
                 words,
                 reply,
             } => {
-                let _ = reply.send(self.end(span, exit, timed_out, is_error, words));
+                let ended = self
+                    .reachable(span, caller.as_deref())
+                    .and_then(|()| self.end(span, exit, timed_out, is_error, words));
+                let _ = reply.send(ended);
             }
             Command::Status { reply } => {
                 self.drain(); // counts up to date, as of this request
                 let _ = reply.send(self.status());
             }
-            Command::Subscribe { span, kind, tx } => self.subscribers.push(Subscriber {
+            Command::Subscribe {
                 span,
                 kind,
+                caller,
                 tx,
-                lagged: 0,
-            }),
+                reply,
+            } => {
+                // a confined client tails its own open span, or all of its own
+                let allowed = match (span, caller.as_deref()) {
+                    (Some(id), Some(_)) => self.reachable(id, caller.as_deref()),
+                    _ => Ok(()),
+                };
+                if allowed.is_ok() {
+                    self.subscribers.push(Subscriber {
+                        span,
+                        kind,
+                        owner: caller,
+                        tx,
+                        lagged: 0,
+                    });
+                }
+                let _ = reply.send(allowed);
+            }
+        }
+    }
+
+    /// Whether a client of sandbox `caller` (None: the host's) may use
+    /// span `span`: only an open span its sandbox opened. A host client
+    /// reaches every span (one not open is the request's own `not_found`).
+    fn reachable(&self, span: u64, caller: Option<&str>) -> Result<(), ErrorBody> {
+        let Some(caller) = caller else {
+            return Ok(());
+        };
+        match self.spans.get(&span) {
+            Some(open) if open.owner() == Some(caller) => Ok(()),
+            _ => Err(crate::peer::forbidden(format!(
+                "span {span} is not an open span of this client's sandbox ({caller})"
+            ))),
         }
     }
 
@@ -548,6 +651,7 @@ impl Core {
         label: String,
         meta: BeginMeta,
         keep_events: Option<KeepEvents>,
+        sandbox: Option<SandboxView>,
     ) -> Result<u64, ErrorBody> {
         if self.spans.len() >= self.config.max_open_spans {
             return Err(ErrorBody::new(
@@ -599,6 +703,7 @@ impl Core {
                 cgroup: None,
                 keep_events: keep_events.unwrap_or(self.config.retention.keep_events),
                 gvisor_container: None,
+                sandbox,
             },
         );
         Ok(id)
@@ -618,6 +723,7 @@ impl Core {
         target: GvisorTarget,
         meta: BeginMeta,
         keep_events: Option<KeepEvents>,
+        sandbox: Option<SandboxView>,
     ) -> Result<(u64, Option<usize>), ErrorBody> {
         // what the sandbox said so far names its container
         self.drain_gvisor();
@@ -640,7 +746,7 @@ impl Core {
                     .map_err(|e| ErrorBody::new(ErrorCode::Unavailable, e.to_string()))?,
             },
         };
-        let span = self.begin(session, label, meta, keep_events)?;
+        let span = self.begin(session, label, meta, keep_events, sandbox)?;
         let g = self.gvisor.as_mut().expect("checked above");
         // without a pid, `attach` names the span's process later
         let n = pid.map(|pid| g.routes.attach(span, &container, pid, tree));
@@ -717,7 +823,7 @@ impl Core {
                 sessions.observe(session, span, &mut ev);
             }
             if !subscribers.is_empty() {
-                publish(subscribers, span, &ev);
+                publish(subscribers, span, open.owner(), &ev);
             }
             open.evidence.add(ev);
         }
@@ -898,7 +1004,8 @@ impl Core {
             all_events: false,
             words,
         };
-        let attribution = attribute(&open.evidence, &outcome);
+        let mut attribution = attribute(&open.evidence, &outcome);
+        attribution.sandbox = open.sandbox.clone();
         self.spans_ended += 1;
         self.retention_drops_total += open.evidence.drops.retention;
         if let (Some(exporter), Some(mut meta)) = (&self.otlp, open.meta.take()) {
@@ -1078,6 +1185,9 @@ impl Core {
                 store_busy_ms: load(&s.busy_us) as f64 / 1e3,
                 longest_write_ms: load(&s.longest_write_us) as f64 / 1e3,
             },
+            // filled by the connection, which holds the client counts
+            clients: Default::default(),
+            client_sandbox: None,
         }
     }
 }
@@ -1121,10 +1231,18 @@ fn observed_exit(span: &SpanEvidence) -> ExitStatus {
     }
 }
 
-fn publish(subscribers: &mut Vec<Subscriber>, span: u64, ev: &crate::event::KernelEvent) {
+fn publish(
+    subscribers: &mut Vec<Subscriber>,
+    span: u64,
+    owner: Option<&str>,
+    ev: &crate::event::KernelEvent,
+) {
     let mut line: Option<String> = None;
     subscribers.retain_mut(|s| {
-        if s.span.is_some_and(|id| id != span) || s.kind.is_some_and(|k| k != ev.kind) {
+        if s.span.is_some_and(|id| id != span)
+            || s.kind.is_some_and(|k| k != ev.kind)
+            || s.owner.as_deref().is_some_and(|o| Some(o) != owner)
+        {
             return !s.tx.is_closed();
         }
         let text = line.get_or_insert_with(|| {
@@ -1418,6 +1536,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let handle = Arc::new(CoreHandle {
         core: std::sync::Mutex::new(core),
         stopping: AtomicBool::new(false),
+        clients: ClientCounts::default(),
         wake: wake_w,
     });
     let core_thread = {
@@ -1576,12 +1695,14 @@ async fn connection(
             .await?;
         return Ok(());
     }
+    let peer_pid = cred.pid().and_then(|p| u32::try_from(p).ok());
     let peer = Peer {
-        sandbox: cred
-            .pid()
-            .and_then(|p| u32::try_from(p).ok())
-            .and_then(crate::gvisor::routes::sandbox_behind),
+        scope: Scope::of_peer(
+            peer_pid,
+            peer_pid.and_then(crate::gvisor::routes::sandbox_behind),
+        ),
     };
+    let _sandboxed = SandboxedClient::count(&core.clients, &peer.scope);
     // spans begun here that end with this connection (`ends_with_connection`)
     let mut ends_with_us: Vec<u64> = Vec::new();
     let served: anyhow::Result<()> = async {
@@ -1621,13 +1742,22 @@ async fn connection(
                         None => None,
                     };
                     let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-                    if let Err(e) = core.send(Command::Subscribe {
-                        span: span_id,
-                        kind,
-                        tx,
-                    }) {
+                    let subscribed = core
+                        .ask(|reply| Command::Subscribe {
+                            span: span_id,
+                            kind,
+                            caller: peer.scope.sandbox_id().map(str::to_owned),
+                            tx,
+                            reply,
+                        })
+                        .await;
+                    if let Err(e) = subscribed {
+                        let e = core.clients.refused(e);
                         wr.write_all(protocol::error_line(&id, &e).as_bytes())
                             .await?;
+                        if e.code == ErrorCode::Forbidden {
+                            continue; // the connection stays usable
+                        }
                         return Ok(());
                     }
                     wr.write_all(protocol::ok_line(&id, json!({"subscribed": true})).as_bytes())
@@ -1702,10 +1832,120 @@ async fn await_gvisor_exit(core: &CoreHandle, span: u64) {
 }
 
 /// Who is at the other end of a control connection.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Peer {
-    /// A client inside a gVisor sandbox: that sandbox.
-    sandbox: Option<crate::gvisor::routes::SandboxClient>,
+    /// What it may reach: everything, or its own sandbox.
+    scope: Scope,
+}
+
+/// A confined client counted as connected while it is.
+struct SandboxedClient<'a>(Option<&'a ClientCounts>);
+
+impl<'a> SandboxedClient<'a> {
+    fn count(counts: &'a ClientCounts, scope: &Scope) -> Self {
+        if matches!(scope, Scope::Host) {
+            return SandboxedClient(None);
+        }
+        counts.sandboxed_now.fetch_add(1, Ordering::Relaxed);
+        SandboxedClient(Some(counts))
+    }
+}
+
+impl Drop for SandboxedClient<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            c.sandboxed_now.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a `begin_span` asks to trace, as the core takes it: pids and
+/// cgroups of a confined client translated into the daemon's view and
+/// checked to be its sandbox's (see [`crate::peer`]).
+struct Admitted {
+    pid: Option<u32>,
+    cgroup: Option<PathBuf>,
+    gvisor: Option<GvisorTarget>,
+    sandbox: Option<SandboxView>,
+}
+
+fn admit_begin(
+    scope: &Scope,
+    pid: Option<u32>,
+    cgroup: Option<PathBuf>,
+    gvisor_container: Option<String>,
+) -> Result<Admitted, ErrorBody> {
+    let sandbox = match scope {
+        Scope::Host => {
+            return Ok(Admitted {
+                pid,
+                cgroup,
+                gvisor: gvisor_container.map(GvisorTarget::Container),
+                sandbox: None,
+            });
+        }
+        Scope::Sandbox(s) => s,
+    };
+    match &sandbox.kind {
+        SandboxKind::Gvisor(client) => {
+            if let Some(path) = &cgroup {
+                sandbox.cgroup(path)?; // always refused, saying why
+            }
+            let gvisor = match gvisor_container {
+                Some(c) if client.container.as_deref() == Some(c.as_str()) => {
+                    GvisorTarget::Container(c)
+                }
+                Some(c) => {
+                    return Err(crate::peer::forbidden(format!(
+                        "gVisor container {c:?} is not this client's sandbox ({})",
+                        sandbox.id
+                    )));
+                }
+                None => GvisorTarget::Behind(client.clone()),
+            };
+            Ok(Admitted {
+                pid,
+                cgroup: None,
+                gvisor: Some(gvisor),
+                sandbox: Some(SandboxView {
+                    id: sandbox.id.clone(),
+                    pids: PidsIn::Sandbox,
+                    root_pid: None,
+                }),
+            })
+        }
+        SandboxKind::PidNamespace(_) => {
+            if let Some(c) = gvisor_container {
+                return Err(crate::peer::forbidden(format!(
+                    "gVisor container {c:?} is not this client's sandbox ({})",
+                    sandbox.id
+                )));
+            }
+            let daemon_pid = pid.map(|p| sandbox.to_daemon_pid(p)).transpose()?;
+            let cgroup = cgroup.map(|c| sandbox.cgroup(&c)).transpose()?;
+            Ok(Admitted {
+                pid: daemon_pid,
+                cgroup,
+                gvisor: None,
+                sandbox: Some(SandboxView {
+                    id: sandbox.id.clone(),
+                    pids: PidsIn::Daemon,
+                    root_pid: pid.zip(daemon_pid).map(|(sandbox, daemon)| RootPid {
+                        daemon,
+                        sandbox,
+                    }),
+                }),
+            })
+        }
+    }
+}
+
+/// `pid` as a client of `scope` named it, in the daemon's numbering.
+fn admit_pid(scope: &Scope, pid: u32) -> Result<u32, ErrorBody> {
+    match scope {
+        Scope::Sandbox(s) => s.to_daemon_pid(pid),
+        Scope::Host => Ok(pid),
+    }
 }
 
 async fn respond(
@@ -1735,43 +1975,48 @@ async fn respond(
             ends_with_connection: _,
             keep_events,
             gvisor_container,
-        } => core
-            .ask(|reply| Command::Begin {
-                gvisor: match (gvisor_container, peer.sandbox.clone()) {
-                    (Some(c), _) => Some(GvisorTarget::Container(c)),
-                    (None, Some(client)) => Some(GvisorTarget::Behind(client)),
-                    (None, None) => None,
-                },
-                session,
-                label,
-                pid,
-                tree,
-                seccomp,
-                memory_limited,
-                cgroup,
-                meta: Box::new(BeginMeta {
-                    tool,
-                    mcp_method,
-                    mcp_session,
-                    traceparent,
-                    tracestate,
+        } => match admit_begin(&peer.scope, pid, cgroup, gvisor_container) {
+            Err(e) => Err(e),
+            Ok(admitted) => core
+                .ask(|reply| Command::Begin {
+                    gvisor: admitted.gvisor,
+                    sandbox: admitted.sandbox,
+                    session,
+                    label,
+                    pid: admitted.pid,
+                    tree,
+                    seccomp,
+                    memory_limited,
+                    cgroup: admitted.cgroup,
+                    meta: Box::new(BeginMeta {
+                        tool,
+                        mcp_method,
+                        mcp_session,
+                        traceparent,
+                        tracestate,
+                    }),
+                    keep_events,
+                    reply,
+                })
+                .await
+                .map(|(span, tids)| match tids {
+                    Some(n) => json!({"span_id": span, "tids": n}),
+                    None => json!({"span_id": span}),
                 }),
-                keep_events,
-                reply,
-            })
-            .await
-            .map(|(span, tids)| match tids {
-                Some(n) => json!({"span_id": span, "tids": n}),
-                None => json!({"span_id": span}),
-            }),
-        Request::Attach { span_id, pid } => core
-            .ask(|reply| Command::Attach {
-                span: span_id,
-                pid,
-                reply,
-            })
-            .await
-            .map(|()| json!({})),
+        },
+        Request::Attach { span_id, pid } => match admit_pid(&peer.scope, pid) {
+            Err(e) => Err(e),
+            Ok(daemon_pid) => core
+                .ask(|reply| Command::Attach {
+                    span: span_id,
+                    pid: daemon_pid,
+                    caller: peer.scope.sandbox_id().map(str::to_owned),
+                    client_pid: pid,
+                    reply,
+                })
+                .await
+                .map(|()| json!({})),
+        },
         Request::EndSpan {
             span_id,
             exit,
@@ -1784,6 +2029,7 @@ async fn respond(
             }
             core.ask(|reply| Command::End {
                 span: span_id,
+                caller: peer.scope.sandbox_id().map(str::to_owned),
                 exit,
                 timed_out: timed_out_ms.map(Duration::from_millis),
                 is_error,
@@ -1796,7 +2042,16 @@ async fn respond(
         Request::Status => {
             let (tx, rx) = oneshot::channel();
             match core.send(Command::Status { reply: tx }) {
-                Ok(()) => rx.await.map(|s| json!({"status": s})).map_err(|_| {
+                Ok(()) => rx
+                    .await
+                    .map(|mut s| {
+                        s.clients = crate::status::ClientsStatus {
+                            sandboxed: core.clients.sandboxed_now.load(Ordering::Relaxed),
+                            forbidden: core.clients.forbidden.load(Ordering::Relaxed),
+                        };
+                        json!({"status": seen_by(s, &peer.scope)})
+                    })
+                    .map_err(|_| {
                     ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down")
                 }),
                 Err(e) => Err(e),
@@ -1815,8 +2070,9 @@ async fn respond(
                 stored_so_far(&stats).await;
             }
             let db = config.db.clone();
+            let sandbox = peer.scope.sandbox_id().map(str::to_owned);
             tokio::task::spawn_blocking(move || {
-                query(&db, session, failed, since_ms, span_id, limit)
+                query(&db, session, failed, since_ms, span_id, limit, sandbox)
             })
             .await
             .unwrap_or_else(|e| Err(ErrorBody::new(ErrorCode::Internal, e.to_string())))
@@ -1828,8 +2084,28 @@ async fn respond(
     };
     match result {
         Ok(v) => protocol::ok_line(id, v),
-        Err(e) => protocol::error_line(id, &e),
+        Err(e) => protocol::error_line(id, &core.clients.refused(e)),
     }
+}
+
+/// The status as a client of `scope` may see it: a confined client sees
+/// no other sandbox's name and no host path.
+fn seen_by(mut status: DaemonStatus, scope: &Scope) -> DaemonStatus {
+    let Scope::Sandbox(s) = scope else {
+        return status;
+    };
+    status.client_sandbox = Some(s.id.clone());
+    status.db.path = PathBuf::new();
+    if let Some(g) = status.gvisor.as_mut() {
+        g.socket = PathBuf::new();
+        for sandbox in &mut g.sandboxes {
+            sandbox
+                .containers
+                .retain(|c| s.id.strip_prefix("gvisor:") == Some(c.as_str()));
+        }
+        g.sandboxes.retain(|sb| !sb.containers.is_empty());
+    }
+    status
 }
 
 /// Waits (up to 2 s) until every span queued for the store so far is
@@ -1851,13 +2127,24 @@ fn query(
     since_ms: Option<i64>,
     span_id: Option<u64>,
     limit: Option<u64>,
+    sandbox: Option<String>,
 ) -> Result<Value, ErrorBody> {
     let internal = |e: crate::store::StoreError| ErrorBody::new(ErrorCode::Internal, e.to_string());
     let store = Store::open_readonly(db).map_err(internal)?;
     if let Some(id) = span_id {
-        return match store.show(id).map_err(internal)? {
-            Some(a) => Ok(json!({"span": a})),
-            None => Err(ErrorBody::new(
+        let shown = store.show(id).map_err(internal)?;
+        return match (shown, &sandbox) {
+            // a confined client: its own stored spans, and nothing said of others'
+            (Some(a), Some(mine)) if a.sandbox.as_ref().map(|v| &v.id) != Some(mine) => {
+                Err(crate::peer::forbidden(format!(
+                    "span {id} is not a stored span of this client's sandbox ({mine})"
+                )))
+            }
+            (None, Some(mine)) => Err(crate::peer::forbidden(format!(
+                "span {id} is not a stored span of this client's sandbox ({mine})"
+            ))),
+            (Some(a), _) => Ok(json!({"span": a})),
+            (None, None) => Err(ErrorBody::new(
                 ErrorCode::NotFound,
                 format!("span {id} is not stored (still open, or never existed)"),
             )),
@@ -1869,6 +2156,7 @@ fn query(
             failed_only: failed,
             since_ms,
             limit,
+            sandbox,
         })
         .map_err(internal)?;
     Ok(json!({"spans": rows}))

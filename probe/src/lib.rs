@@ -21,7 +21,8 @@
 //!   the workload's stderr passed through, its tail kept as a witness.
 //! - [`daemon`]: `probe run`, the same for many spans, over the control
 //!   [`protocol`] (its [`client`]s: `probe span`, agent-bridge; its
-//!   [`status`]), configured by
+//!   [`status`]; [`peer`]: who a client is and what it may reach, its pids
+//!   translated from its PID namespace), configured by
 //!   [`config`], storing evidence in [`store`] (SQLite) and exporting spans
 //!   over [`otlp`] ([`otlp_receiver`]: a local receiver for tests).
 //!
@@ -43,6 +44,7 @@ pub mod loader;
 pub mod mounts;
 pub mod otlp;
 pub mod otlp_receiver;
+pub mod peer;
 pub mod preflight;
 pub mod primitive;
 pub mod proctree;

@@ -530,6 +530,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 failed_only: failed,
                 since_ms,
                 limit: Some(limit),
+                sandbox: None,
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -587,6 +588,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 failed_only: false,
                 since_ms: since.as_deref().map(parse_since).transpose()?,
                 limit: None,
+                sandbox: None,
             };
             let n = match format.as_str() {
                 "sqlite" => store.export_sqlite(&filter, &out)?,

@@ -36,6 +36,23 @@ pub struct DaemonStatus {
     pub gvisor: Option<GvisorStatus>,
     pub rss_kib: Option<u64>,
     pub db: DbStatus,
+    /// Clients confined to their sandbox (docs/PROTOCOL.md, "Who may
+    /// reach what").
+    #[serde(default)]
+    pub clients: ClientsStatus,
+    /// The sandbox the asking client is confined to (absent for a client
+    /// in the daemon's own namespace, which sees everything).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_sandbox: Option<String>,
+}
+
+/// Clients from other PID namespaces and gVisor sandboxes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClientsStatus {
+    /// Confined clients connected now.
+    pub sandboxed: u64,
+    /// Requests refused as reaching outside the client's sandbox.
+    pub forbidden: u64,
 }
 
 /// The daemon as gVisor's runtime monitor.

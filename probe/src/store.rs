@@ -133,6 +133,9 @@ pub struct SpanFilter {
     pub failed_only: bool,
     pub since_ms: Option<i64>,
     pub limit: Option<u64>,
+    /// Only the spans this sandbox's client opened (`Attribution::sandbox`);
+    /// `None`: every span.
+    pub sandbox: Option<String>,
 }
 
 /// One span in a JSONL export: the rows, verbatim, so a re-import is
@@ -349,8 +352,8 @@ impl Store {
                  ON CONFLICT (probe_id, id) DO UPDATE SET last_seen_ms = MAX(last_seen_ms, excluded.last_seen_ms)",
             )?;
             let mut span = tx.prepare_cached(
-                "INSERT INTO spans (probe_id, id, session, label, started_ms, ended_ms, duration_ms, exit_code, exit_signal)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                "INSERT INTO spans (probe_id, id, session, label, started_ms, ended_ms, duration_ms, exit_code, exit_signal, sandbox)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?;
             let mut attribution = tx.prepare_cached(
                 "INSERT INTO attributions (probe_id, span_id, failed, primitive, layer, confidence, explanation, decisive, object)
@@ -375,7 +378,8 @@ impl Store {
                     s.ended_ms,
                     a.duration_ms,
                     a.exit.code,
-                    a.exit.signal
+                    a.exit.signal,
+                    a.sandbox.as_ref().map(|v| v.id.as_str())
                 ])?;
                 let object = {
                     let mut bare = a.clone();
@@ -443,6 +447,10 @@ impl Store {
         }
         if filter.failed_only {
             sql.push_str(" AND a.failed = 1");
+        }
+        if let Some(sandbox) = &filter.sandbox {
+            sql.push_str(" AND s.sandbox = ?");
+            args.push(sandbox.clone().into());
         }
         if let Some(since) = filter.since_ms {
             sql.push_str(" AND s.started_ms >= ?");
@@ -670,9 +678,9 @@ impl Store {
                 )?;
             }
             tx.execute(
-                "INSERT INTO spans (probe_id, id, session, label, started_ms, ended_ms, duration_ms, exit_code, exit_signal)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![l.probe_id, id, s.session, s.label, s.started_ms, s.ended_ms, s.duration_ms, s.exit_code, s.exit_signal],
+                "INSERT INTO spans (probe_id, id, session, label, started_ms, ended_ms, duration_ms, exit_code, exit_signal, sandbox)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, json_extract(?10, '$.sandbox.id'))",
+                params![l.probe_id, id, s.session, s.label, s.started_ms, s.ended_ms, s.duration_ms, s.exit_code, s.exit_signal, l.attribution.get()],
             )?;
             tx.execute(
                 "INSERT INTO attributions (probe_id, span_id, failed, primitive, layer, confidence, explanation, decisive, object)

@@ -133,6 +133,40 @@ pub struct Attribution {
     /// time (where PSI exists).
     #[serde(default)]
     pub memory: MemoryStall,
+    /// The sandbox whose client opened the span, when it is not the
+    /// daemon's own namespace (a container's bridge on a host daemon):
+    /// which one, and which namespace the pids above are numbered in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxView>,
+}
+
+/// Whose span this is, and how to read its pids (set by the daemon).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SandboxView {
+    /// `pidns:INODE` (a PID namespace other than the daemon's) or
+    /// `gvisor:CONTAINER`.
+    pub id: String,
+    /// `daemon`: the events' pids are the daemon's (the host's), as the
+    /// kernel reports them; `sandbox`: the sandbox's own (gVisor).
+    pub pids: PidsIn,
+    /// The span's first process under both numberings, when the client
+    /// named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_pid: Option<RootPid>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PidsIn {
+    Daemon,
+    Sandbox,
+}
+
+/// One process's pid in the daemon's namespace and in the sandbox's.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RootPid {
+    pub daemon: u32,
+    pub sandbox: u32,
 }
 
 impl Attribution {
@@ -323,6 +357,7 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
                 .zip(crate::spans::psi_memory_some_us())
                 .map(|(a, b)| b.saturating_sub(a) as f64 / 1e3),
         },
+        sandbox: None,
     }
 }
 
