@@ -301,3 +301,94 @@ fn a_short_campaign_runs_against_bridges_inside_gvisor() {
         "a sandbox per test: {g}"
     );
 }
+
+/// A client inside gVisor that reaches the host daemon's socket through
+/// `--host-uds=open` is confined to its sandbox: it opens spans on its own
+/// processes (keyed by its container), and the host's spans, stored, open
+/// or live, are out of its reach.
+#[test]
+fn a_hostile_client_inside_gvisor_reaches_nothing_outside_its_sandbox() {
+    if !runsc_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_daemon, socket, runsc) = daemon_and_runsc(dir.path());
+    // the host's spans: one stored, one open
+    let out = Command::new(probe_binary())
+        .args(["span", "--json", "--socket"])
+        .arg(&socket)
+        .args(["--session", "host", "--", "cat", "/nonexistent/host-secret"])
+        .output()
+        .unwrap();
+    let stored: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stored = stored["span"].as_u64().unwrap();
+    let sleeper = Killed(Command::new("sleep").arg("120").spawn().unwrap());
+    let mut host = probe::client::Client::connect(&socket).unwrap();
+    let open = host
+        .call(json!({"op": "begin_span", "session": "host", "label": "host's", "pid": sleeper.0.id()}))
+        .unwrap()["span_id"]
+        .as_u64()
+        .unwrap();
+
+    let mut hostile = common::Relay::start(&runsc, socket.to_str().unwrap(), "hostile-gvisor");
+    // its own init: a span of its sandbox, in its own numbering
+    let own = hostile.ask(json!({"op": "begin_span", "session": "hostile", "label": "own", "pid": 1}));
+    let own = own["span_id"].as_u64().unwrap_or_else(|| panic!("{own}"));
+    let a = hostile.ask(json!({"op": "end_span", "span_id": own}));
+    let view = &a["attribution"]["sandbox"];
+    assert!(
+        view["id"].as_str().is_some_and(|id| id.starts_with("gvisor")),
+        "{a}"
+    );
+    assert_eq!(view["pids"], "sandbox", "{a}");
+    assert_eq!(a["attribution"]["source"], "gvisor", "{a}");
+
+    for span in [open] {
+        common::refused(
+            &hostile.ask(json!({"op": "attach", "span_id": span, "pid": 1})),
+            "attach into the host's span",
+        );
+        common::refused(
+            &hostile.ask(json!({"op": "end_span", "span_id": span})),
+            "end the host's span",
+        );
+        common::refused(
+            &hostile.ask(json!({"op": "subscribe", "span_id": span})),
+            "tail the host's span",
+        );
+    }
+    common::refused(
+        &hostile.ask(json!({"op": "query", "span_id": stored})),
+        "read the host's stored span",
+    );
+    let listed = hostile.ask(json!({"op": "query", "limit": 1000}));
+    let sessions: Vec<&str> = listed["spans"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .filter_map(|s| s["session"].as_str())
+        .collect();
+    assert_eq!(sessions, ["hostile"], "only its own span: {listed}");
+    common::refused(
+        &hostile.ask(json!({"op": "begin_span", "label": "x", "gvisor_container": "another-sandbox", "pid": 1})),
+        "name another gVisor container",
+    );
+    common::refused(
+        &hostile.ask(json!({"op": "begin_span", "label": "x", "cgroup": "/sys/fs/cgroup"})),
+        "follow a cgroup of the host's kernel",
+    );
+    let s = hostile.ask(json!({"op": "status"}));
+    assert!(
+        s["status"]["client_sandbox"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("gvisor")),
+        "{s}"
+    );
+    assert_eq!(s["status"]["db"]["path"], "", "{s}");
+    assert_eq!(s["status"]["gvisor"]["socket"], "", "{s}");
+
+    // the host's span survived; every refusal was counted
+    assert!(host.call(json!({"op": "end_span", "span_id": open})).is_ok());
+    let counted = status(&socket)["clients"]["forbidden"].as_u64().unwrap();
+    assert!(counted >= 6, "{counted} refusals counted");
+}

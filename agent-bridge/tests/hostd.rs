@@ -16,11 +16,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
-use common::{BRIDGE, Bridge, root, structured};
+use common::{BRIDGE, Bridge, Relay, refused, root, structured};
 use serde_json::{Value, json};
 
 const SOCKET_INSIDE: &str = "/run/probe/probe.sock";
@@ -390,81 +389,6 @@ fn a_campaign_against_both_containers_judges_each_test_as_on_the_host() {
 
 // -------------------------------------------------------- confinement
 
-/// A raw client of the daemon inside a sandbox (`probe_relay.py`): the
-/// test writes request lines and reads the daemon's lines back.
-struct Relay {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-    /// Its pid as its own namespace numbers it.
-    pid: u64,
-}
-
-impl Relay {
-    fn start(wrapper: &[String], mark: &str) -> Relay {
-        let relay = fixtures().join("probe_relay.py");
-        let mut child = Command::new(&wrapper[0])
-            .args(&wrapper[1..])
-            .args(["python3", relay.to_str().unwrap(), SOCKET_INSIDE, mark])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the relay");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let first = lines
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the relay started");
-        let pid = serde_json::from_str::<Value>(&first).unwrap()["pid"]
-            .as_u64()
-            .unwrap();
-        Relay {
-            child,
-            stdin,
-            lines,
-            pid,
-        }
-    }
-
-    fn ask(&mut self, request: Value) -> Value {
-        writeln!(self.stdin, "{request}").unwrap();
-        self.stdin.flush().unwrap();
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| panic!("no answer to {request}"));
-        serde_json::from_str(&line).unwrap()
-    }
-
-    /// Every line that arrives within `d`.
-    fn lines_within(&self, d: Duration) -> Vec<String> {
-        let deadline = std::time::Instant::now() + d;
-        let mut got = Vec::new();
-        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok(l) => got.push(l),
-                Err(_) => break,
-            }
-        }
-        got
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The daemon's pid of the relay whose command line holds `mark`: the
 /// one inside the sandbox (its runtime's command line holds it too).
 fn host_pid_marked(mark: &str) -> u32 {
@@ -484,16 +408,6 @@ fn host_pid_marked(mark: &str) -> u32 {
         .unwrap_or_else(|| panic!("no process marked {mark}"))
 }
 
-fn refused(answer: &Value, what: &str) {
-    assert_eq!(answer["ok"], false, "{what}: {answer}");
-    assert_eq!(answer["error"]["code"], "forbidden", "{what}: {answer}");
-    let message = answer["error"]["message"].as_str().unwrap_or_default();
-    assert!(
-        !message.is_empty() && !message.contains('\n'),
-        "{what}: one sentence: {answer}"
-    );
-}
-
 #[test]
 fn a_hostile_client_in_one_container_reaches_nothing_outside_it() {
     let Some(rootfs) = ready() else { return };
@@ -505,7 +419,7 @@ fn a_hostile_client_in_one_container_reaches_nothing_outside_it() {
     // the victim: a client in a podman container with spans of its own,
     // one stored and one open
     let victim_mark = format!("victim-{tag}");
-    let mut victim = Relay::start(&podman(&rootfs, sockdir), &victim_mark);
+    let mut victim = Relay::start(&podman(&rootfs, sockdir), SOCKET_INSIDE, &victim_mark);
     let victim_host_pid = host_pid_marked(&victim_mark);
     assert_eq!(
         probe::peer::nspid(victim_host_pid).and_then(|ids| ids.last().copied()),
@@ -537,7 +451,7 @@ fn a_hostile_client_in_one_container_reaches_nothing_outside_it() {
 
     // the hostile client: bubblewrap, its own PID namespace
     let hostile_mark = format!("hostile-{tag}");
-    let mut hostile = Relay::start(&bwrap(sockdir), &hostile_mark);
+    let mut hostile = Relay::start(&bwrap(sockdir), SOCKET_INSIDE, &hostile_mark);
     let hostile_host_pid = host_pid_marked(&hostile_mark);
     let hostile_ns = probe::peer::pidns_inode(hostile_host_pid).unwrap();
 
@@ -632,7 +546,7 @@ fn a_hostile_client_in_one_container_reaches_nothing_outside_it() {
 
     // tailing everything gets its own spans' events only: the victim's
     // and the host's failures meanwhile reach the host's tail, not its
-    let mut tail = Relay::start(&bwrap(sockdir), &format!("tail-{tag}"));
+    let mut tail = Relay::start(&bwrap(sockdir), SOCKET_INSIDE, &format!("tail-{tag}"));
     let subscribed = tail.ask(json!({"op": "subscribe"}));
     assert_eq!(subscribed["subscribed"], true, "{subscribed}");
     let mut host_tail = std::os::unix::net::UnixStream::connect(&socket).unwrap();

@@ -538,6 +538,19 @@ fn test(args: &[String]) -> anyhow::Result<()> {
             "--test-threads=1",
         ])
         .envs(installed.env()))?;
+    // one host daemon serving bridges in a podman and a bubblewrap
+    // container at once, each confined to its own sandbox
+    run(Command::new("cargo")
+        .args([
+            "test",
+            "-p",
+            "agent-bridge",
+            "--test",
+            "hostd",
+            "--",
+            "--test-threads=1",
+        ])
+        .envs(installed.env()))?;
     // precision on images nobody tuned it for: own-logic failures are
     // `none`, sandbox-caused ones keep their primitive
     let manifest = precision::images()?;

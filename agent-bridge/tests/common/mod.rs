@@ -4,7 +4,9 @@
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::Write as _;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -902,3 +904,92 @@ pub fn within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 pub fn within_10s(done: impl FnMut() -> bool) -> bool {
     within(Duration::from_secs(10), done)
 }
+
+/// A raw client of the daemon inside a sandbox (`probe_relay.py`): the
+/// test writes request lines and reads the daemon's lines back.
+pub struct Relay {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    /// Its pid as its own namespace numbers it.
+    pub pid: u64,
+}
+
+impl Relay {
+    /// `probe_relay.py` under `wrapper`, connecting to `socket` (its path
+    /// inside the sandbox); `mark` names it in /proc.
+    pub fn start(wrapper: &[String], socket: &str, mark: &str) -> Relay {
+        let relay = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/probe_relay.py");
+        let mut child = Command::new(&wrapper[0])
+            .args(&wrapper[1..])
+            .args(["python3", relay.to_str().unwrap(), socket, mark])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the relay");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let first = lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the relay started");
+        let pid = serde_json::from_str::<Value>(&first).unwrap()["pid"]
+            .as_u64()
+            .unwrap();
+        Relay {
+            child,
+            stdin,
+            lines,
+            pid,
+        }
+    }
+
+    pub fn ask(&mut self, request: Value) -> Value {
+        writeln!(self.stdin, "{request}").unwrap();
+        self.stdin.flush().unwrap();
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no answer to {request}"));
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// Every line that arrives within `d`.
+    pub fn lines_within(&self, d: Duration) -> Vec<String> {
+        let deadline = std::time::Instant::now() + d;
+        let mut got = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(l) => got.push(l),
+                Err(_) => break,
+            }
+        }
+        got
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `forbidden` answer in one sentence.
+pub fn refused(answer: &Value, what: &str) {
+    assert_eq!(answer["ok"], false, "{what}: {answer}");
+    assert_eq!(answer["error"]["code"], "forbidden", "{what}: {answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.is_empty() && !message.contains('\n'),
+        "{what}: one sentence: {answer}"
+    );
+}
+
