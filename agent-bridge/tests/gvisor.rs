@@ -332,43 +332,22 @@ fn a_hostile_client_inside_gvisor_reaches_nothing_outside_its_sandbox() {
 
     let mut hostile = common::Relay::start(&runsc, socket.to_str().unwrap(), "hostile-gvisor");
     // its own init: a span of its sandbox, in its own numbering
-    let own = hostile.ask(json!({"op": "begin_span", "session": "hostile", "label": "own", "pid": 1}));
+    let own =
+        hostile.ask(json!({"op": "begin_span", "session": "hostile", "label": "own", "pid": 1}));
     let own = own["span_id"].as_u64().unwrap_or_else(|| panic!("{own}"));
     let a = hostile.ask(json!({"op": "end_span", "span_id": own}));
     let view = &a["attribution"]["sandbox"];
     assert!(
-        view["id"].as_str().is_some_and(|id| id.starts_with("gvisor")),
+        view["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("gvisor")),
         "{a}"
     );
     assert_eq!(view["pids"], "sandbox", "{a}");
     assert_eq!(a["attribution"]["source"], "gvisor", "{a}");
 
-    for span in [open] {
-        common::refused(
-            &hostile.ask(json!({"op": "attach", "span_id": span, "pid": 1})),
-            "attach into the host's span",
-        );
-        common::refused(
-            &hostile.ask(json!({"op": "end_span", "span_id": span})),
-            "end the host's span",
-        );
-        common::refused(
-            &hostile.ask(json!({"op": "subscribe", "span_id": span})),
-            "tail the host's span",
-        );
-    }
-    common::refused(
-        &hostile.ask(json!({"op": "query", "span_id": stored})),
-        "read the host's stored span",
-    );
-    let listed = hostile.ask(json!({"op": "query", "limit": 1000}));
-    let sessions: Vec<&str> = listed["spans"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{listed}"))
-        .iter()
-        .filter_map(|s| s["session"].as_str())
-        .collect();
-    assert_eq!(sessions, ["hostile"], "only its own span: {listed}");
+    let sessions = common::out_of_reach(&mut hostile, &[open], stored);
+    assert_eq!(sessions, ["hostile"], "only its own span");
     common::refused(
         &hostile.ask(json!({"op": "begin_span", "label": "x", "gvisor_container": "another-sandbox", "pid": 1})),
         "name another gVisor container",
@@ -388,7 +367,10 @@ fn a_hostile_client_inside_gvisor_reaches_nothing_outside_its_sandbox() {
     assert_eq!(s["status"]["gvisor"]["socket"], "", "{s}");
 
     // the host's span survived; every refusal was counted
-    assert!(host.call(json!({"op": "end_span", "span_id": open})).is_ok());
+    assert!(
+        host.call(json!({"op": "end_span", "span_id": open}))
+            .is_ok()
+    );
     let counted = status(&socket)["clients"]["forbidden"].as_u64().unwrap();
     assert!(counted >= 6, "{counted} refusals counted");
 }

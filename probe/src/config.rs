@@ -7,6 +7,7 @@
 //! events_per_span = 20000
 //! max_open_spans = 4096
 //! gvisor_socket = "/run/probe/probe.gvisor.sock"  # "off": no gVisor monitor
+//! confine_clients = "sandboxed"  # or "all": non-root clients of the host too
 //! [retention]                 # docs/RETENTION.md
 //! max_age_secs = 604800       # a week (default: no age limit)
 //! max_db_bytes = 1073741824   # 1 GiB (the default)…
@@ -36,6 +37,8 @@ pub struct ConfigFile {
     pub max_open_spans: Option<usize>,
     /// Where gVisor sandboxes send their points (`"off"`: nowhere).
     pub gvisor_socket: Option<PathBuf>,
+    /// Which clients are confined to their own sandbox.
+    pub confine_clients: Option<crate::peer::Confine>,
     #[serde(default)]
     pub retention: RetentionPolicy,
     /// OpenTelemetry export; the flag and then `OTEL_EXPORTER_OTLP_*`

@@ -66,6 +66,8 @@ pub struct DaemonConfig {
     /// able to listen there stops the daemon; at the default place beside
     /// the control socket it is a warning.
     pub gvisor_socket_chosen: bool,
+    /// Which clients are confined to their own sandbox (docs/PROTOCOL.md).
+    pub confine: crate::peer::Confine,
 }
 
 impl DaemonConfig {
@@ -564,7 +566,11 @@ impl Core {
                     let _ = reply.send(Err(e));
                     return;
                 }
-                if let Some(view) = self.spans.get_mut(&span).and_then(|o| o.sandbox.as_mut()) {
+                // a span a confined client opened without a pid: its first
+                // process under both numberings (gVisor's are one)
+                if let Some(view) = self.spans.get_mut(&span).and_then(|o| o.sandbox.as_mut())
+                    && view.pids == PidsIn::Daemon
+                {
                     view.root_pid.get_or_insert(RootPid {
                         daemon: pid,
                         sandbox: client_pid,
@@ -1699,7 +1705,9 @@ async fn connection(
     let peer = Peer {
         scope: Scope::of_peer(
             peer_pid,
+            cred.uid(),
             peer_pid.and_then(crate::gvisor::routes::sandbox_behind),
+            config.confine,
         ),
     };
     let _sandboxed = SandboxedClient::count(&core.clients, &peer.scope);
@@ -1914,7 +1922,7 @@ fn admit_begin(
                 }),
             })
         }
-        SandboxKind::PidNamespace(_) => {
+        SandboxKind::PidNamespace(_) | SandboxKind::Owner(_) => {
             if let Some(c) = gvisor_container {
                 return Err(crate::peer::forbidden(format!(
                     "gVisor container {c:?} is not this client's sandbox ({})",
@@ -1930,10 +1938,9 @@ fn admit_begin(
                 sandbox: Some(SandboxView {
                     id: sandbox.id.clone(),
                     pids: PidsIn::Daemon,
-                    root_pid: pid.zip(daemon_pid).map(|(sandbox, daemon)| RootPid {
-                        daemon,
-                        sandbox,
-                    }),
+                    root_pid: pid
+                        .zip(daemon_pid)
+                        .map(|(sandbox, daemon)| RootPid { daemon, sandbox }),
                 }),
             })
         }
@@ -2052,8 +2059,8 @@ async fn respond(
                         json!({"status": seen_by(s, &peer.scope)})
                     })
                     .map_err(|_| {
-                    ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down")
-                }),
+                        ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down")
+                    }),
                 Err(e) => Err(e),
             }
         }

@@ -109,7 +109,8 @@ enum Cmd {
         #[arg(long)]
         db: Option<PathBuf>,
         /// TOML config file (socket, db, group, events_per_span,
-        /// max_open_spans, [retention] max_age_secs, max_db_bytes,
+        /// max_open_spans, gvisor_socket, confine_clients, [retention]
+        /// max_age_secs, max_db_bytes,
         /// max_disk_share, keep_events, [otlp]
         /// endpoint, headers, timeout_ms, service_name, queue_capacity).
         #[arg(long)]
@@ -136,6 +137,14 @@ enum Cmd {
         /// control socket, probe.gvisor.sock].
         #[arg(long, value_name = "PATH")]
         gvisor_socket: Option<PathBuf>,
+        /// Which clients may reach only their own sandbox's processes and
+        /// spans: `sandboxed` (clients in another PID namespace or inside
+        /// gVisor, whose pids are translated from their namespace) or
+        /// `all` (also every client of this namespace but root: its own
+        /// uid's processes in its own cgroup). Refusals are `forbidden`
+        /// [default: sandboxed].
+        #[arg(long, value_enum, value_name = "WHO")]
+        confine_clients: Option<probe::peer::Confine>,
     },
     /// Print the runsc (gVisor) trace session that sends a sandbox's
     /// runtime-monitoring points to the daemon: the file for `runsc
@@ -419,6 +428,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             max_open_spans,
             otlp,
             gvisor_socket,
+            confine_clients,
         } => {
             let file = match &config {
                 Some(path) => probe::config::load(path)?,
@@ -443,6 +453,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Some(p) => Some(p),
                     None => Some(DaemonConfig::gvisor_socket_beside(&socket)),
                 },
+                confine: confine_clients.or(file.confine_clients).unwrap_or_default(),
                 socket,
                 db: db.or(file.db).unwrap_or_else(|| DEFAULT_DB.into()),
                 group,

@@ -15,7 +15,10 @@
 //!   names is looked up through its own root and must hold its processes
 //!   only; it reads, tails and ends only the spans its sandbox opened;
 //! - a client inside a gVisor sandbox (through the gofer, `--host-uds`) is
-//!   a [`Sandbox`] keyed by its container: its pids are the sandbox's own.
+//!   a [`Sandbox`] keyed by its container: its pids are the sandbox's own;
+//! - with `confine_clients = "all"`, a client in the daemon's namespace that
+//!   is not root is a [`Sandbox`] too: its own uid's processes in its own
+//!   cgroup v2 subtree ([`Owner`]).
 //!
 //! Refusals are `forbidden` errors in one sentence; the daemon counts them.
 
@@ -51,6 +54,31 @@ pub enum SandboxKind {
     PidNamespace(PidNamespace),
     /// A gVisor sandbox, reached through its gofer.
     Gvisor(SandboxClient),
+    /// A client of the daemon's own namespace confined by configuration.
+    Owner(Owner),
+}
+
+/// Which clients are confined to their sandbox (`probe run
+/// --confine-clients`, the config's `confine_clients`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Confine {
+    /// Clients in other PID namespaces and inside gVisor (the default).
+    #[default]
+    Sandboxed,
+    /// Those, and every client of the daemon's own namespace but root.
+    All,
+}
+
+/// A non-root client of the daemon's own namespace, confined: processes of
+/// its uid in its cgroup v2 subtree (at connect time).
+#[derive(Debug, Clone)]
+pub struct Owner {
+    pub uid: u32,
+    /// Its cgroup v2 path (`0::` of /proc/PID/cgroup); None on a host
+    /// without cgroup v2, where the uid alone confines.
+    pub cgroup: Option<String>,
+    pub peer: u32,
 }
 
 /// A client's PID namespace, as the daemon finds processes in it.
@@ -71,7 +99,13 @@ impl Scope {
     /// daemon's view). `gvisor`: the gVisor sandbox behind it, if any.
     /// A peer whose namespace cannot be read is confined to nothing: it
     /// gets a sandbox no process belongs to, never the host's reach.
-    pub fn of_peer(peer_pid: Option<u32>, gvisor: Option<SandboxClient>) -> Scope {
+    /// `uid`: its user; `confine`: which clients the daemon confines.
+    pub fn of_peer(
+        peer_pid: Option<u32>,
+        uid: u32,
+        gvisor: Option<SandboxClient>,
+        confine: Confine,
+    ) -> Scope {
         if let Some(client) = gvisor {
             let id = match (&client.container, client.runsc) {
                 (Some(c), _) => format!("gvisor:{c}"),
@@ -86,13 +120,29 @@ impl Scope {
         let Some(pid) = peer_pid else {
             return unreadable_peer();
         };
-        let (Some(mine), Some(theirs), Some(ids)) =
-            (pidns_inode(std::process::id()), pidns_inode(pid), nspid(pid))
-        else {
+        let (Some(mine), Some(theirs), Some(ids)) = (
+            pidns_inode(std::process::id()),
+            pidns_inode(pid),
+            nspid(pid),
+        ) else {
             return unreadable_peer();
         };
         if mine == theirs {
-            return Scope::Host;
+            if confine == Confine::Sandboxed || uid == 0 {
+                return Scope::Host;
+            }
+            let cgroup = cgroup_v2_of(pid);
+            return Scope::Sandbox(Sandbox {
+                id: match &cgroup {
+                    Some(cg) => format!("uid:{uid}@cgroup:{cg}"),
+                    None => format!("uid:{uid}"),
+                },
+                kind: SandboxKind::Owner(Owner {
+                    uid,
+                    cgroup,
+                    peer: pid,
+                }),
+            });
         }
         Scope::Sandbox(Sandbox {
             id: format!("pidns:{theirs}"),
@@ -126,7 +176,7 @@ impl Scope {
 /// confined to a sandbox nothing belongs to.
 fn unreadable_peer() -> Scope {
     Scope::Sandbox(Sandbox {
-        id: "unknown".into(),
+        id: "unreadable-peer".into(),
         kind: SandboxKind::PidNamespace(PidNamespace {
             inode: 0,
             level: usize::MAX,
@@ -146,8 +196,17 @@ impl Sandbox {
     /// there is the client's. Searched among the client's descendants
     /// first (its workloads), then every process.
     pub fn to_daemon_pid(&self, pid: u32) -> Result<u32, ErrorBody> {
-        let SandboxKind::PidNamespace(ns) = &self.kind else {
-            return Ok(pid); // gVisor: the sandbox's own numbering
+        let ns = match &self.kind {
+            SandboxKind::PidNamespace(ns) => ns,
+            SandboxKind::Gvisor(_) => return Ok(pid), // the sandbox's own numbering
+            SandboxKind::Owner(_) if self.holds(pid) => return Ok(pid),
+            SandboxKind::Owner(_) => {
+                return Err(forbidden(format!(
+                    "pid {pid} is no process of this client's ({}): a confined client may only \
+                     trace its own user's processes in its own cgroup",
+                    self.id
+                )));
+            }
         };
         let not_ours = || {
             forbidden(format!(
@@ -166,9 +225,8 @@ impl Sandbox {
         {
             return Ok(host);
         }
-        let all = std::fs::read_dir("/proc").map_err(|e| {
-            ErrorBody::new(ErrorCode::Internal, format!("cannot read /proc: {e}"))
-        })?;
+        let all = std::fs::read_dir("/proc")
+            .map_err(|e| ErrorBody::new(ErrorCode::Internal, format!("cannot read /proc: {e}")))?;
         all.flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
             .find(|&h| matches(h))
@@ -182,6 +240,7 @@ impl Sandbox {
                 .and_then(|ids| ids.get(ns.level).copied())
                 .is_some_and(|id| ns.holds(host, id)),
             SandboxKind::Gvisor(_) => false,
+            SandboxKind::Owner(o) => o.holds(host),
         }
     }
 
@@ -190,11 +249,15 @@ impl Sandbox {
     /// thread in it now is one of this sandbox's and there is at least one:
     /// a cgroup holding another's processes, or none yet, is refused.
     pub fn cgroup(&self, path: &Path) -> Result<PathBuf, ErrorBody> {
-        let SandboxKind::PidNamespace(ns) = &self.kind else {
-            return Err(forbidden(
-                "a client inside gVisor cannot follow a cgroup: the sandbox's kernel is \
-                 gVisor's, not this one",
-            ));
+        let peer = match &self.kind {
+            SandboxKind::PidNamespace(ns) => ns.peer,
+            SandboxKind::Owner(o) => o.peer,
+            SandboxKind::Gvisor(_) => {
+                return Err(forbidden(
+                    "a client inside gVisor cannot follow a cgroup: the sandbox's kernel is \
+                     gVisor's, not this one",
+                ));
+            }
         };
         if !path.is_absolute() {
             return Err(ErrorBody::new(
@@ -202,7 +265,7 @@ impl Sandbox {
                 format!("cgroup {} is not an absolute path", path.display()),
             ));
         }
-        let seen = PathBuf::from(format!("/proc/{}/root", ns.peer))
+        let seen = PathBuf::from(format!("/proc/{peer}/root"))
             .join(path.strip_prefix("/").unwrap_or(path));
         let procs = std::fs::read_to_string(seen.join("cgroup.procs")).map_err(|e| {
             ErrorBody::new(
@@ -214,7 +277,10 @@ impl Sandbox {
                 ),
             )
         })?;
-        let pids: Vec<u32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        let pids: Vec<u32> = procs
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
         if pids.is_empty() {
             return Err(forbidden(format!(
                 "cgroup {} holds no process of this sandbox ({}) yet: a sandbox's client may \
@@ -233,6 +299,42 @@ impl Sandbox {
         }
         Ok(seen)
     }
+}
+
+impl Owner {
+    /// Whether the daemon's process `host` runs as this uid in this
+    /// cgroup or below it.
+    fn holds(&self, host: u32) -> bool {
+        let uid = std::fs::read_to_string(format!("/proc/{host}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Uid:"))
+                    .and_then(|ids| ids.split_whitespace().next()?.parse::<u32>().ok())
+            });
+        if uid != Some(self.uid) {
+            return false;
+        }
+        match &self.cgroup {
+            None => true,
+            Some(mine) => cgroup_v2_of(host).is_some_and(|theirs| {
+                mine == "/"
+                    || theirs == *mine
+                    || theirs
+                        .strip_prefix(mine.as_str())
+                        .is_some_and(|rest| rest.starts_with('/'))
+            }),
+        }
+    }
+}
+
+/// The cgroup v2 path of process `pid` (the `0::` line).
+fn cgroup_v2_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_owned)
 }
 
 impl PidNamespace {
@@ -296,14 +398,34 @@ mod tests {
     #[test]
     fn this_process_is_the_hosts_scope_and_its_own_nspid_names_it() {
         let me = std::process::id();
-        assert!(matches!(Scope::of_peer(Some(me), None), Scope::Host));
+        assert!(matches!(
+            Scope::of_peer(Some(me), 0, None, Confine::All),
+            Scope::Host
+        ));
         assert_eq!(nspid(me).and_then(|ids| ids.first().copied()), Some(me));
         assert_eq!(ancestor_inode(me, 0), pidns_inode(me));
     }
 
     #[test]
+    fn a_non_root_client_confined_by_configuration_reaches_its_uids_processes_only() {
+        let me = std::process::id();
+        let scope = Scope::of_peer(Some(me), 65534, None, Confine::All);
+        let Scope::Sandbox(s) = &scope else {
+            panic!("confined")
+        };
+        assert!(s.id.starts_with("uid:65534"), "{}", s.id);
+        // this process runs as root, not as 65534
+        assert!(s.to_daemon_pid(me).is_err());
+        assert!(!s.holds(1));
+        assert!(matches!(
+            Scope::of_peer(Some(me), 65534, None, Confine::Sandboxed),
+            Scope::Host
+        ));
+    }
+
+    #[test]
     fn a_peer_that_cannot_be_read_reaches_nothing() {
-        let scope = Scope::of_peer(None, None);
+        let scope = Scope::of_peer(None, 0, None, Confine::Sandboxed);
         assert!(!scope.may_reach(None));
         assert!(!scope.may_reach(Some("pidns:1")));
         let Scope::Sandbox(s) = scope else {
@@ -319,7 +441,12 @@ mod tests {
             container: Some("agent-1".into()),
             runsc: Some(7),
         };
-        let scope = Scope::of_peer(Some(std::process::id()), Some(client));
+        let scope = Scope::of_peer(
+            Some(std::process::id()),
+            0,
+            Some(client),
+            Confine::Sandboxed,
+        );
         assert_eq!(scope.sandbox_id(), Some("gvisor:agent-1"));
         assert!(scope.may_reach(Some("gvisor:agent-1")));
         assert!(!scope.may_reach(Some("gvisor:agent-2")));

@@ -125,6 +125,17 @@ pub fn render(a: &Attribution) -> String {
                 .unwrap_or_default()
         );
     }
+    if let Some(view) = &a.sandbox {
+        let pids = match (view.pids, view.root_pid) {
+            (crate::attribution::PidsIn::Sandbox, _) => "pids are the sandbox's".to_string(),
+            (crate::attribution::PidsIn::Daemon, Some(root)) => format!(
+                "pids are the host's; its first process, {}, is {} in the sandbox",
+                root.daemon, root.sandbox
+            ),
+            (crate::attribution::PidsIn::Daemon, None) => "pids are the host's".to_string(),
+        };
+        let _ = writeln!(out, "  sandbox     {} ({pids})", view.id);
+    }
     let counts: Vec<String> = a.counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     let source = match a.source {
         crate::spans::Source::Ebpf => "",

@@ -235,6 +235,13 @@ impl DaemonStatus {
                 g.refused,
             ),
         };
+        let clients = match &self.client_sandbox {
+            Some(id) => format!("this one is confined to its sandbox, {id}"),
+            None => format!(
+                "{} confined connection(s) now; {} request(s) refused as outside their sandbox",
+                self.clients.sandboxed, self.clients.forbidden
+            ),
+        };
         let (d, db) = (&self.drops, &self.db);
         format!(
             "probe daemon   pid {}, up {}s, protocol {}, version {}\n\
@@ -248,7 +255,8 @@ impl DaemonStatus {
              retention      removed {} spans ({} that explained something) / {} events; keep_events = {} ({}); auto_vacuum {}; longest write {:.1} ms\n\
              memory         RSS {:.1} MiB\n\
              otlp           {otlp}\n\
-             gvisor         {gvisor}\n",
+             gvisor         {gvisor}\n\
+             clients        {clients}\n",
             self.pid,
             self.uptime_s,
             self.protocol,

@@ -841,6 +841,31 @@ mod tests {
         assert_eq!(shown.events[0].path.as_deref(), Some("/data/x.csv"));
         assert!(st.show(99).unwrap().is_none());
         assert_eq!(st.integrity_check().unwrap(), "ok");
+        // a span a sandbox's client opened is listed for that sandbox only
+        let mut theirs = span(4, "s3", 1);
+        theirs.attribution.sandbox = Some(crate::attribution::SandboxView {
+            id: "pidns:4026532714".into(),
+            pids: crate::attribution::PidsIn::Daemon,
+            root_pid: None,
+        });
+        st.insert(&[theirs]).unwrap();
+        let of = |sandbox: &str| {
+            st.spans(&SpanFilter {
+                sandbox: Some(sandbox.into()),
+                ..Default::default()
+            })
+            .unwrap()
+            .iter()
+            .map(|r| r.span)
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(of("pidns:4026532714"), vec![4]);
+        assert!(of("pidns:1").is_empty());
+        assert_eq!(st.spans(&SpanFilter::default()).unwrap().len(), 4);
+        assert_eq!(
+            st.show(4).unwrap().unwrap().sandbox.map(|v| v.id),
+            Some("pidns:4026532714".into())
+        );
     }
 
     #[test]

@@ -389,6 +389,112 @@ fn uid_65534_is_refused() {
     assert!(d.client().status().is_ok());
 }
 
+/// With `confine_clients = "all"`, a client of the daemon's own namespace
+/// that is not root (here uid 65534, let in by the socket's group) is
+/// confined: spans on its own uid's processes only, its own spans only;
+/// root's CLI still sees everything.
+#[test]
+fn confine_all_keeps_a_non_root_client_to_its_own_processes_and_spans() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start_with_config("group = \"nogroup\"\nconfine_clients = \"all\"\n");
+    std::fs::set_permissions(
+        d.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let sock = d.socket();
+    let nobody = |program: &str| {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            program,
+        ]);
+        c
+    };
+    // root's spans: one stored, one open
+    let mut c = d.client();
+    let stored = run_span(&mut c, "root", &["cat", "/nonexistent/root-secret"]).span;
+    let open = c.begin_span(Some("root"), "root's open span").unwrap();
+
+    // nobody's own command in a span of its own: served as on the host
+    let out = nobody(PROBE)
+        .args(["span", "--json", "--socket", sock.to_str().unwrap()])
+        .args([
+            "--session",
+            "nobody",
+            "--",
+            "cat",
+            "/nonexistent/nobody-input",
+        ])
+        .output()
+        .unwrap();
+    let a: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(a["primitive"], "fs.missing", "{a}");
+    assert!(
+        a["sandbox"]["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("uid:65534")),
+        "{a}"
+    );
+
+    // nobody's raw requests outside its reach
+    let script = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+f = s.makefile("rwb")
+for line in sys.argv[2:]:
+    f.write(line.encode() + b"\n"); f.flush()
+    sys.stdout.write(f.readline().decode())
+"#;
+    let requests = [
+        json!({"op": "begin_span", "label": "x", "pid": 1}),
+        json!({"op": "begin_span", "label": "x", "pid": std::process::id()}),
+        json!({"op": "end_span", "span_id": open}),
+        json!({"op": "query", "span_id": stored}),
+        json!({"op": "query", "limit": 100}),
+    ];
+    let out = nobody("/usr/bin/python3")
+        .args(["-c", script, sock.to_str().unwrap()])
+        .args(requests.iter().map(Value::to_string))
+        .output()
+        .unwrap();
+    let answers: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        answers.len(),
+        requests.len(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (request, answer) in requests.iter().zip(&answers).take(4) {
+        assert_eq!(answer["error"]["code"], "forbidden", "{request}: {answer}");
+    }
+    let sessions: Vec<&str> = answers[4]["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["session"].as_str())
+        .collect();
+    assert_eq!(sessions, ["nobody"], "{}", answers[4]);
+
+    // root sees both, and its open span survived
+    let all = c.call(json!({"op": "query", "limit": 100})).unwrap();
+    assert_eq!(all["spans"].as_array().unwrap().len(), 2, "{all}");
+    assert!(c.end_span(open, None, None).is_ok());
+    let status = c.status().unwrap();
+    assert_eq!(status["clients"]["forbidden"], 4, "{status}");
+}
+
 /// Sends raw bytes on a fresh connection and reads one response line.
 fn raw_exchange(sock: &Path, bytes: &[u8]) -> Option<Value> {
     let mut s = UnixStream::connect(sock).unwrap();

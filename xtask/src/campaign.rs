@@ -38,6 +38,11 @@ fn usage(pid: u32) -> (f64, f64) {
     (cpu, hwm_kib / 1024.0)
 }
 
+/// The CPU seconds process `pid` has used so far.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    usage(pid).0
+}
+
 /// `BRIDGE campaign ARGS…`, its stdout returned, stderr shown.
 pub fn campaign_cli(bridge: &Path, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new(bridge)
@@ -135,6 +140,11 @@ impl Lab {
 
     pub fn bridge_bin(&self) -> PathBuf {
         self.bin.join("agent-bridge")
+    }
+
+    /// The daemon's pid.
+    pub fn probe_pid(&self) -> u32 {
+        self.probe.0.id()
     }
 
     pub fn probe_bin(&self) -> PathBuf {

@@ -19,6 +19,7 @@ mod dist;
 mod evidence;
 mod foreign;
 mod gvisor_bench;
+mod hostd_bench;
 mod image;
 mod install_step;
 mod kernels;
@@ -125,7 +126,7 @@ enum Cmd {
         no_write: bool,
         /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
         /// and the others are kept.
-        #[arg(long, value_parser = ["probe", "kernels", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet", "evidence", "gvisor"])]
+        #[arg(long, value_parser = ["probe", "kernels", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet", "evidence", "gvisor", "hostd"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
@@ -283,6 +284,7 @@ fn main() -> anyhow::Result<()> {
                     ),
                     "evidence" => evidence::bench(campaign_tests)?,
                     "gvisor" => gvisor_bench::bench(&build_probe_release()?, runs)?,
+                    "hostd" => hostd_bench::bench(campaign_tests)?,
                     _ => campaign::bench(campaign_tests)?,
                 };
                 print!("{text}");

@@ -2,12 +2,12 @@
 //! rmcp's own client over stdio and Streamable HTTP.
 #![allow(dead_code)]
 
+use std::io::Write as _;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::io::Write as _;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -993,3 +993,34 @@ pub fn refused(answer: &Value, what: &str) {
     );
 }
 
+/// Asserts that `relay`'s client can touch none of `open` (attach into,
+/// end, tail) nor read `stored`, and returns the sessions its own listing
+/// holds.
+pub fn out_of_reach(relay: &mut Relay, open: &[u64], stored: u64) -> Vec<String> {
+    for &span in open {
+        for (request, what) in [
+            (
+                json!({"op": "attach", "span_id": span, "pid": 1}),
+                "attach into",
+            ),
+            (json!({"op": "end_span", "span_id": span}), "end"),
+            (json!({"op": "subscribe", "span_id": span}), "tail"),
+        ] {
+            refused(
+                &relay.ask(request),
+                &format!("{what} another's span {span}"),
+            );
+        }
+    }
+    refused(
+        &relay.ask(json!({"op": "query", "span_id": stored})),
+        "read another's stored span",
+    );
+    let listed = relay.ask(json!({"op": "query", "limit": 1000}));
+    listed["spans"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .filter_map(|s| s["session"].as_str().map(str::to_owned))
+        .collect()
+}
