@@ -284,7 +284,7 @@ impl Kernel {
             // the server's own cgroup: its threads are one file away, where
             // the tree is a walk of /proc (twice) and a status read a thread
             Some(cg) => {
-                json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "cgroup": cg})
+                json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "cgroup": cg, "server": true})
             }
             None => {
                 json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "tree": true})
@@ -302,7 +302,7 @@ impl Kernel {
     pub async fn begin_between(&self, pid: u32, cgroup: Option<&std::path::Path>) -> Span {
         let mut request = match cgroup {
             Some(cg) => {
-                json!({"op": "begin_span", "session": self.session, "label": "between calls", "pid": pid, "cgroup": cg})
+                json!({"op": "begin_span", "session": self.session, "label": "between calls", "pid": pid, "cgroup": cg, "server": true})
             }
             None => {
                 json!({"op": "begin_span", "session": self.session, "label": "between calls", "pid": pid, "tree": true})

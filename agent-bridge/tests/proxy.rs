@@ -1212,3 +1212,84 @@ fn a_span_between_calls_that_cannot_be_read_is_said() {
         "{a}"
     );
 }
+
+const TERMINAL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/terminal_server.py"
+);
+
+/// How many times each call runs: the verdict must not depend on when the
+/// server's own version probes run around it.
+const TIMES: usize = 50;
+
+/// A call's verdict as the proxy attached it: the primitive, and the
+/// hidden failure's (the terminal server never sets `isError`).
+fn verdict_of(r: &CallToolResult) -> (String, String) {
+    let (k, _) = split(r);
+    assert_eq!(k["available"], true, "{k}");
+    assert_eq!(k["failed"], false, "no isError, so exit 0: {k}");
+    (
+        k["primitive"].as_str().unwrap_or("?").to_owned(),
+        k["hidden_failure"]["primitive"]
+            .as_str()
+            .unwrap_or("-")
+            .to_owned(),
+    )
+}
+
+/// Each command `TIMES` times through `call`; every verdict must be the
+/// expected one. Returns how many calls were judged.
+async fn judged_every_time<F, Fut>(transport: &str, call: F) -> usize
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = CallToolResult>,
+{
+    let cases = [
+        ("cat /nonexistent/data.csv", ("none", "fs.missing")),
+        ("no-such-tool --version", ("none", "exec.missing")),
+        ("echo ok", ("none", "-")),
+    ];
+    let mut judged = 0;
+    for (command, expected) in cases {
+        let mut seen = std::collections::BTreeMap::new();
+        for _ in 0..TIMES {
+            let r = call(command.to_string()).await;
+            *seen.entry(verdict_of(&r)).or_insert(0) += 1;
+            judged += 1;
+        }
+        let want = (expected.0.to_string(), expected.1.to_string());
+        assert_eq!(
+            seen.get(&want),
+            Some(&TIMES),
+            "{transport}: `{command}` judged {seen:?}, not {want:?} {TIMES} times out of {TIMES}"
+        );
+    }
+    judged
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_terminal_servers_calls_are_judged_by_their_own_work_and_words_every_time() {
+    if !root() {
+        return;
+    }
+    let cmd = ["python3", TERMINAL];
+    let b = proxy_stdio(&[], true, &cmd).await;
+    let n = judged_every_time("stdio", |command| {
+        let b = &b;
+        async move { b.call("run_command", json!({"command": command})).await }
+    })
+    .await;
+    assert_eq!(n, 3 * TIMES);
+
+    let (_proxy, client, _handler) = proxy_http(&[], true, &cmd).await;
+    let n = judged_every_time("http", |command| {
+        let client = &client;
+        async move {
+            try_call(client, "run_command", json!({"command": command}))
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    assert_eq!(n, 3 * TIMES);
+}

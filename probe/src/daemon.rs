@@ -95,6 +95,8 @@ enum Command {
         pid: Option<u32>,
         /// With `pid`: every thread of it and of its descendants too.
         tree: bool,
+        /// With `pid`: a server already running, which outlives the span.
+        server: bool,
         /// With `pid`: its seccomp mode, as the caller knows it.
         seccomp: Option<u32>,
         /// With `pid`: note its memory cgroup and limit now.
@@ -496,6 +498,7 @@ impl Core {
                 label,
                 pid,
                 tree,
+                server,
                 seccomp,
                 memory_limited,
                 cgroup,
@@ -516,6 +519,11 @@ impl Core {
                         keep_events,
                         sandbox,
                     );
+                    if let Ok((span, _)) = &begun
+                        && let Some(open) = self.spans.get_mut(span)
+                    {
+                        open.evidence.root_serves = tree || server;
+                    }
                     let _ = reply.send(begun);
                     return;
                 }
@@ -540,6 +548,10 @@ impl Core {
                                             (pid, self.spans.get_mut(&span))
                                     {
                                         open.evidence.memory_cgroup = crate::cgroup::memory_of(pid);
+                                    }
+                                    if let (Some(_), Some(open)) = (pid, self.spans.get_mut(&span))
+                                    {
+                                        open.evidence.root_serves = tree || server;
                                     }
                                     Ok((span, tids))
                                 });
@@ -1971,6 +1983,7 @@ async fn respond(
             label,
             pid,
             tree,
+            server,
             seccomp,
             memory_limited,
             cgroup,
@@ -1992,6 +2005,7 @@ async fn respond(
                     label,
                     pid: admitted.pid,
                     tree,
+                    server,
                     seccomp,
                     memory_limited,
                     cgroup: admitted.cgroup,

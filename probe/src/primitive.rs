@@ -422,5 +422,23 @@ pub fn reference_markdown() -> String {
         SYMPTOM_SIGNALS.join(", "),
         SYMPTOM_WINDOW_NS / 1_000_000_000
     ));
+    out.push_str(
+        "\n## A call to a long-lived server\n\n\
+         A span over one call to a process that outlives it (the proxy's server, a browser, a \
+         shell kept between calls: `begin_span` with `tree` or `server`) is judged by the \
+         call's own work and its own words. Its work: the processes the server started, \
+         traced from the call's first moment. Its words: the call's arguments (`words.command`) \
+         and the answer the caller got (`words.output`: its text, escaped or not). A failed \
+         lookup counts only where those words name its path; `exec.missing` only where the \
+         answer carries the shell's own \"not found\" line for that name (a server's version \
+         probes look up tools it may not have, and those are never the call's). A failed child \
+         is coped with only by a parent that ended within the span, a script moving past a \
+         check: what a server starts after a call's command (housekeeping, probes on a timer) \
+         never makes that command's failure look handled, so the same call gets the same \
+         verdict whenever the server's own programs run. A server that answers without \
+         `isError` gets its call's failure as a hidden failure; with `isError`, as the verdict. \
+         The same holds for any span whose words say a command was not found: `sh -c \
+         'no-such-tool --version; true'` exits 0 with `exec.missing` as its hidden failure.\n",
+    );
     out
 }

@@ -43,6 +43,11 @@ pub enum Request {
         pid: Option<u32>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         tree: bool,
+        /// With `pid`: a server already running that outlives the span
+        /// (implied by `tree`): the span covers one of its calls, judged
+        /// by the call's own work and words (docs/PROTOCOL.md).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        server: bool,
         /// With `pid` (not `tree`): its seccomp mode (0 none, 1 strict, 2
         /// filter), when the caller knows it (a child it started, before
         /// the child installs a filter of its own). The daemon then only
@@ -285,6 +290,7 @@ mod tests {
                 label: "exec: ls".into(),
                 pid: None,
                 tree: false,
+                server: false,
                 seccomp: None,
                 memory_limited: false,
                 cgroup: None,

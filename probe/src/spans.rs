@@ -92,6 +92,10 @@ pub struct SpanEvidence {
     pub start_ns: u64,
     /// Pid of the first process of the span.
     pub root_pid: Option<u32>,
+    /// The first process was already running when the span began, a
+    /// server the span covers one call of (`begin_span` with `tree` or
+    /// `server`), not a process started for the span.
+    pub root_serves: bool,
     /// The memory cgroup the span's workload runs in and its limit in KiB,
     /// noted while it was alive (see `memory_limited` of `begin_span`).
     pub memory_cgroup: Option<(String, Option<u64>)>,
@@ -119,6 +123,15 @@ pub struct SpanEvidence {
 }
 
 impl SpanEvidence {
+    /// The span's first process when it did not end within the span: a
+    /// server the span covers one call of (the proxy's server, a browser,
+    /// a shell kept between calls). Its own programs come and go around
+    /// the call; the call is judged by its own work and words.
+    pub fn outliving_root(&self) -> Option<u32> {
+        self.root_pid
+            .filter(|r| self.root_serves && !self.processes.get(r).is_some_and(|p| p.exited))
+    }
+
     pub fn new(id: u64, session: Option<String>, label: String, start_ns: u64) -> Self {
         SpanEvidence {
             id,
@@ -127,6 +140,7 @@ impl SpanEvidence {
             label,
             start_ns,
             root_pid: None,
+            root_serves: false,
             memory_cgroup: None,
             events: VecDeque::new(),
             cap: DEFAULT_EVENT_CAP,

@@ -248,6 +248,32 @@ fn missing_command_is_exec_missing() {
     assert_eq!(t.code, Some(127));
 }
 
+/// A missing command the shell said was not found, then went on past
+/// (`…; true`): exit 0, and the hidden failure is the missing command,
+/// named from the shell's own words. Silenced, the script dealt with it.
+#[test]
+fn a_missing_command_the_shell_went_on_past_is_a_hidden_exec_missing() {
+    if !root() {
+        return;
+    }
+    for _ in 0..3 {
+        let t = sh("agentctl-not-installed --version; true");
+        assert_eq!(t.code, Some(0));
+        assert_eq!(t.primitive(), "none", "{}", t.json);
+        let hidden = &t.json["hidden_failure"];
+        assert_eq!(hidden["primitive"], "exec.missing", "{}", t.json);
+        assert!(
+            hidden["explanation"]
+                .as_str()
+                .is_some_and(|e| e.contains("`agentctl-not-installed`")),
+            "{hidden}"
+        );
+    }
+    let t = sh("agentctl-not-installed --version 2>/dev/null; true");
+    assert_eq!(t.primitive(), "none", "{}", t.json);
+    assert!(t.json["hidden_failure"].is_null(), "{}", t.json);
+}
+
 #[test]
 fn missing_data_file_is_fs_missing_not_module_search_noise() {
     if !root() {

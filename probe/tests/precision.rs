@@ -272,8 +272,10 @@ fn has(image: &Image, need: &str) -> bool {
     })
 }
 
-/// `probe trace --json -- bwrap … sh -c SCRIPT` on `image`.
-fn run(image: &Image, script: &str) -> Value {
+/// `bwrap` words that run `argv` on `image`: its root read-only, a
+/// private /tmp, the fault injector, a clean environment. `own_pids`: in a
+/// PID namespace of its own.
+fn bwrap_on(image: &Image, own_pids: bool, argv: &[&str]) -> Vec<String> {
     let mut bwrap = vec![
         "bwrap".to_string(),
         "--ro-bind".into(),
@@ -288,7 +290,6 @@ fn run(image: &Image, script: &str) -> Value {
         "--ro-bind".into(),
         FAULT.into(),
         "/tmp/probe-fault".into(),
-        "--unshare-pid".into(),
         "--die-with-parent".into(),
         "--clearenv".into(),
         "--setenv".into(),
@@ -300,10 +301,20 @@ fn run(image: &Image, script: &str) -> Value {
         "--chdir".into(),
         "/tmp".into(),
     ];
+    if own_pids {
+        bwrap.push("--unshare-pid".into());
+    }
     for (k, v) in &image.env {
         bwrap.extend(["--setenv".into(), k.clone(), v.clone()]);
     }
-    bwrap.extend(["--".into(), "sh".into(), "-c".into(), script.into()]);
+    bwrap.push("--".into());
+    bwrap.extend(argv.iter().map(|a| a.to_string()));
+    bwrap
+}
+
+/// `probe trace --json -- bwrap … sh -c SCRIPT` on `image`.
+fn run(image: &Image, script: &str) -> Value {
+    let bwrap = bwrap_on(image, true, &["sh", "-c", script]);
     let probe = std::env::var("PRECISION_PROBE").unwrap_or_else(|_| PROBE.to_string());
     let out = Command::new(probe)
         .args(["trace", "--json", "--"])
@@ -369,5 +380,138 @@ fn own_logic_failures_are_none_and_sandbox_failures_keep_their_primitive() {
         std::fs::write(&path, serde_json::to_vec_pretty(&results).unwrap())
             .unwrap_or_else(|e| panic!("{path}: {e}"));
     }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
+}
+
+/// A terminal-style server on the image: a shell kept between calls that
+/// runs each command it reads with `sh -c` (one line, its bytes as octal
+/// escapes: a script may span lines), answers its output and `@@exit N`,
+/// and between and during calls runs version probes of its own (for a
+/// tool the image lacks). Its first line is its pid.
+const SERVER: &str = "echo $$; \
+    ( while :; do no-such-version-probe --version >/dev/null 2>&1; sleep 0.01; done ) & \
+    while IFS= read -r line; do \
+      cmd=$(printf '%b' \"$line\"); \
+      sh -c \"$cmd\" </dev/null >/tmp/.call-out 2>&1; code=$?; \
+      cat /tmp/.call-out; echo \"@@exit $code\"; \
+    done";
+
+/// One call: a span over the server (`server`), the command written to
+/// it, its answer read back, the span ended as a server that never says
+/// `isError` would (exit 0) with the call's words.
+fn call_server(
+    daemon: &mut probe::client::Client,
+    server: &mut std::process::Child,
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    pid: u32,
+    script: &str,
+) -> Value {
+    use std::io::Write as _;
+    let span = daemon
+        .call(
+            json!({"op": "begin_span", "session": "precision-server", "label": script,
+                     "pid": pid, "tree": true, "server": true}),
+        )
+        .expect("begin_span")["span_id"]
+        .as_u64()
+        .unwrap();
+    let stdin = server.stdin.as_mut().unwrap();
+    let escaped: String = script.bytes().map(|b| format!("\\0{b:o}")).collect();
+    writeln!(stdin, "{escaped}").unwrap();
+    stdin.flush().unwrap();
+    let mut output = String::new();
+    for line in lines.by_ref() {
+        let line = line.expect("the server's answer");
+        output.push_str(&line);
+        output.push('\n');
+        if line.starts_with("@@exit ") {
+            break;
+        }
+    }
+    let ended = daemon
+        .call(
+            json!({"op": "end_span", "span_id": span, "exit": {"code": 0, "signal": null},
+                     "words": {"command": script, "output": output}}),
+        )
+        .expect("end_span");
+    ended["attribution"].clone()
+}
+
+/// The same corpus inside one call each to a long-lived server: own-logic
+/// failures stay `none` with no hidden failure, whatever the server runs
+/// around the call; sandbox-caused ones are the call's hidden failure, as
+/// its words and its work say (the server answers without `isError`).
+#[test]
+fn inside_a_long_lived_servers_calls_own_logic_stays_none() {
+    if !root() {
+        return;
+    }
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("probe.sock");
+    let mut daemon_process = Command::new(PROBE)
+        .args(["run", "--socket"])
+        .arg(&socket)
+        .arg("--db")
+        .arg(dir.path().join("evidence.db"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    probe::client::wait_until_ready(&socket, std::time::Duration::from_secs(30))
+        .expect("the daemon came up");
+    let mut daemon = probe::client::Client::connect(&socket).unwrap();
+    // the cases whose sandbox failure a call shows in its words
+    let shown = ["fs.missing", "exec.missing", "fs.readonly", "seccomp"];
+    let mut wrong = Vec::new();
+    let mut judged = 0;
+    for image in images() {
+        let words = bwrap_on(&image, false, &["sh", "-c", SERVER]);
+        let mut server = Command::new(&words[0])
+            .args(&words[1..])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
+        let pid: u32 = lines.next().unwrap().unwrap().trim().parse().unwrap();
+        let cases = OWN_LOGIC
+            .iter()
+            .chain(SANDBOX.iter().filter(|c| shown.contains(&c.expect)));
+        for case in cases {
+            if !case.needs.iter().all(|n| has(&image, n)) {
+                continue;
+            }
+            let a = call_server(&mut daemon, &mut server, &mut lines, pid, case.script);
+            judged += 1;
+            let got = match a["hidden_failure"]["primitive"].as_str() {
+                Some(hidden) => hidden.to_string(),
+                None => a["primitive"].as_str().unwrap_or("?").to_string(),
+            };
+            let right = got == case.expect && a["primitive"] == "none";
+            eprintln!(
+                "{:<14} server: {:<32} {:<14} {}",
+                image.name,
+                case.name,
+                got,
+                if right { "ok" } else { "WRONG" }
+            );
+            if !right {
+                wrong.push(format!(
+                    "{} (server): {} (`{}`): expected {}, got {got}: {} / {}",
+                    image.name,
+                    case.name,
+                    case.script,
+                    case.expect,
+                    a["explanation"],
+                    a["hidden_failure"]
+                ));
+            }
+        }
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+    let _ = daemon_process.kill();
+    let _ = daemon_process.wait();
+    assert!(judged >= OWN_LOGIC.len() / 2, "only {judged} calls judged");
     assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
 }

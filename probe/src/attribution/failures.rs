@@ -206,11 +206,23 @@ pub(super) fn reported_failure(ev: &KernelEvent, primitive: Primitive) -> bool {
 /// Only bin directories (`…/bin`, `…/sbin`) are a command's candidates: a
 /// name looked up in several other places is a message catalog or a
 /// configuration file, not a program.
+///
+/// `said_only`: only a command the workload's words say is not found
+/// ("sh: 1: foo: not found", "bash: foo: command not found"), as every
+/// weak failure needs its words: a failure the status hid, and any call
+/// to a server that outlives it, whose own programs look commands up
+/// around the call (version probes of tools it may not have).
 pub(super) fn command_not_found(
     span: &SpanEvidence,
     outcome: &Outcome,
     survived: impl Fn(&KernelEvent) -> bool,
+    said_only: bool,
 ) -> Option<Verdict> {
+    let said = not_found_names(outcome.words.output.as_deref().unwrap_or(""));
+    let named = |path: &str| {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        !said_only || said.iter().any(|(n, _)| n == name)
+    };
     let exited_127 = |pid: u32| {
         let code = span.processes.get(&pid).and_then(|p| p.exit_code);
         code == Some(127)
@@ -250,8 +262,9 @@ pub(super) fn command_not_found(
                 )
                 && e.path
                     .as_deref()
-                    .is_some_and(|p| p.starts_with('/') && in_bin_dir(p))
-                && (exited_127(e.pid) || own_lookup(e.pid))
+                    .is_some_and(|p| p.starts_with('/') && in_bin_dir(p) && named(p))
+                // a shell that said so went on without it (`no-such-tool; true`)
+                && (exited_127(e.pid) || own_lookup(e.pid) || said_only)
         })
         .collect();
     let last = *misses.last()?;
@@ -279,12 +292,17 @@ pub(super) fn command_not_found(
     if found || (!status_127 && (tried.len() < 2 || itself)) {
         return None;
     }
+    let words = said
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, line)| format!(", saying \"{line}\""))
+        .unwrap_or_default();
     Some(Verdict {
         primitive: Primitive::ExecMissing,
         // without the shell's 127, a denial or hard limit outranks it
         confidence: if status_127 { 0.95 } else { 0.85 },
         explanation: format!(
-            "`{name}` is not installed: {} (pid {}) looked in {} ({}) and {}",
+            "`{name}` is not installed: {} (pid {}) looked in {} ({}) and {}{words}",
             last.comm,
             last.pid,
             match tried.len() {
@@ -297,6 +315,7 @@ pub(super) fn command_not_found(
                 outcome.exit.code
             ) {
                 (Some(127) | None, _) => "exited 127".to_string(),
+                (Some(0), _) => "went on without it".to_string(),
                 (Some(c), Some(127)) => format!("exited {c}; the workload's status is 127"),
                 (Some(c), _) => format!("exited {c}"),
             }
@@ -315,7 +334,7 @@ pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> 
     if span.source != crate::spans::Source::Gvisor {
         return None;
     }
-    let (name, line) = not_found_name(outcome.words.output.as_deref()?)?;
+    let (name, line) = not_found_names(outcome.words.output.as_deref()?).pop()?;
     // every process that exited 127 (`sh -c 'bash -c foo'`: the inner
     // one searched), and the root when the workload's status is 127
     let mut shells: Vec<u32> = span
@@ -369,19 +388,25 @@ pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> 
     })
 }
 
-/// The command a shell's "not found" line names, and the line.
-fn not_found_name(output: &str) -> Option<(String, String)> {
-    output.lines().rev().find_map(|line| {
-        let line = line.trim();
-        let name = line
-            .strip_suffix(": command not found")
-            .or_else(|| line.strip_suffix(": not found"))
-            .and_then(|head| head.rsplit(": ").next())
-            .or_else(|| line.split_once("command not found: ").map(|(_, n)| n))?;
-        let name = name.trim();
-        (!name.is_empty() && !name.contains(char::is_whitespace))
-            .then(|| (name.to_string(), line.to_string()))
-    })
+/// The commands a shell's "not found" lines name, with their lines, in
+/// the order said.
+fn not_found_names(output: &str) -> Vec<(String, String)> {
+    // a server's answer relayed as JSON has its lines as `\n` escapes
+    output
+        .lines()
+        .flat_map(|l| l.split("\\n"))
+        .filter_map(|line| {
+            let line = line.trim();
+            let name = line
+                .strip_suffix(": command not found")
+                .or_else(|| line.strip_suffix(": not found"))
+                .and_then(|head| head.rsplit(": ").next())
+                .or_else(|| line.split_once("command not found: ").map(|(_, n)| n))?;
+            let name = name.trim();
+            (!name.is_empty() && !name.contains(char::is_whitespace))
+                .then(|| (name.to_string(), line.to_string()))
+        })
+        .collect()
 }
 
 /// The strongest failure that counts as evidence ([`Grades::evidence`])
@@ -596,7 +621,11 @@ fn explain_failure(
 
 #[cfg(test)]
 mod tests {
-    use super::not_found_name;
+    use super::not_found_names;
+
+    fn not_found_name(output: &str) -> Option<(String, String)> {
+        not_found_names(output).pop()
+    }
 
     #[test]
     fn a_shells_not_found_line_names_the_command() {
@@ -618,5 +647,18 @@ mod tests {
         for output in ["ValueError: bad input", "Error: page not found", ""] {
             assert_eq!(not_found_name(output), None, "{output}");
         }
+        // every line, in order: a server's answer may carry several
+        let names: Vec<String> =
+            not_found_names("sh: 1: a: not found\nok\nbash: b: command not found\n")
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+        assert_eq!(names, ["a", "b"]);
+        // relayed in a JSON answer, its lines escaped
+        let relayed = r#"{"text":"exit code: 127\nstderr:\nsh: 1: no-such-tool: not found\n"}"#;
+        assert_eq!(
+            not_found_name(relayed).map(|(n, _)| n).as_deref(),
+            Some("no-such-tool")
+        );
     }
 }

@@ -143,10 +143,17 @@ impl Lineage {
         }
         // a child that failed and exited before its parent went on to
         // start another program was a check the parent coped with (srt's
-        // `rg` scan, the chromium script's `ls` of a glob)
+        // `rg` scan, the chromium script's `ls` of a glob). Only a parent
+        // that ended within the span, as a script does: a server that
+        // outlives the call (the proxy's server, a browser, a shell kept
+        // between calls) starts programs of its own around its calls
+        // (version probes, housekeeping), and those say nothing of whether
+        // the call's work coped; whether they come before the span ends is
+        // a matter of timing, and a verdict is not
         for (&pid, p) in &span.processes {
             if let (Some(parent), Some(&ended)) = (p.parent, exit_at.get(&pid))
                 && p.failed()
+                && exit_at.contains_key(&parent)
                 && lineage
                     .went_on_at
                     .get(&parent)

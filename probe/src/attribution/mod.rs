@@ -421,7 +421,7 @@ fn uring_seccomp_note(span: &SpanEvidence) -> Option<String> {
 /// a read-only root).
 fn hidden_failure(case: &Case) -> Option<HiddenFailure> {
     let (span, lineage) = (case.span, &case.lineage);
-    let v = strongest_failure(case, |ev, primitive, weight| {
+    let strongest = strongest_failure(case, |ev, primitive, weight| {
         let failing = span.processes.get(&ev.pid).is_some_and(|p| p.failed());
         let root = Some(ev.pid) == span.root_pid;
         let eligible = if root {
@@ -433,7 +433,25 @@ fn hidden_failure(case: &Case) -> Option<HiddenFailure> {
         // check's answer; a denial or a hard limit is worth hearing anyway
         let coped_with = lineage.coped.contains(&ev.pid) && weight < rank::STRONG;
         eligible && !lineage.stopped.contains_key(&ev.pid) && !coped_with && !lineage.survived(ev)
-    })?;
+    });
+    // a child that could not find its command, as the words say
+    // (`no-such-tool --version; true`): weak evidence as any lookup, named
+    // only where the call's words name it, on a hidden failure as on a
+    // failing exit
+    let missing = failures::command_not_found(
+        span,
+        case.outcome,
+        |ev| {
+            lineage.survived(ev)
+                || lineage.coped.contains(&ev.pid)
+                || lineage.stopped.contains_key(&ev.pid)
+        },
+        true,
+    );
+    let v = match (strongest, missing) {
+        (Some(s), Some(m)) if m.confidence > s.confidence => m,
+        (s, m) => s.or(m)?,
+    };
     Some(HiddenFailure {
         primitive: v.primitive,
         confidence: (v.confidence * 100.0).round() / 100.0,

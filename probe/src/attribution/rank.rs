@@ -311,9 +311,12 @@ fn sent_by(span: &SpanEvidence, pid: u32) -> String {
 fn strong_failure_on_path(case: &Case) -> Option<Verdict> {
     let (span, outcome, lineage) = (case.span, case.outcome, &case.lineage);
     let missing = || {
-        command_not_found(span, outcome, |ev| {
-            lineage.survived(ev) || lineage.outlived_by_a_succeeding_parent.contains(&ev.pid)
-        })
+        command_not_found(
+            span,
+            outcome,
+            |ev| lineage.survived(ev) || lineage.outlived_by_a_succeeding_parent.contains(&ev.pid),
+            span.outliving_root().is_some(),
+        )
         .or_else(|| command_not_found_said(span, outcome))
     };
     match failure_on_path(case) {
@@ -577,9 +580,9 @@ fn no_kernel_cause(case: &Case) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{
-        self, MS, exec, exit_with, failed, named, outcome, signal_from, span,
+        self, MS, exec, exit_with, failed, named, outcome, said, signal_from, span,
     };
-    use super::super::{ExitStatus, attribute};
+    use super::super::{Attribution, ExitStatus, attribute};
     use super::*;
     use crate::attribution::lineage::SI_KERNEL;
     use crate::event::KernelEvent;
@@ -1209,5 +1212,171 @@ mod tests {
         // the same events from the kernel's own eBPF are no sandbox-kernel gap
         let a = attribute(&span(vec![clone3, exit_with(10, 2 * MS, Some(1))]), &told);
         assert_ne!(a.primitive, Primitive::SandboxKernel, "{}", a.explanation);
+    }
+
+    /// A call to a server that outlives it: the server (10) runs the
+    /// call's command (11) and, when `background`, a program of its own
+    /// (12, a version probe that fails to find `git`) after the command
+    /// ended. The call answered `code`, saying `output`.
+    fn server_call(
+        command: Vec<KernelEvent>,
+        background: bool,
+        code: i32,
+        output: &str,
+    ) -> Attribution {
+        let mut events = vec![fork(10, 11, MS, "server")];
+        events.extend(command);
+        if background {
+            events.push(fork(10, 12, 20 * MS, "server"));
+            events.push(exec(12, 20 * MS + 1, "sh"));
+            events.extend(lookups(
+                12,
+                21,
+                &["/usr/local/bin", "/usr/bin", "/bin"],
+                "git",
+            ));
+            events.push(exit(12, 25 * MS, Some(127), "sh"));
+        }
+        let mut s = span(events);
+        s.root_serves = true;
+        assert_eq!(s.outliving_root(), Some(10));
+        let mut o = said(code, output);
+        o.words.command = Some(r#"{"command":"cat /nonexistent/data.csv"}"#.into());
+        attribute(&s, &o)
+    }
+
+    /// `cat /nonexistent/data.csv` in process 11: its failed open, its 1.
+    fn cat_missing() -> Vec<KernelEvent> {
+        vec![
+            exec(11, 2 * MS, "cat"),
+            failed(11, 3 * MS, "openat", libc::ENOENT, "/nonexistent/data.csv"),
+            exit(11, 4 * MS, Some(1), "cat"),
+        ]
+    }
+
+    #[test]
+    fn a_servers_later_programs_never_make_a_calls_failure_look_handled() {
+        let words = "cat: /nonexistent/data.csv: No such file or directory\nexit code 1";
+        // the server answered without isError: the failure is hidden,
+        // with or without the server's own program after it
+        for background in [false, true] {
+            let a = server_call(cat_missing(), background, 0, words);
+            assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+            let h = a.hidden_failure.expect("the call's failure, hidden");
+            assert_eq!(h.primitive, Primitive::FsMissing, "{}", h.explanation);
+            assert!(
+                h.explanation.contains("/nonexistent/data.csv"),
+                "{}",
+                h.explanation
+            );
+            // with isError, the call's failure
+            let a = server_call(cat_missing(), background, 1, words);
+            assert_eq!(a.primitive, Primitive::FsMissing, "{}", a.explanation);
+        }
+        // words that name nothing (a command read from elsewhere, an
+        // answer without the error): noticed, never blamed
+        let mut s = span(cat_missing());
+        s.add(testing::fork(10, 11, MS));
+        s.root_serves = true;
+        let a = attribute(&s, &said(0, "exit code 1"));
+        assert!(a.hidden_failure.is_none(), "{:?}", a.hidden_failure);
+    }
+
+    #[test]
+    fn a_servers_own_missing_command_is_no_cause_unless_the_calls_words_name_it() {
+        // a clean call while the server's version probe finds no `git`
+        let a = server_call(
+            vec![exec(11, 2 * MS, "echo"), exit(11, 3 * MS, Some(0), "echo")],
+            true,
+            0,
+            "ok",
+        );
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        assert!(a.hidden_failure.is_none(), "{:?}", a.hidden_failure);
+        // a failed call that says something else: not the probe's 127
+        let a = server_call(
+            vec![
+                exec(11, 2 * MS, "false"),
+                exit(11, 3 * MS, Some(1), "false"),
+            ],
+            true,
+            1,
+            "exit code 1",
+        );
+        assert_ne!(a.primitive, Primitive::ExecMissing, "{}", a.explanation);
+        // the call's own missing command, named by its words
+        let mut own = vec![exec(11, 2 * MS, "sh")];
+        own.extend(lookups(
+            11,
+            3,
+            &["/usr/local/bin", "/usr/bin", "/bin"],
+            "no-such-tool",
+        ));
+        own.push(exit(11, 7 * MS, Some(127), "sh"));
+        let words = "sh: 1: no-such-tool: not found\nexit code 127";
+        for code in [0, 1] {
+            let a = server_call(own.clone(), true, code, words);
+            let (primitive, why) = match &a.hidden_failure {
+                Some(h) => (h.primitive, h.explanation.clone()),
+                None => (a.primitive, a.explanation.clone()),
+            };
+            assert_eq!(primitive, Primitive::ExecMissing, "{why}");
+            assert!(why.contains("`no-such-tool`"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_scripts_missing_command_its_words_name_is_a_hidden_failure() {
+        // `sh -c 'no-such-tool --version; true'`: the child 11 looks the
+        // name up and exits 127, sh goes on with a builtin and exits 0
+        let mut events = vec![exec(10, 0, "sh"), fork(10, 11, MS, "sh")];
+        events.extend(lookups(
+            11,
+            2,
+            &["/usr/local/bin", "/usr/bin", "/bin"],
+            "no-such-tool",
+        ));
+        events.push(exit(11, 6 * MS, Some(127), "sh"));
+        events.push(exit(10, 7 * MS, Some(0), "sh"));
+        let s = span(events);
+        let a = attribute(&s, &said(0, "sh: 1: no-such-tool: not found"));
+        assert_eq!(a.primitive, Primitive::None, "{}", a.explanation);
+        let h = a.hidden_failure.expect("hidden");
+        assert_eq!(h.primitive, Primitive::ExecMissing, "{}", h.explanation);
+        // silenced (`2>/dev/null`): the script dealt with it
+        let a = attribute(&s, &said(0, ""));
+        assert!(a.hidden_failure.is_none(), "{:?}", a.hidden_failure);
+        // dash looks the name up itself, says so and goes on to a builtin
+        let mut events = vec![exec(10, 0, "sh")];
+        events.extend(lookups(
+            10,
+            1,
+            &["/usr/local/bin", "/usr/bin", "/bin"],
+            "no-such-tool",
+        ));
+        events.push(exit(10, 5 * MS, Some(0), "sh"));
+        let s = span(events);
+        let a = attribute(&s, &said(0, "sh: 1: no-such-tool: not found"));
+        let h = a.hidden_failure.expect("hidden");
+        assert_eq!(h.primitive, Primitive::ExecMissing, "{}", h.explanation);
+        assert!(
+            h.explanation.contains("went on without it"),
+            "{}",
+            h.explanation
+        );
+        // and went on to run another program: it got past it
+        let mut events = vec![exec(10, 0, "sh")];
+        events.extend(lookups(
+            10,
+            1,
+            &["/usr/local/bin", "/usr/bin", "/bin"],
+            "no-such-tool",
+        ));
+        events.push(fork(10, 11, 5 * MS, "sh"));
+        events.push(exec(11, 6 * MS, "ls"));
+        events.push(exit(11, 7 * MS, Some(0), "ls"));
+        events.push(exit(10, 8 * MS, Some(0), "sh"));
+        let a = attribute(&span(events), &said(0, "sh: 1: no-such-tool: not found"));
+        assert!(a.hidden_failure.is_none(), "{:?}", a.hidden_failure);
     }
 }
