@@ -1758,3 +1758,58 @@ async fn under_gvisor_the_bridge_serves_and_says_why_there_is_no_kernel_evidence
     );
     assert!(!reason.contains("os error"), "{reason}");
 }
+
+/// A shell kept between calls (a background process reading commands on
+/// stdin) with a timer of its own that runs programs around them: the
+/// command that failed is named from the process's own words, the same
+/// verdict every time, whatever the timer ran meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_persistent_shells_failed_command_is_named_from_its_words_every_time() {
+    if !root() {
+        return;
+    }
+    let b = Bridge::stdio(Opts {
+        probe: true,
+        ..Opts::default()
+    })
+    .await;
+    let shell = "( for i in 1 2 3 4 5 6 7 8; do ls / >/dev/null; sleep 0.01; done ) & \
+                 echo ready; while IFS= read -r c; do sh -c \"$c\"; echo \"exit $?\"; done";
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..20 {
+        let (id, _, p) = start_and_poll(&b, shell).await;
+        let cursor = structured(&p)["stdout"]["cursor"].as_u64().unwrap();
+        b.call(
+            "write_stdin",
+            json!({"id": id, "text": "cat /nonexistent/data.csv\n", "close": true}),
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let last = loop {
+            let p = b
+                .call(
+                    "poll_process",
+                    json!({"id": id, "stdout_cursor": cursor, "wait_ms": 2000}),
+                )
+                .await;
+            let s = structured(&p).clone();
+            if s["running"] == false {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the shell did not end");
+        };
+        let k = &last["kernel"];
+        assert_eq!(k["available"], true, "{k}");
+        *seen
+            .entry((
+                k["primitive"].as_str().unwrap_or("?").to_owned(),
+                k["hidden_failure"]["primitive"]
+                    .as_str()
+                    .unwrap_or("-")
+                    .to_owned(),
+            ))
+            .or_insert(0) += 1;
+    }
+    let want = ("none".to_string(), "fs.missing".to_string());
+    assert_eq!(seen.get(&want), Some(&20), "{seen:?}");
+}
