@@ -490,6 +490,14 @@ fn a_sandbox_killed_mid_stream_still_gets_its_attribution() {
         .spawn()
         .unwrap();
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    // its report (every event: can be more than a pipe holds) is read on
+    // a thread of its own, or the probe blocks writing it while this one
+    // waits for its stderr to end
+    let mut stdout = child.stdout.take().unwrap();
+    let report = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut out).map(|_| out)
+    });
     let mut said = String::new();
     loop {
         let mut line = String::new();
@@ -510,12 +518,16 @@ fn a_sandbox_killed_mid_stream_still_gets_its_attribution() {
     let started = Instant::now();
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let status = child.wait().unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "the probe did not hang on a dead sandbox"
     );
-    let t = parse(out);
+    let t = parse(std::process::Output {
+        status,
+        stdout: report.join().unwrap().unwrap(),
+        stderr: rest.clone().into_bytes(),
+    });
     assert_eq!(t.json["source"], "gvisor");
     assert_eq!(t.json["failed"], true, "{}", t.context());
     assert_ne!(t.code, Some(0), "{rest}");

@@ -389,7 +389,7 @@ fn own_logic_failures_are_none_and_sandbox_failures_keep_their_primitive() {
 /// and between and during calls runs version probes of its own (for a
 /// tool the image lacks). Its first line is its pid.
 const SERVER: &str = "echo $$; \
-    ( while :; do no-such-version-probe --version >/dev/null 2>&1; sleep 0.01; done ) & \
+    ( while kill -0 $$ 2>/dev/null; do no-such-version-probe --version >/dev/null 2>&1; sleep 0.01; done ) & \
     while IFS= read -r line; do \
       cmd=$(printf '%b' \"$line\"); \
       sh -c \"$cmd\" </dev/null >/tmp/.call-out 2>&1; code=$?; \
@@ -447,6 +447,7 @@ fn inside_a_long_lived_servers_calls_own_logic_stays_none() {
         return;
     }
     use std::io::BufRead as _;
+    use std::os::unix::process::CommandExt as _;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("probe.sock");
     let mut daemon_process = Command::new(PROBE)
@@ -466,8 +467,10 @@ fn inside_a_long_lived_servers_calls_own_logic_stays_none() {
     let mut judged = 0;
     for image in images() {
         let words = bwrap_on(&image, false, &["sh", "-c", SERVER]);
+        // a process group of its own: the whole server goes at the end
         let mut server = Command::new(&words[0])
             .args(&words[1..])
+            .process_group(0)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -507,7 +510,10 @@ fn inside_a_long_lived_servers_calls_own_logic_stays_none() {
                 ));
             }
         }
-        let _ = server.kill();
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(server.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         let _ = server.wait();
     }
     let _ = daemon_process.kill();
