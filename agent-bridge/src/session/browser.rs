@@ -680,12 +680,32 @@ async fn download(b: &Browser, selector: &str) -> Result<(String, Vec<u8>), Stri
     ))
     .await?;
     let started = Instant::now();
+    // Chromium reserves the final name with an empty file before it
+    // writes NAME.crdownload: an empty file is the download only once no
+    // .crdownload is left and it stayed empty a while
+    let mut empty_since: Option<Instant> = None;
     loop {
-        let done = std::fs::read_dir(&dir)
+        let files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
             .map_err(|e| format!("{}: {e}", dir.display()))?
             .filter_map(Result::ok)
             .map(|e| e.path())
-            .find(|p| p.extension().is_none_or(|x| x != "crdownload"));
+            .collect();
+        let partial = |p: &std::path::PathBuf| p.extension().is_some_and(|x| x == "crdownload");
+        let in_progress = files.iter().any(partial);
+        let done = files
+            .into_iter()
+            .find(|p| !partial(p))
+            .filter(|_| !in_progress)
+            .filter(|p| {
+                let empty = std::fs::metadata(p).is_ok_and(|m| m.len() == 0);
+                if !empty {
+                    return true;
+                }
+                empty_since.get_or_insert_with(Instant::now).elapsed() >= EMPTY_DOWNLOAD_SETTLE
+            });
+        if done.is_none() && in_progress {
+            empty_since = None;
+        }
         if let Some(path) = done {
             let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
             let _ = std::fs::remove_file(&path);
@@ -704,6 +724,10 @@ async fn download(b: &Browser, selector: &str) -> Result<(String, Vec<u8>), Stri
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// How long an empty downloaded file must stay empty, with no
+/// `.crdownload` beside it, to be taken for an empty download.
+const EMPTY_DOWNLOAD_SETTLE: Duration = Duration::from_secs(1);
 
 async fn page_done(b: &Browser) -> Result<Done, String> {
     let p = b.page().await?;
