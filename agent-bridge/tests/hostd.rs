@@ -106,9 +106,17 @@ fn podman(rootfs: &Path, sockdir: &Path) -> Vec<String> {
 fn bwrap(sockdir: &Path) -> Vec<String> {
     let bridge_dir = Path::new(BRIDGE).parent().unwrap().display().to_string();
     let fixtures = fixtures().display().to_string();
-    let mut words: Vec<String> = ["bwrap", "--unshare-pid", "--die-with-parent"]
-        .map(String::from)
-        .to_vec();
+    // the private /tmp first: the workspace may live under /tmp, and a
+    // tmpfs mounted after its binds would hide them
+    let mut words: Vec<String> = [
+        "bwrap",
+        "--unshare-pid",
+        "--die-with-parent",
+        "--tmpfs",
+        "/tmp",
+    ]
+    .map(String::from)
+    .to_vec();
     for dir in ["/usr", "/etc", "/sys", &bridge_dir, &fixtures] {
         words.extend(["--ro-bind".into(), dir.to_string(), dir.to_string()]);
     }
@@ -129,8 +137,6 @@ fn bwrap(sockdir: &Path) -> Vec<String> {
             "/dev",
             "--proc",
             "/proc",
-            "--tmpfs",
-            "/tmp",
             "--bind",
             &sockdir.display().to_string(),
             "/run/probe",

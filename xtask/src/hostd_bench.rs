@@ -160,7 +160,13 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
     // /usr, /etc and the binaries, not the host's whole root: a recursive
     // bind of / takes in podman containers' mounts that come and go
     let bwrap = |own_pidns: bool| -> Vec<String> {
-        let mut words: Vec<String> = vec!["bwrap".into(), "--die-with-parent".into()];
+        // the private /tmp first: the workspace may live under /tmp
+        let mut words: Vec<String> = vec![
+            "bwrap".into(),
+            "--die-with-parent".into(),
+            "--tmpfs".into(),
+            "/tmp".into(),
+        ];
         if own_pidns {
             words.push("--unshare-pid".into());
         }
@@ -184,8 +190,6 @@ pub fn bench(count: usize) -> anyhow::Result<String> {
                 "/dev",
                 "--proc",
                 "/proc",
-                "--tmpfs",
-                "/tmp",
                 "--bind",
                 &sockdir.display().to_string(),
                 "/run/probe",
