@@ -236,9 +236,7 @@ impl Sandbox {
     /// Checks that the daemon's `host` pid is a process of this sandbox.
     pub fn holds(&self, host: u32) -> bool {
         match &self.kind {
-            SandboxKind::PidNamespace(ns) => nspid(host)
-                .and_then(|ids| ids.get(ns.level).copied())
-                .is_some_and(|id| ns.holds(host, id)),
+            SandboxKind::PidNamespace(ns) => ns.id_of(host).is_some(),
             SandboxKind::Gvisor(_) => false,
             SandboxKind::Owner(o) => o.holds(host),
         }
@@ -341,13 +339,17 @@ impl PidNamespace {
     /// Whether the daemon's process `host` has id `id` at this namespace's
     /// level, and its namespace there is this one.
     fn holds(&self, host: u32, id: u32) -> bool {
-        let Some(ids) = nspid(host) else { return false };
-        if ids.get(self.level) != Some(&id) {
-            return false;
-        }
+        self.id_of(host) == Some(id)
+    }
+
+    /// The daemon's process `host`'s id in this namespace, when it is in
+    /// it (or in one nested in it): one `NSpid` read.
+    fn id_of(&self, host: u32) -> Option<u32> {
+        let ids = nspid(host)?;
+        let id = *ids.get(self.level)?;
         // its own namespace, or the one `depth` levels up from it
         let depth = ids.len() - 1 - self.level;
-        ancestor_inode(host, depth) == Some(self.inode)
+        (ancestor_inode(host, depth) == Some(self.inode)).then_some(id)
     }
 }
 
