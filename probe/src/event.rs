@@ -598,6 +598,9 @@ pub struct WrittenEarlier {
     /// `mnt:[NNN]` of the writer, when it could be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount_ns: Option<String>,
+    /// The path it wrote: the failed one, or a directory above or below it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 #[cfg(test)]

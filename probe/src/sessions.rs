@@ -74,6 +74,7 @@ impl Sessions {
                     syscall: ev.syscall.as_deref().unwrap_or("open").to_string(),
                     at_ms: crate::clock::now_ms(),
                     mount_ns: mount_ns(ev.pid),
+                    path: None,
                 };
                 if s.dirs.len() > MAX_PATHS_PER_SESSION * 4 {
                     s.dirs.clear();
@@ -105,7 +106,10 @@ impl Sessions {
                 // only another process's write is evidence of lost state
                 let other = |w: &&WrittenEarlier| w.span != span && w.pid != ev.pid;
                 if let Some(w) = s.dirs.get(&path).filter(other) {
-                    ev.written_earlier = Some(w.clone());
+                    ev.written_earlier = Some(WrittenEarlier {
+                        path: Some(path.clone()),
+                        ..w.clone()
+                    });
                     ev.mount_ns = mount_ns(ev.pid);
                     return;
                 }
@@ -113,7 +117,10 @@ impl Sessions {
                 let mut probe_path = path.as_str();
                 loop {
                     if let Some(w) = s.writes.get(probe_path).filter(other) {
-                        ev.written_earlier = Some(w.clone());
+                        ev.written_earlier = Some(WrittenEarlier {
+                            path: Some(probe_path.to_string()),
+                            ..w.clone()
+                        });
                         ev.mount_ns = mount_ns(ev.pid);
                         return;
                     }

@@ -174,7 +174,10 @@ fn weigh(
     if execs.get(&ev.pid).is_some_and(|&x| x > i) {
         return None;
     }
-    if ev.written_earlier.is_some() && matches!(errno, libc::ENOENT | libc::ENOTDIR) {
+    if ev.written_earlier.is_some()
+        && matches!(errno, libc::ENOENT | libc::ENOTDIR)
+        && !made_again_later(events, i)
+    {
         return Some((Primitive::FsPersistence, 0.95, Strength::Strong, false));
     }
     let flags = ev.flags.unwrap_or(0);
@@ -200,6 +203,26 @@ fn weigh(
     }
     let probe = rule.class == SyscallClass::PathProbe;
     Some((primitive, rule.weight as f64, strength, probe))
+}
+
+/// Whether the span went on to write, itself, the path an earlier span's
+/// write was remembered under (or a file below it): that path is there
+/// now — a directory that persisted, or a check before creating (`stat`
+/// then `mkdir`, a linker's output) — so nothing the session wrote was
+/// lost. The session's own programs remove files too (`rm`, a linker that
+/// failed), and python misses a `.pyc` in a `__pycache__` that persisted.
+fn made_again_later(events: &VecDeque<KernelEvent>, i: usize) -> bool {
+    let ev = &events[i];
+    let written = ev.written_earlier.as_ref().and_then(|w| w.path.as_deref());
+    let Some(path) = written.or(ev.path.as_deref()) else {
+        return false;
+    };
+    events.iter().skip(i + 1).any(|w| {
+        w.kind == Kind::FileWrite
+            && w.path.as_deref().is_some_and(|p| {
+                p == path || (p.starts_with(path) && p[path.len()..].starts_with('/'))
+            })
+    })
 }
 
 /// The path-like words of a text, for [`Names::names`].

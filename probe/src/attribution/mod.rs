@@ -876,8 +876,29 @@ mod tests {
             syscall: "openat".into(),
             at_ms: 0,
             mount_ns: None,
+            path: Some("/tmp/work".into()),
         });
-        let a = attribute(&span(vec![gone, exit(10, 3, 0)]), &outcome(0));
+        let a = attribute(&span(vec![gone.clone(), exit(10, 3, 0)]), &outcome(0));
+        assert_eq!(
+            a.hidden_failure.map(|h| h.primitive),
+            Some(Primitive::FsPersistence)
+        );
+        // …unless the call made it again itself: a check before creating
+        // (python's __pycache__, a linker's output the last call removed)
+        let mut made = ev(Kind::FileWrite, 10, 2);
+        made.path = Some("/tmp/work/cache.pyc".into());
+        let a = attribute(&span(vec![gone.clone(), made, exit(10, 3, 0)]), &outcome(0));
+        assert_eq!(a.hidden_failure, None, "{a:?}");
+        // a file never written, in a directory an earlier call made and
+        // this one wrote into again (python's .pyc beside its temp file):
+        // the directory persisted
+        let mut pyc = gone;
+        pyc.path = Some("/tmp/work/t.pyc".into());
+        let mut beside = ev(Kind::FileWrite, 10, 2);
+        beside.path = Some("/tmp/work/t.pyc.140221".into());
+        let a = attribute(&span(vec![pyc.clone(), beside, exit(10, 3, 0)]), &outcome(0));
+        assert_eq!(a.hidden_failure, None, "{a:?}");
+        let a = attribute(&span(vec![pyc, exit(10, 3, 0)]), &outcome(0));
         assert_eq!(
             a.hidden_failure.map(|h| h.primitive),
             Some(Primitive::FsPersistence)
