@@ -78,6 +78,18 @@ fn run(args: &[OsString]) -> io::Result<()> {
             writeln!(stdout, "{}", list(&path, recursive)?)
         }
         "stat" => writeln!(stdout, "{}", stat(&path)?),
+        // the environment as a workload sees it; PATH holds the command names
+        "env" => {
+            let opts = probe::env::collect::Options {
+                extra_commands: args[2..]
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect(),
+                ..Default::default()
+            };
+            let snapshot = probe::env::collect::snapshot(&opts, "agent-bridge sandbox_environment");
+            writeln!(stdout, "{}", json!(snapshot))
+        }
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "worker: unknown op",

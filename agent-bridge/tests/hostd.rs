@@ -99,10 +99,7 @@ fn podman(rootfs: &Path, sockdir: &Path) -> Vec<String> {
 
 /// `bwrap` words for a sandbox of its own PID namespace over the host's
 /// /usr and /etc (read-only), the bridge and the fixtures at their host
-/// paths, the daemon's socket directory at /run/probe. Not the host's
-/// whole root: a recursive bind of / takes in the mounts of containers
-/// that come and go meanwhile (a podman container's shm), and fails when
-/// one goes between bwrap's listing and its remount.
+/// paths, the daemon's socket directory at /run/probe.
 fn bwrap(sockdir: &Path) -> Vec<String> {
     let bridge_dir = Path::new(BRIDGE).parent().unwrap().display().to_string();
     let fixtures = fixtures().display().to_string();
@@ -117,20 +114,7 @@ fn bwrap(sockdir: &Path) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
-    for dir in ["/usr", "/etc", "/sys", &bridge_dir, &fixtures] {
-        words.extend(["--ro-bind".into(), dir.to_string(), dir.to_string()]);
-    }
-    // merged /usr: /bin, /lib… are links into it
-    for link in ["/bin", "/sbin", "/lib", "/lib64"] {
-        match std::fs::read_link(link) {
-            Ok(target) => words.extend([
-                "--symlink".into(),
-                target.display().to_string(),
-                link.to_string(),
-            ]),
-            Err(_) => words.extend(["--ro-bind-try".into(), link.into(), link.into()]),
-        }
-    }
+    words.extend(common::bwrap_system_binds(&[&bridge_dir, &fixtures]));
     words.extend(
         [
             "--dev",

@@ -26,6 +26,9 @@
 //!   [`config`], storing evidence in [`store`] (SQLite) and exporting spans
 //!   over [`otlp`] ([`otlp_receiver`]: a local receiver for tests).
 //!
+//! - [`env`]: the environment from inside the sandbox (`probe env`), two
+//!   snapshots diffed, and each difference tied to the failures it explains.
+//!
 //! Supporting: [`primitive`] (the taxonomy and its rules), [`syscalls`]
 //! (names and classes), [`mounts`] (mountinfo lookups), [`fault`] (seccomp
 //! filters that inject faults), [`clock`] (wall and monotonic time).
@@ -37,6 +40,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod daemon;
+pub mod env;
 pub mod event;
 pub mod fault;
 pub mod gvisor;

@@ -314,6 +314,47 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Snapshot this environment from inside it, as the workload's user.
+    ///
+    /// Facets: runtime, identity, commands, browser, packages, writable
+    /// places, resources, syscalls, network, variables.
+    ///
+    /// No root, no daemon; nothing is written (but --output) and no packet
+    /// leaves but to the --reach addresses. Variables are recorded by name
+    /// with a hash of their value, never the value; no file contents.
+    /// What cannot be read is listed with why (`?` lines). Each command's
+    /// `--version` runs under a 2 s timeout; browsers are never run.
+    ///
+    /// `probe env diff A B` compares two snapshots (exit status 0 when
+    /// they agree, 1 when they differ).
+    ///
+    /// Examples:
+    ///   probe env
+    ///   probe env --json > sandbox.json
+    ///   probe env --command terraform --reach 127.0.0.1:5432 --output env.json
+    ///   probe env --sbom > sbom.cdx.json
+    ///   probe env diff laptop.json sandbox.json
+    #[command(verbatim_doc_comment, args_conflicts_with_subcommands = true)]
+    Env {
+        #[command(subcommand)]
+        action: Option<EnvCmd>,
+        /// Print the snapshot as JSON.
+        #[arg(long, conflicts_with = "sbom")]
+        json: bool,
+        /// Print the packages as a CycloneDX 1.5 JSON SBOM.
+        #[arg(long)]
+        sbom: bool,
+        /// Also look for this command (repeatable).
+        #[arg(long = "command", value_name = "NAME")]
+        commands: Vec<String>,
+        /// Try a TCP connection to this address (repeatable; literal IPs
+        /// and localhost only, 1 s timeout).
+        #[arg(long, value_name = "HOST:PORT")]
+        reach: Vec<String>,
+        /// Also write the snapshot as JSON to FILE.
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
     /// Print the primitives reference (the taxonomy and its rules) as Markdown.
     Primitives,
     /// Benchmark baseline: run CMD with only empty programs on the syscall
@@ -322,6 +363,25 @@ enum Cmd {
     Floor {
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
+    },
+}
+
+/// `probe env`'s subcommands.
+#[derive(Subcommand)]
+enum EnvCmd {
+    /// What differs between two snapshots (exit status 0: none, 1: some).
+    ///
+    /// Example:
+    ///   probe env diff laptop.json sandbox.json
+    #[command(verbatim_doc_comment)]
+    Diff {
+        /// The first snapshot (`probe env --json` output).
+        a: PathBuf,
+        /// The second snapshot.
+        b: PathBuf,
+        /// The differences as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -365,6 +425,18 @@ fn seconds(t: Option<f64>) -> anyhow::Result<Option<Duration>> {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Cmd::Check { json } => check(json),
+        Cmd::Env {
+            action: Some(EnvCmd::Diff { a, b, json }),
+            ..
+        } => env_diff(&a, &b, json),
+        Cmd::Env {
+            action: None,
+            json,
+            sbom,
+            commands,
+            reach,
+            output,
+        } => env_snapshot(json, sbom, commands, reach, output.as_deref()),
         Cmd::Primitives => {
             print!("{}", reference_markdown());
             Ok(ExitCode::SUCCESS)
@@ -776,24 +848,7 @@ fn parse_since(t: &str) -> anyhow::Result<i64> {
 
 /// `2026-11-29 17:55:01` (UTC) for Unix ms.
 fn utc(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // civil-from-days (Howard Hinnant)
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    probe::clock::utc(ms, ' ')
 }
 
 fn render_spans(rows: &[SpanRow]) -> String {
@@ -829,6 +884,53 @@ fn render_spans(rows: &[SpanRow]) -> String {
         );
     }
     out
+}
+
+/// `probe env`: one snapshot, shown as text, JSON or an SBOM.
+fn env_snapshot(
+    json: bool,
+    sbom: bool,
+    commands: Vec<String>,
+    reach: Vec<String>,
+    output: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    use probe::env::collect;
+    let opts = collect::Options {
+        extra_commands: commands,
+        reach,
+        ..collect::Options::default()
+    };
+    let s = collect::snapshot(&opts, "probe env");
+    if let Some(path) = output {
+        let text = serde_json::to_string_pretty(&s)?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if sbom {
+        println!("{}", serde_json::to_string_pretty(&collect::cyclonedx(&s))?);
+    } else if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print!("{}", collect::render_text(&s));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `probe env diff A B`: 0 when they agree, 1 when they differ.
+fn env_diff(a: &Path, b: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let read = |path: &Path| -> anyhow::Result<probe::env::Snapshot> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        probe::env::Snapshot::parse(&bytes).with_context(|| format!("{}", path.display()))
+    };
+    let (a, b) = (read(a)?, read(b)?);
+    let d = probe::env::diff::diff(&a, &b);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+    } else {
+        print!("{}", d.render_text());
+    }
+    Ok(ExitCode::from(u8::from(!d.is_empty())))
 }
 
 /// `probe check`: the preflight items, then a real load and detach.

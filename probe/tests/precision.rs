@@ -401,6 +401,7 @@ const SERVER: &str = "echo $$; \
 /// `isError` would (exit 0) with the call's words.
 fn call_server(
     daemon: &mut probe::client::Client,
+    session: &str,
     server: &mut std::process::Child,
     lines: &mut impl Iterator<Item = std::io::Result<String>>,
     pid: u32,
@@ -409,7 +410,7 @@ fn call_server(
     use std::io::Write as _;
     let span = daemon
         .call(
-            json!({"op": "begin_span", "session": "precision-server", "label": script,
+            json!({"op": "begin_span", "session": session, "label": script,
                      "pid": pid, "tree": true, "server": true}),
         )
         .expect("begin_span")["span_id"]
@@ -484,7 +485,17 @@ fn inside_a_long_lived_servers_calls_own_logic_stays_none() {
             if !case.needs.iter().all(|n| has(&image, n)) {
                 continue;
             }
-            let a = call_server(&mut daemon, &mut server, &mut lines, pid, case.script);
+            // a session per server: each image's server is its own sandbox
+            // with its own /tmp
+            let session = format!("precision-server-{}", image.name);
+            let a = call_server(
+                &mut daemon,
+                &session,
+                &mut server,
+                &mut lines,
+                pid,
+                case.script,
+            );
             judged += 1;
             let got = match a["hidden_failure"]["primitive"].as_str() {
                 Some(hidden) => hidden.to_string(),

@@ -229,7 +229,7 @@ fn wait_with_rusage(mut child: Child) -> anyhow::Result<(std::process::ExitStatu
 }
 
 /// The sections of docs/BENCHMARKS.md, in order, with the heading each starts at.
-pub const SECTIONS: [(&str, &str); 12] = [
+pub const SECTIONS: [(&str, &str); 13] = [
     ("probe", "# Benchmarks"),
     ("kernels", "## Start and stop"),
     ("daemon", "## Daemon"),
@@ -241,6 +241,7 @@ pub const SECTIONS: [(&str, &str); 12] = [
     ("evidence", "## Evidence on disk"),
     ("gvisor", "## gVisor monitoring"),
     ("hostd", "## One daemon, many containers"),
+    ("env", "## Environment snapshot"),
     ("run", "## This run"),
 ];
 

@@ -16,6 +16,7 @@ mod campaign;
 mod clients;
 mod demo;
 mod dist;
+mod env_bench;
 mod evidence;
 mod foreign;
 mod gvisor_bench;
@@ -126,7 +127,7 @@ enum Cmd {
         no_write: bool,
         /// Only this benchmark; its section of docs/BENCHMARKS.md is replaced
         /// and the others are kept.
-        #[arg(long, value_parser = ["probe", "kernels", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet", "evidence", "gvisor", "hostd"])]
+        #[arg(long, value_parser = ["probe", "kernels", "daemon", "otlp", "bridge", "proxy", "campaign", "fleet", "evidence", "gvisor", "hostd", "env"])]
         only: Option<String>,
         /// Tests in the campaign benchmark.
         #[arg(long, default_value_t = 1000)]
@@ -285,6 +286,7 @@ fn main() -> anyhow::Result<()> {
                     "evidence" => evidence::bench(campaign_tests)?,
                     "gvisor" => gvisor_bench::bench(&build_probe_release()?, runs)?,
                     "hostd" => hostd_bench::bench(campaign_tests)?,
+                    "env" => env_bench::bench(&build_probe_release()?)?,
                     _ => campaign::bench(campaign_tests)?,
                 };
                 print!("{text}");
@@ -541,7 +543,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         ])
         .envs(installed.env()))?;
     // one host daemon serving bridges in a podman and a bubblewrap
-    // container at once, each confined to its own sandbox
+    // container at once, each confined to its own sandbox; the environment
+    // snapshot of a bubblewrap sandbox, and a compare that ties the tests
+    // that broke there to the differences planted in it
     run(Command::new("cargo")
         .args([
             "test",
@@ -549,10 +553,13 @@ fn test(args: &[String]) -> anyhow::Result<()> {
             "agent-bridge",
             "--test",
             "hostd",
+            "--test",
+            "environment",
             "--",
             "--test-threads=1",
         ])
         .envs(installed.env()))?;
+    run(Command::new("cargo").args(["test", "-p", "probe", "--test", "env"]))?;
     // precision on images nobody tuned it for: own-logic failures are
     // `none`, sandbox-caused ones keep their primitive
     let manifest = precision::images()?;

@@ -123,6 +123,10 @@ pub enum CampaignCommand {
         /// Machine-readable output on stdout.
         #[arg(long)]
         json: bool,
+        /// Also write the comparison, its environment section included, as
+        /// one self-contained HTML page.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
     },
     /// Confusion matrix: for every run with an injected fault, where its newly failing tests were attributed.
     Matrix {
@@ -135,6 +139,42 @@ pub enum CampaignCommand {
         /// A Markdown table (for docs/) instead of the text table.
         #[arg(long, conflicts_with = "json")]
         markdown: bool,
+        /// Machine-readable output on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Before a run: which tests of a suite the environment will likely fail, and why.
+    ///
+    /// Reads what each test needs (the programs its steps run, the paths it
+    /// writes, a browser, files that must survive from one call to the next,
+    /// the local upstream) against a snapshot: a file from `probe env
+    /// --output FILE`, or the one a target takes of itself. With --db and
+    /// --run, also how the prediction held against that run.
+    #[command(after_help = "Examples:\n  \
+        agent-bridge campaign preflight --suite suite --env remote.json\n  \
+        agent-bridge campaign preflight --suite suite --target http://127.0.0.1:8765/mcp --json\n  \
+        agent-bridge campaign preflight --suite suite --env remote.json --db results.db --run remote")]
+    Preflight {
+        /// The suite directory (from `campaign generate`).
+        #[arg(long, value_name = "DIR")]
+        suite: PathBuf,
+        /// The environment: a snapshot file.
+        #[arg(
+            long,
+            value_name = "FILE",
+            required_unless_present = "target",
+            conflicts_with = "target"
+        )]
+        env: Option<PathBuf>,
+        /// Or the target to ask for its snapshot (stdio:'COMMAND' or http(s)://HOST:PORT/mcp).
+        #[arg(long, value_name = "TARGET", value_parser = clap::value_parser!(crate::target::Target))]
+        target: Option<crate::target::Target>,
+        /// With --run: the results to check the prediction against.
+        #[arg(long, value_name = "FILE|URL", requires = "run")]
+        db: Option<Location>,
+        /// The run of the same suite to check the prediction against.
+        #[arg(long, requires = "db")]
+        run: Option<String>,
         /// Machine-readable output on stdout.
         #[arg(long)]
         json: bool,
@@ -272,6 +312,12 @@ pub struct RunArgs {
     /// session whose connection broke is replaced.
     #[arg(long)]
     pub reuse_sessions: bool,
+    /// The environment to store with the run, from a snapshot file
+    /// (`probe env --output FILE`), instead of asking each target for its
+    /// own (`sandbox_environment`, which `agent-bridge serve` and
+    /// `agent-bridge proxy` answer): for a target that cannot take one.
+    #[arg(long, value_name = "FILE")]
+    pub env: Option<PathBuf>,
     /// Export the run as OpenTelemetry spans (run → test → step) over
     /// OTLP/HTTP protobuf to this URL (e.g. http://127.0.0.1:4318/v1/traces);
     /// each step's context goes to the bridge in `params._meta.traceparent`.
@@ -321,12 +367,27 @@ pub fn main(cmd: CampaignCommand) -> ExitCode {
             html,
             json,
         } => report(campaign_report(&db, run.as_deref(), html, json)),
+        CampaignCommand::Preflight {
+            suite,
+            env,
+            target,
+            db,
+            run,
+            json,
+        } => report(campaign_preflight(
+            &suite,
+            env.as_deref(),
+            target.as_ref(),
+            db.as_ref().zip(run.as_deref()),
+            json,
+        )),
         CampaignCommand::Compare {
             db,
             run_a,
             run_b,
             json,
-        } => report(campaign_compare(&db, &run_a, &run_b, json)),
+            html,
+        } => report(campaign_compare(&db, &run_a, &run_b, json, html.as_deref())),
         CampaignCommand::Matrix {
             db,
             baseline,
@@ -605,6 +666,7 @@ fn campaign_run(a: RunArgs) -> anyhow::Result<()> {
         upstream_host: a.upstream_host,
         adapter,
         reuse_sessions: a.reuse_sessions,
+        env_file: a.env,
         otlp: a
             .otlp
             .as_deref()
@@ -713,7 +775,52 @@ fn campaign_report(
     Ok(())
 }
 
-fn campaign_compare(db: &Location, a: &str, b: &str, json: bool) -> anyhow::Result<()> {
+fn campaign_preflight(
+    suite: &std::path::Path,
+    env: Option<&std::path::Path>,
+    target: Option<&crate::target::Target>,
+    against: Option<(&Location, &str)>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let loaded = validate::load_dir(suite)
+        .with_context(|| format!("cannot read the suite {}", suite.display()))?;
+    let snapshot = match (env, target) {
+        (Some(file), _) => crate::environment::from_file(file)?,
+        (None, Some(t)) => {
+            let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
+            let names = crate::environment::commands_of(&loaded.tests);
+            rt.block_on(crate::environment::take(t, &names))
+                .map_err(|why| anyhow::anyhow!("the target {t} gave no snapshot: {why}"))?
+        }
+        (None, None) => anyhow::bail!("give --env FILE or --target TARGET"),
+    };
+    let mut p = crate::preflight::preflight(&loaded.tests, &snapshot);
+    if let Some((db, run)) = against {
+        let conn = rdb::reader(db, Needs::Run(Some(run)))?;
+        let row = report::pick_run(&conn, Some(run))?;
+        let mut stmt = conn.prepare(
+            "SELECT test_id, outcome = 'fail' FROM campaign_tests WHERE run = ?1 AND outcome != 'unsupported'",
+        )?;
+        let failed = stmt
+            .query_map([&row.id], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        crate::preflight::held(&mut p, &row.id, &failed);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&p)?);
+    } else {
+        print!("{}", crate::preflight::text(&p));
+    }
+    Ok(())
+}
+
+fn campaign_compare(
+    db: &Location,
+    a: &str,
+    b: &str,
+    json: bool,
+    html_out: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let conn = rdb::reader(db, Needs::These(&[a, b]))?;
     rdb::with_splits(&conn, &[a, b])?;
     let (a, b) = (
@@ -721,6 +828,10 @@ fn campaign_compare(db: &Location, a: &str, b: &str, json: bool) -> anyhow::Resu
         report::pick_run(&conn, Some(b))?,
     );
     let c = compare::compare(&conn, &a, &b)?;
+    if let Some(path) = html_out {
+        std::fs::write(path, html::compare_html(&c))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&c)?);
     } else {

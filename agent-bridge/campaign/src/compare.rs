@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use probe::env::diff::diff;
+use probe::env::explain::{Environment, Failed, explain};
 use rusqlite::Connection;
 use serde::Serialize;
 
@@ -34,6 +36,12 @@ pub struct Comparison {
     pub newly_degraded: Vec<Failure>,
     /// Tests the target could not express, in A and in B.
     pub unsupported: (i64, i64),
+    /// What differs between the two runs' environments, and which broken
+    /// tests each difference explains.
+    pub environment: Option<probe::env::explain::Environment>,
+    /// Why there is no environment section (a run without a snapshot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub environment_missing: Option<String>,
 }
 
 pub fn compare(conn: &Connection, a: &RunRow, b: &RunRow) -> anyhow::Result<Comparison> {
@@ -82,6 +90,8 @@ pub fn compare(conn: &Connection, a: &RunRow, b: &RunRow) -> anyhow::Result<Comp
             .filter(|t| !ra.degraded_tests.iter().any(|a| a.test_id == t.test_id))
             .cloned()
             .collect(),
+        environment: None,
+        environment_missing: None,
     };
     for (id, pass_a) in &oa {
         let Some(pass_b) = ob.get(id) else { continue };
@@ -101,6 +111,30 @@ pub fn compare(conn: &Connection, a: &RunRow, b: &RunRow) -> anyhow::Result<Comp
                 }
             }
             (true, true) => {}
+        }
+    }
+    match (
+        super::environment::of_run(conn, &a.id)?,
+        super::environment::of_run(conn, &b.id)?,
+    ) {
+        (Some(x), Some(y)) => {
+            let flipped: Vec<Failed> = c
+                .broke
+                .iter()
+                .map(|f| Failed::from_evidence(&f.test_id, &f.primitive, &f.evidence["kernel"]))
+                .collect();
+            c.environment = Some(explain(&diff(&x, &y), &flipped));
+        }
+        (x, y) => {
+            let missing: Vec<&str> = [(&x, "A"), (&y, "B")]
+                .into_iter()
+                .filter(|(s, _)| s.is_none())
+                .map(|(_, n)| n)
+                .collect();
+            c.environment_missing = Some(format!(
+                "no environment stored with {} (a run before environments were kept, or a target that could not take one: campaign run --env FILE)",
+                missing.join(" and ")
+            ));
         }
     }
     let keys: BTreeSet<&String> = pa.keys().chain(pb.keys()).collect();
@@ -202,6 +236,114 @@ pub fn compare_text(c: &Comparison) -> String {
     }
     for (id, x, y) in c.moved.iter().take(15) {
         let _ = writeln!(o, "  moved {id:<16} {x} → {y}");
+    }
+    match (&c.environment, &c.environment_missing) {
+        (Some(env), _) => o.push_str(&environment_text(env, &c.broke)),
+        (None, Some(why)) => {
+            let _ = writeln!(o, "\nENVIRONMENT\n  {why}");
+        }
+        (None, None) => {}
+    }
+    o
+}
+
+/// Up to `n` test ids, then how many more.
+fn some_ids(ids: &[String], n: usize) -> String {
+    let mut s = ids.iter().take(n).cloned().collect::<Vec<_>>().join(", ");
+    if ids.len() > n {
+        let _ = write!(s, ", … {} more", ids.len() - n);
+    }
+    s
+}
+
+/// The environment section: each difference with the broken tests it
+/// explains, those no failure touched collapsed, then the unexplained tests.
+pub fn environment_text(env: &Environment, broke: &[Failure]) -> String {
+    let mut o = String::new();
+    let touched: Vec<_> = env
+        .differences
+        .iter()
+        .filter(|e| !e.explains.is_empty() || !e.possible.is_empty())
+        .collect();
+    let untouched = env.differences.len() - touched.len();
+    let _ = writeln!(
+        o,
+        "\nENVIRONMENT: {} difference(s); {} of {} broken test(s) explained by one, {} unexplained",
+        env.differences.len(),
+        broke.len() - env.unexplained.len(),
+        broke.len(),
+        env.unexplained.len()
+    );
+    if !touched.is_empty() {
+        let _ = writeln!(
+            o,
+            "  {:<30} {:<44} {:>8} {:>8}",
+            "FACET/KEY", "A → B", "EXPLAINS", "POSSIBLE"
+        );
+    }
+    for e in &touched {
+        let d = &e.difference;
+        let _ = writeln!(
+            o,
+            "  {:<30} {:<44} {:>8} {:>8}",
+            cut(&format!("{}/{}", d.facet, d.key), 30),
+            cut(&d.change(), 44),
+            e.explains.len(),
+            e.possible.len()
+        );
+        if !e.explains.is_empty() {
+            let _ = writeln!(o, "      explains {}", some_ids(&e.explains, 6));
+        }
+    }
+    if untouched > 0 {
+        let _ = writeln!(o, "  {untouched} difference(s) no failure touched:");
+        for e in env
+            .differences
+            .iter()
+            .filter(|e| e.explains.is_empty() && e.possible.is_empty())
+            .take(12)
+        {
+            let d = &e.difference;
+            let _ = writeln!(
+                o,
+                "    {:<28} {}",
+                cut(&format!("{}/{}", d.facet, d.key), 28),
+                cut(&d.change(), 60)
+            );
+        }
+        if untouched > 12 {
+            let _ = writeln!(o, "    … and {} more (--json for all)", untouched - 12);
+        }
+    }
+    if !env.unexplained.is_empty() {
+        let _ = writeln!(
+            o,
+            "  UNEXPLAINED (broke, and no difference touches its failure: a regression in the target, or a flake)"
+        );
+        for id in env.unexplained.iter().take(15) {
+            let f = broke.iter().find(|f| &f.test_id == id);
+            let _ = writeln!(
+                o,
+                "    {:<16} {}",
+                id,
+                f.map(|f| format!("{}/{}  {}", f.layer, f.primitive, cut(&f.explanation, 70)))
+                    .unwrap_or_default()
+            );
+        }
+        if env.unexplained.len() > 15 {
+            let _ = writeln!(
+                o,
+                "    … and {} more (--json for all)",
+                env.unexplained.len() - 15
+            );
+        }
+    }
+    if !env.unknown.is_empty() {
+        let _ = writeln!(
+            o,
+            "  {} item(s) not compared (one side could not read them; --json lists them)",
+            env.unknown.len()
+        );
     }
     o
 }

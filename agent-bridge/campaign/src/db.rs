@@ -75,12 +75,13 @@ pub fn with_splits(conn: &Connection, names: &[&str]) -> anyhow::Result<()> {
     if !names.iter().any(|n| n.contains('@')) {
         return Ok(());
     }
-    const TABLES: [&str; 5] = [
+    const TABLES: [&str; 6] = [
         "campaign_runs",
         "campaign_tests",
         "campaign_steps",
         "campaign_artifacts",
         "campaign_shrinks",
+        "campaign_environments",
     ];
     for t in TABLES {
         conn.execute_batch(&format!(
@@ -104,6 +105,10 @@ pub fn with_splits(conn: &Connection, names: &[&str]) -> anyhow::Result<()> {
             )?;
         }
         let Some(target) = target else { continue };
+        conn.execute(
+            "DELETE FROM temp.campaign_environments WHERE run = ?1 AND target <> ?2",
+            [name, target],
+        )?;
         conn.execute(
             "DELETE FROM temp.campaign_tests WHERE run = ?1
                AND COALESCE(target, (SELECT target FROM temp.campaign_runs WHERE id = ?1)) <> ?2",
@@ -266,7 +271,7 @@ impl Db {
     }
 }
 
-fn sql(s: &str) -> Sql {
+pub fn sql(s: &str) -> Sql {
     Sql::Text(s.to_string())
 }
 

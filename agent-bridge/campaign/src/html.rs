@@ -86,7 +86,142 @@ pub fn html(r: &Report) -> String {
     layers(r, &mut h);
     failed(r, &mut h);
     degraded(r, &mut h);
+    environment(r, &mut h);
     let _ = writeln!(h, "<script>{SCRIPT}</script></body></html>");
+    h
+}
+
+/// The snapshot of each target, a collapsed table per facet.
+fn environment(r: &Report, h: &mut String) {
+    h.push_str("<h2 id=environment>Environment</h2>");
+    if r.environment.is_empty() {
+        h.push_str("<p class=muted>No environment stored with this run.</p>");
+        return;
+    }
+    for e in &r.environment {
+        let _ = write!(h, "<p>{}</p>", esc(&e.line()));
+        let Some(s) = &e.snapshot else { continue };
+        for (name, facet) in &s.facets {
+            let _ = write!(
+                h,
+                "<details><summary><b>{}</b> <span class=muted>{} item(s){} · {}</span></summary><table>",
+                esc(name),
+                facet.items.len(),
+                if facet.unreadable.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} unreadable", facet.unreadable.len())
+                },
+                esc(&facet.how)
+            );
+            for (k, v) in &facet.items {
+                let _ = write!(
+                    h,
+                    "<tr><td class=l><code>{}</code></td><td class=l>{}</td></tr>",
+                    esc(k),
+                    esc(&cut(&probe::env::diff::words(Some(v)), 160))
+                );
+            }
+            for (k, why) in &facet.unreadable {
+                let _ = write!(
+                    h,
+                    "<tr><td class=l><code>{}</code></td><td class='l muted'>unreadable: {}</td></tr>",
+                    esc(k),
+                    esc(why)
+                );
+            }
+            h.push_str("</table></details>");
+        }
+    }
+}
+
+/// The comparison of two runs as one page: what flipped, and the
+/// environment's differences with the broken tests each explains.
+pub fn compare_html(c: &super::compare::Comparison) -> String {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        r##"<!doctype html><html><head><meta charset="utf-8"><title>compare {a} → {b}</title><style>{STYLE}</style></head><body>
+<h1>Runs compared: <code>{a}</code> → <code>{b}</code></h1>
+<p>A: {la} against <code>{ta}</code> · B: {lb} against <code>{tb}</code><br>
+<b class=warn>{broke} broke</b> (pass → fail) · {fixed} fixed · {moved} failed in both on another primitive</p>
+"##,
+        a = esc(&c.a.id),
+        b = esc(&c.b.id),
+        la = esc(&c.a.label),
+        lb = esc(&c.b.label),
+        ta = esc(&c.a.target),
+        tb = esc(&c.b.target),
+        broke = c.broke.len(),
+        fixed = c.fixed.len(),
+        moved = c.moved.len(),
+    );
+    h.push_str("<h2>Environment: which difference broke which test</h2>");
+    match (&c.environment, &c.environment_missing) {
+        (Some(env), _) => {
+            let _ = write!(
+                h,
+                "<p>{} difference(s); {} of {} broken test(s) explained by one, <b>{} unexplained</b>.</p>",
+                env.differences.len(),
+                c.broke.len() - env.unexplained.len(),
+                c.broke.len(),
+                env.unexplained.len()
+            );
+            h.push_str("<table><tr><th class=l>facet/key</th><th class=l>A</th><th class=l>B</th><th>explains</th><th>possible</th><th class=l>tests explained</th></tr>");
+            for e in &env.differences {
+                let d = &e.difference;
+                let muted = if e.explains.is_empty() && e.possible.is_empty() {
+                    " class=muted"
+                } else {
+                    ""
+                };
+                let _ = write!(
+                    h,
+                    "<tr{muted}><td class=l><code>{}/{}</code></td><td class=l>{}</td><td class=l>{}</td><td>{}</td><td>{}</td><td class=l>{}</td></tr>",
+                    esc(&d.facet),
+                    esc(&d.key),
+                    esc(&cut(&probe::env::diff::words(d.a.as_ref()), 80)),
+                    esc(&cut(&probe::env::diff::words(d.b.as_ref()), 80)),
+                    e.explains.len(),
+                    e.possible.len(),
+                    esc(&cut(&e.explains.join(", "), 200))
+                );
+            }
+            h.push_str("</table>");
+            if !env.unexplained.is_empty() {
+                h.push_str("<h3>Unexplained: broke, and no difference touches the failure</h3><table><tr><th class=l>test</th><th class=l>layer/primitive</th><th class=l>explanation</th></tr>");
+                for id in &env.unexplained {
+                    if let Some(f) = c.broke.iter().find(|f| &f.test_id == id) {
+                        let _ = write!(
+                            h,
+                            "<tr><td class=l>{}</td><td class=l>{}/{}</td><td class=l>{}</td></tr>",
+                            esc(id),
+                            esc(&f.layer),
+                            esc(&f.primitive),
+                            esc(&cut(&f.explanation, 160))
+                        );
+                    }
+                }
+                h.push_str("</table>");
+            }
+        }
+        (None, Some(why)) => {
+            let _ = write!(h, "<p class=muted>{}</p>", esc(why));
+        }
+        (None, None) => {}
+    }
+    h.push_str("<h2>Broke in B</h2><table><tr><th class=l>test</th><th class=l>layer/primitive</th><th class=l>explanation</th></tr>");
+    for f in &c.broke {
+        let _ = write!(
+            h,
+            "<tr><td class=l>{}</td><td class=l>{}/{}</td><td class=l>{}</td></tr>",
+            esc(&f.test_id),
+            esc(&f.layer),
+            esc(&f.primitive),
+            esc(&cut(&f.explanation, 160))
+        );
+    }
+    h.push_str("</table></body></html>\n");
     h
 }
 
@@ -623,6 +758,7 @@ mod tests {
             passed: 5,
             wall_s: 1.0,
             test_time_s: 1.0,
+            environment: vec![],
         }
     }
 

@@ -20,6 +20,9 @@
 //!   targets, shards and claims, resume.
 //! - [`report`]: one run as data and tables; [`html`], [`export`] (CSV,
 //!   JSON lines); [`compare`]: runs side by side, the confusion matrix.
+//! - [`environment`]: each target's environment snapshot stored with the
+//!   run (and its persistence markers); [`preflight`]: a suite's needs read
+//!   against a snapshot, before a run.
 //! - [`mangle`]: how bytes that came back differ from the bytes sent;
 //!   [`shrink`]: the smallest input that still comes back mangled.
 //! - [`pattern`]: an explanation with its pids, ports and digests as placeholders.
@@ -33,6 +36,7 @@ pub mod cli;
 pub mod compare;
 pub mod db;
 pub mod egress;
+pub mod environment;
 pub mod export;
 pub mod generate;
 pub mod html;
@@ -40,6 +44,7 @@ pub mod mangle;
 pub mod otel;
 pub mod pattern;
 pub mod pg;
+pub mod preflight;
 pub mod record;
 pub mod report;
 pub mod run;

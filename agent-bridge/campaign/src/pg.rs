@@ -166,6 +166,7 @@ impl Pg {
             "campaign_shrinks",
             "campaign_runners",
             "campaign_target_downs",
+            "campaign_environments",
         ] {
             match runs {
                 None => copy_out(self, &tx, table, None)?,

@@ -105,6 +105,47 @@ pub struct Report {
     /// Wall time from the first to the last recorded test.
     pub wall_s: f64,
     pub test_time_s: f64,
+    /// The environment each target ran in (`probe env`'s snapshot).
+    pub environment: Vec<RunEnvironment>,
+}
+
+/// One target's stored snapshot, or why it cannot be read.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunEnvironment {
+    pub target: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<probe::env::Snapshot>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RunEnvironment {
+    /// One line: where it was taken and what kind of place it is.
+    pub fn line(&self) -> String {
+        match (&self.snapshot, &self.error) {
+            (Some(s), _) => {
+                let item = |facet: &str, key: &str| {
+                    s.facet(facet)
+                        .and_then(|f| f.items.get(key))
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("?")
+                        .to_string()
+                };
+                format!(
+                    "{}: {} facets ({} on {} {}, kernel {}), taken by {}",
+                    self.target,
+                    s.facets.len(),
+                    item("runtime", "kind"),
+                    item("runtime", "arch"),
+                    item("identity", "locale"),
+                    item("runtime", "kernel"),
+                    s.source
+                )
+            }
+            (None, Some(e)) => format!("{}: unreadable snapshot ({e})", self.target),
+            (None, None) => format!("{}: none", self.target),
+        }
+    }
 }
 
 /// The run to report: the one named, else the newest.
@@ -220,7 +261,23 @@ pub fn report(conn: &Connection, run: &RunRow) -> anyhow::Result<Report> {
         [&run.id],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
+    let environment = super::environment::stored(conn, &run.id)?
+        .into_iter()
+        .map(|(target, s)| match s {
+            Ok(s) => RunEnvironment {
+                target,
+                snapshot: Some(s),
+                error: None,
+            },
+            Err(e) => RunEnvironment {
+                target,
+                snapshot: None,
+                error: Some(e),
+            },
+        })
+        .collect();
     Ok(Report {
+        environment,
         run: RunInfo {
             id: run.id.clone(),
             label: run.label.clone(),
@@ -391,6 +448,12 @@ pub fn text(r: &Report) -> String {
         "{:<12} {:>6} {:>8} {:>6} {:>6}\n",
         "total", r.passed, r.degraded, r.failed, r.unsupported
     );
+    for e in &r.environment {
+        let _ = writeln!(o, "environment {}", e.line());
+    }
+    if !r.environment.is_empty() {
+        o.push('\n');
+    }
     if r.targets.len() > 1 || r.targets.iter().any(|t| t.down.is_some()) {
         let _ = writeln!(
             o,

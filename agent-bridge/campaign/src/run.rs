@@ -52,6 +52,8 @@ pub struct Options {
     pub adapter: Option<Arc<Adapter>>,
     /// One MCP session per worker, not per test (for slow-starting servers).
     pub reuse_sessions: bool,
+    /// The environment from a snapshot file instead of the targets' own.
+    pub env_file: Option<PathBuf>,
     /// Run → test → step spans over OTLP (`--otlp URL`).
     pub otlp: Option<Arc<super::otel::Tracer>>,
     /// How long a step may run past its own timeout before its target
@@ -230,6 +232,8 @@ pub fn run(o: Options) -> anyhow::Result<Summary> {
         bail!("none of the {} targets answers", o.targets.len());
     };
     let run = open_run(&mut db, &o, &suite.tests, profile, injected)?;
+    let environments =
+        attach_environments(&mut db, &rt, &o, &run.id, &suite.tests, &down_at_start)?;
     let runner = runner_name();
     let done = db.recorded(&run.id)?;
     let work = if db.is_postgres() {
@@ -307,6 +311,17 @@ pub fn run(o: Options) -> anyhow::Result<Summary> {
         db, &run.id, &runner, work, to_run, &o, &plan, down, &upstream,
     ));
     let (mut db, counts) = written?;
+    for (target, mut snapshot, left) in environments {
+        if !left.is_empty() {
+            rt.block_on(super::environment::read_markers(
+                &target,
+                &run.id,
+                &left,
+                &mut snapshot,
+            ));
+            db.store_environment(&run.id, &target.to_string(), &snapshot)?;
+        }
+    }
     summary.recorded = counts.recorded;
     summary.recorded_elsewhere = counts.elsewhere;
     summary.steps_without_kernel = counts.without_kernel;
@@ -346,6 +361,54 @@ pub fn run(o: Options) -> anyhow::Result<Summary> {
         );
     }
     Ok(summary)
+}
+
+/// The environment of each target that answered, stored with the run
+/// before its first test (a resumed run keeps the one it has), and the
+/// persistence markers left through a bridge, read back at the end.
+fn attach_environments(
+    db: &mut Db,
+    rt: &tokio::runtime::Runtime,
+    o: &Options,
+    run: &str,
+    tests: &[TestSpec],
+    down: &[(String, String)],
+) -> anyhow::Result<Vec<(Target, probe::env::Snapshot, Vec<&'static str>)>> {
+    use super::environment;
+    let from_file = o
+        .env_file
+        .as_deref()
+        .map(environment::from_file)
+        .transpose()?;
+    let names = environment::commands_of(tests);
+    let mut attached = vec![];
+    for target in &o.targets {
+        let key = target.to_string();
+        if down.iter().any(|(d, _)| *d == key) || db.has_environment(run, &key)? {
+            continue;
+        }
+        let snapshot = match &from_file {
+            Some(s) => s.clone(),
+            None => match rt.block_on(environment::take(target, &names)) {
+                Ok(s) => s,
+                Err(why) => {
+                    eprintln!(
+                        "environment of {target}: none stored ({why}); pass --env FILE (from `probe env --output FILE` inside it)"
+                    );
+                    continue;
+                }
+            },
+        };
+        db.store_environment(run, &key, &snapshot)?;
+        // markers need the bridge's own file tools
+        let left = if from_file.is_none() && o.adapter.is_none() {
+            rt.block_on(environment::leave_markers(target, run))
+        } else {
+            vec![]
+        };
+        attached.push((target.clone(), snapshot, left));
+    }
+    Ok(attached)
 }
 
 /// Asks a target what it is: a bridge's profile and injected fault, or

@@ -245,6 +245,14 @@ pub struct RecordResultArgs {
 #[serde(deny_unknown_fields)]
 pub struct NoArgs {}
 
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentArgs {
+    /// Command names to look up besides the default set (the programs a
+    /// suite runs): each one's path, version, ELF machine and missing libraries.
+    pub commands: Option<Vec<String>>,
+}
+
 fn tool<T: JsonSchema + 'static>(name: &'static str, description: &'static str) -> Tool {
     let schema: Arc<JsonObject> = rmcp::handler::server::common::schema_for_type::<T>();
     Tool::new(name, description, schema)
@@ -350,7 +358,21 @@ fn build_all() -> Vec<Tool> {
             "sandbox_info",
             "The profile applied to workloads, the interface fault (if any), limits, and the probe's status.",
         ),
+        tool::<EnvironmentArgs>(
+            "sandbox_environment",
+            "A snapshot of the environment workloads run in, taken by a workload under the profile (as `probe env --json`): commands, browser, packages, where it can write, limits, syscall surface, runtime, network, identity; environment variables by name and hash only.",
+        ),
     ]
+}
+
+/// A command name to look up on PATH: a file name, not a path.
+pub fn command_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 255 || name.contains(['/', '\0']) || name.starts_with('-') {
+        return Err(format!(
+            "{name:?} is not a command name (1 to 255 bytes, no `/`, no NUL, not starting with `-`)"
+        ));
+    }
+    Ok(())
 }
 
 /// Exactly one of two optional arguments.

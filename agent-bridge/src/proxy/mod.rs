@@ -44,6 +44,10 @@ pub const SERVER_FAILED: i32 = -32000;
 /// Ids of the requests the proxy sends itself (replayed `initialize`).
 const OWN_ID_PREFIX: &str = "agent-bridge-proxy:";
 
+/// The tool the proxy answers itself (as `serve` does): the environment
+/// snapshot, taken as the server's workloads would.
+pub const ENVIRONMENT_TOOL: &str = "sandbox_environment";
+
 /// Bytes of the server's stderr kept for error messages.
 const STDERR_TAIL: usize = 2048;
 
@@ -257,6 +261,10 @@ impl Relay {
     async fn request(self: &Arc<Self>, line: Vec<u8>, head: ClientHead, deliver: Deliver) {
         let id = head.id.clone().expect("requests have ids");
         let method = head.method.clone().unwrap_or_default();
+        if method == "tools/call" && head.tool.as_deref() == Some(ENVIRONMENT_TOOL) {
+            let answer = self.environment(&line).await;
+            return deliver(vec![Bytes::from(frame::with_raw_id(answer, &id))]);
+        }
         let child = match self.child_for(&method, &line).await {
             Ok(c) => c,
             Err((message, data)) => {
@@ -591,52 +599,82 @@ impl Relay {
         v
     }
 
+    /// `sandbox_environment`, answered by the proxy: the snapshot taken by
+    /// the bridge's worker started as a server is (the profile, the same
+    /// limits, environment and working directory), so it sees what the
+    /// server's workloads see.
+    async fn environment(self: &Arc<Self>, line: &[u8]) -> Value {
+        let names: Vec<String> = serde_json::from_slice::<Value>(line)
+            .ok()
+            .and_then(|v| v.pointer("/params/arguments/commands").cloned())
+            .and_then(|c| serde_json::from_value(c).ok())
+            .unwrap_or_default();
+        let result = match names
+            .iter()
+            .try_for_each(|n| contract::tools::command_name(n))
+        {
+            Err(why) => Err(format!("commands: {why}")),
+            Ok(()) => self.snapshot(names).await,
+        };
+        let (text, structured, is_error) = match result {
+            Ok(snapshot) => (
+                format!(
+                    "environment: {} facets in {} ms (structuredContent.snapshot)",
+                    snapshot["facets"].as_object().map_or(0, |f| f.len()),
+                    snapshot["took_ms"]
+                ),
+                json!({"snapshot": snapshot}),
+                false,
+            ),
+            Err(why) => (format!("sandbox_environment: {why}"), json!({}), true),
+        };
+        json!({"jsonrpc": "2.0", "result": {
+            "content": [{"type": "text", "text": text}],
+            "structuredContent": structured,
+            "isError": is_error,
+        }})
+    }
+
+    async fn snapshot(self: &Arc<Self>, names: Vec<String>) -> Result<Value, String> {
+        let (opts, plan) = (self.opts.clone(), self.plan.clone());
+        let name = format!("{}-env", self.name);
+        let run = move || -> Result<Value, String> {
+            let mut cmd = std::process::Command::new("/proc/self/exe");
+            cmd.args(["worker", "env", "snapshot"])
+                .args(&names)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let (child, _tree) =
+                start_as_server(&opts, plan, &name, cmd).map_err(|e| e.to_string())?;
+            let out = child.wait_with_output().map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!(
+                    "the snapshot failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            serde_json::from_slice(&out.stdout)
+                .map_err(|e| format!("the snapshot is not JSON: {e}"))
+        };
+        tokio::task::spawn_blocking(run)
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+    }
+
     /// Starts a server: its cgroup, the profile applied between fork and
     /// exec, pipes; a thread reads its stdout, another its stderr.
     async fn spawn(self: &Arc<Self>, generation: u64) -> std::io::Result<Arc<Child>> {
-        let opts = self.opts.clone();
-        let plan = self.plan.clone();
+        let (opts, plan) = (self.opts.clone(), self.plan.clone());
         let name = format!("{}-{generation}", self.name);
-        let profile = &opts.profile;
-        let limits = Limits {
-            memory_bytes: profile.memory_limit.map(|s| s.0),
-            pids: profile.pids_limit,
-        };
-        let env: Vec<(String, String)> = profile
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
         let (child, tree) = tokio::task::spawn_blocking(move || {
-            let tree = CallCgroups::create(&name, limits)?;
-            let cwd = std::env::current_dir()?;
-            let ccwd =
-                std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(cwd.as_os_str()))
-                    .map_err(|_| {
-                        std::io::Error::other("the working directory contains a NUL byte")
-                    })?;
             let mut cmd = std::process::Command::new(&opts.argv[0]);
             cmd.args(&opts.argv[1..])
-                .envs(env)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0);
-            let spawned = probe::spawn::spawn_attached_with(
-                &mut cmd,
-                |pid| tree.add(pid),
-                move |report| plan.apply(report, &ccwd),
-            );
-            let program = opts.argv[0].to_string_lossy().into_owned();
-            match spawned {
-                Ok((Ok(child), _)) => Ok((child, tree)),
-                Ok((Err(e), _)) | Err(probe::spawn::SpawnError::Spawn(e)) => {
-                    Err(std::io::Error::new(e.kind(), format!("`{program}`: {e}")))
-                }
-                Err(probe::spawn::SpawnError::Attach(e)) => Err(std::io::Error::other(format!(
-                    "cannot place `{program}` in its cgroup: {e}"
-                ))),
-            }
+                .stderr(Stdio::piped());
+            start_as_server(&opts, plan, &name, cmd)
         })
         .await
         .map_err(std::io::Error::other)??;
@@ -960,6 +998,43 @@ fn tail_note(tail: &str) -> String {
 /// refuses; lines over 1 MiB are not parsed again, to keep big writes cheap.
 fn strictly_unreadable(line: &[u8]) -> bool {
     line.len() <= 1 << 20 && serde_json::from_slice::<Value>(line).is_err()
+}
+
+/// Starts `cmd` as the proxy starts its server: in a cgroup of its own
+/// (`name`) with the profile's limits, the profile's environment over the
+/// proxy's, in the proxy's working directory, the profile applied between
+/// fork and exec, in a process group of its own.
+fn start_as_server(
+    opts: &Options,
+    plan: Arc<Plan>,
+    name: &str,
+    mut cmd: std::process::Command,
+) -> std::io::Result<(std::process::Child, CallCgroups)> {
+    let profile = &opts.profile;
+    let limits = Limits {
+        memory_bytes: profile.memory_limit.map(|s| s.0),
+        pids: profile.pids_limit,
+    };
+    let tree = CallCgroups::create(name, limits)?;
+    let cwd = std::env::current_dir()?;
+    let ccwd = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(cwd.as_os_str()))
+        .map_err(|_| std::io::Error::other("the working directory contains a NUL byte"))?;
+    cmd.envs(profile.env.iter()).process_group(0);
+    let spawned = probe::spawn::spawn_attached_with(
+        &mut cmd,
+        |pid| tree.add(pid),
+        move |report| plan.apply(report, &ccwd),
+    );
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    match spawned {
+        Ok((Ok(child), _)) => Ok((child, tree)),
+        Ok((Err(e), _)) | Err(probe::spawn::SpawnError::Spawn(e)) => {
+            Err(std::io::Error::new(e.kind(), format!("`{program}`: {e}")))
+        }
+        Err(probe::spawn::SpawnError::Attach(e)) => Err(std::io::Error::other(format!(
+            "cannot place `{program}` in its cgroup: {e}"
+        ))),
+    }
 }
 
 /// A server's `id: null` error as the answer to request `id`.

@@ -44,7 +44,7 @@ fn hash_and_encode(data: Vec<u8>, fault: Option<InterfaceFault>) -> (String, usi
 }
 
 impl Session {
-    async fn worker(
+    pub(super) async fn worker(
         &self,
         what: &str,
         args: Vec<OsString>,

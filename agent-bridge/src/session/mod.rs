@@ -229,6 +229,7 @@ impl Session {
             "kernel_evidence" => self.kernel_evidence(args).await,
             "record_result" => self.record_result(args).await,
             "sandbox_info" => Ok(self.sandbox_info().await),
+            "sandbox_environment" => self.sandbox_environment(args, cancel).await,
             _ => self.browser_tool(name, args).await?,
         };
         Some(match reply {
@@ -448,6 +449,48 @@ impl Session {
             Ok(v) => Reply::ok(format!("recorded {}", v["test_id"]), v),
             Err(e) => Reply::error(format!("cannot record the result: {e}"), json!({})),
         })
+    }
+
+    /// The snapshot, taken by the file worker run as a workload: under the
+    /// profile, in the sandbox's namespaces, as the workloads' user.
+    async fn sandbox_environment(
+        &self,
+        args: Option<rmcp::model::JsonObject>,
+        cancel: CancellationToken,
+    ) -> Result<Reply, ArgError> {
+        let a: tools::EnvironmentArgs = tools::parse(args)?;
+        let mut argv: Vec<OsString> = vec!["env".into(), "snapshot".into()];
+        let names = a.commands.unwrap_or_default();
+        if names.len() > 4096 {
+            return Err(arg_error("commands", "at most 4096 names"));
+        }
+        for name in names {
+            tools::command_name(&name).map_err(|e| arg_error("commands", e))?;
+            argv.push(name.into());
+        }
+        let output = Output {
+            cap: 8 << 20,
+            stdout_hint: 0,
+        };
+        let (stdout, _, _) = match self.worker("environment", argv, None, output, cancel).await {
+            Ok(r) => r,
+            Err(reply) => return Ok(reply),
+        };
+        let snapshot: Value = match serde_json::from_slice(&stdout) {
+            Ok(v) => v,
+            Err(e) => {
+                return Ok(Reply::error(
+                    format!("sandbox_environment: the worker's snapshot is not JSON: {e}"),
+                    json!({}),
+                ));
+            }
+        };
+        let facets = snapshot["facets"].as_object().map_or(0, |f| f.len());
+        let took = snapshot["took_ms"].as_u64().unwrap_or(0);
+        Ok(Reply::ok(
+            format!("environment: {facets} facets in {took} ms (structuredContent.snapshot)"),
+            json!({"snapshot": snapshot}),
+        ))
     }
 
     async fn sandbox_info(&self) -> Reply {

@@ -1024,3 +1024,27 @@ pub fn out_of_reach(relay: &mut Relay, open: &[u64], stored: u64) -> Vec<String>
         .filter_map(|s| s["session"].as_str().map(str::to_owned))
         .collect()
 }
+
+/// bubblewrap binds of the host's system, read-only: /usr, /etc and /sys,
+/// then `dirs` at their host paths, and /bin, /lib… as the links into /usr
+/// they are on a merged-/usr host. Not the host's whole root: a recursive
+/// bind of / takes in the mounts of containers that come and go meanwhile
+/// (a podman container's shm), and fails when one goes between bwrap's
+/// listing and its remount.
+pub fn bwrap_system_binds(dirs: &[&str]) -> Vec<String> {
+    let mut words = Vec::new();
+    for dir in ["/usr", "/etc", "/sys"].iter().chain(dirs) {
+        words.extend(["--ro-bind".into(), dir.to_string(), dir.to_string()]);
+    }
+    for link in ["/bin", "/sbin", "/lib", "/lib64"] {
+        match std::fs::read_link(link) {
+            Ok(target) => words.extend([
+                "--symlink".into(),
+                target.display().to_string(),
+                link.to_string(),
+            ]),
+            Err(_) => words.extend(["--ro-bind-try".into(), link.into(), link.into()]),
+        }
+    }
+    words
+}

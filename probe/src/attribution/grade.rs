@@ -205,14 +205,22 @@ fn weigh(
     Some((primitive, rule.weight as f64, strength, probe))
 }
 
-/// Whether the span went on to write, itself, the path an earlier span's
-/// write was remembered under (or a file below it): that path is there
-/// now — a directory that persisted, or a check before creating (`stat`
-/// then `mkdir`, a linker's output) — so nothing the session wrote was
-/// lost. The session's own programs remove files too (`rm`, a linker that
-/// failed), and python misses a `.pyc` in a `__pycache__` that persisted.
+/// Whether a failed look-up (stat, access, an open to read: not a call
+/// that creates, whose ENOENT says a directory above is gone) found a path
+/// missing that the span then made itself, at or below the path an earlier
+/// span's write was remembered under: a check before creating (a linker's
+/// `stat` of the output the last failed link removed) or a directory that
+/// persisted and gets a new file (python's `.pyc` beside its temp file).
+/// Nothing the session wrote is shown lost by that; its own programs
+/// remove files too, and the probe does not see a removal.
 fn made_again_later(events: &VecDeque<KernelEvent>, i: usize) -> bool {
     let ev = &events[i];
+    let (Some(nr), flags) = (ev.syscall_nr, ev.flags.unwrap_or(0)) else {
+        return false;
+    };
+    if crate::syscalls::classes(nr, flags).contains(&SyscallClass::PathWrite) {
+        return false;
+    }
     let written = ev.written_earlier.as_ref().and_then(|w| w.path.as_deref());
     let Some(path) = written.or(ev.path.as_deref()) else {
         return false;

@@ -868,8 +868,7 @@ mod tests {
         let events = vec![failed(10, 1, "mkdir", libc::EROFS, "/ro/x"), exit(10, 3, 0)];
         assert_eq!(attribute(&span(events), &outcome(0)).hidden_failure, None);
         // …except state an earlier call wrote being gone
-        let mut gone = failed(10, 1, "mkdir", libc::ENOENT, "/tmp/work");
-        gone.written_earlier = Some(crate::event::WrittenEarlier {
+        let earlier = crate::event::WrittenEarlier {
             span: 1,
             pid: 9,
             comm: "w".into(),
@@ -877,14 +876,16 @@ mod tests {
             at_ms: 0,
             mount_ns: None,
             path: Some("/tmp/work".into()),
-        });
+        };
+        let mut gone = failed(10, 1, "newfstatat", libc::ENOENT, "/tmp/work");
+        gone.written_earlier = Some(earlier.clone());
         let a = attribute(&span(vec![gone.clone(), exit(10, 3, 0)]), &outcome(0));
         assert_eq!(
             a.hidden_failure.map(|h| h.primitive),
             Some(Primitive::FsPersistence)
         );
         // …unless the call made it again itself: a check before creating
-        // (python's __pycache__, a linker's output the last call removed)
+        // (a linker's output the last failed link removed)
         let mut made = ev(Kind::FileWrite, 10, 2);
         made.path = Some("/tmp/work/cache.pyc".into());
         let a = attribute(&span(vec![gone.clone(), made, exit(10, 3, 0)]), &outcome(0));
@@ -892,13 +893,28 @@ mod tests {
         // a file never written, in a directory an earlier call made and
         // this one wrote into again (python's .pyc beside its temp file):
         // the directory persisted
-        let mut pyc = gone;
-        pyc.path = Some("/tmp/work/t.pyc".into());
+        let mut pyc = failed(10, 1, "openat", libc::ENOENT, "/tmp/work/t.pyc");
+        pyc.written_earlier = Some(earlier.clone());
         let mut beside = ev(Kind::FileWrite, 10, 2);
         beside.path = Some("/tmp/work/t.pyc.140221".into());
-        let a = attribute(&span(vec![pyc.clone(), beside, exit(10, 3, 0)]), &outcome(0));
+        let a = attribute(
+            &span(vec![pyc.clone(), beside, exit(10, 3, 0)]),
+            &outcome(0),
+        );
         assert_eq!(a.hidden_failure, None, "{a:?}");
         let a = attribute(&span(vec![pyc, exit(10, 3, 0)]), &outcome(0));
+        assert_eq!(
+            a.hidden_failure.map(|h| h.primitive),
+            Some(Primitive::FsPersistence)
+        );
+        // …but a call that creates failing with ENOENT says a directory
+        // above is gone: made again after, it was still lost (a per-call
+        // tmpfs; `mkdir -p` of the session's directory)
+        let mut lost = failed(10, 1, "mkdir", libc::ENOENT, "/tmp/work");
+        lost.written_earlier = Some(earlier);
+        let mut again = ev(Kind::FileWrite, 10, 2);
+        again.path = Some("/tmp/work".into());
+        let a = attribute(&span(vec![lost, again, exit(10, 3, 0)]), &outcome(0));
         assert_eq!(
             a.hidden_failure.map(|h| h.primitive),
             Some(Primitive::FsPersistence)

@@ -1,0 +1,73 @@
+//! Small helpers the facets share: errno names and reasons for what could
+//! not be read.
+
+use std::path::Path;
+
+/// `EPERM`, `ENOSYS`, …: the name a person looks up (`errno 200` for one
+/// this probe does not know).
+pub fn errno_name(errno: i32) -> String {
+    let e = nix::errno::Errno::from_raw(errno);
+    if e == nix::errno::Errno::UnknownErrno {
+        format!("errno {errno}")
+    } else {
+        format!("{e:?}")
+    }
+}
+
+/// The errno name of an I/O error, or its text when it has none.
+pub fn io_name(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => errno_name(n),
+        None if e.kind() == std::io::ErrorKind::TimedOut => "timeout".into(),
+        None => e.to_string(),
+    }
+}
+
+/// Why a read failed, for `unreadable`: `ENOENT reading /proc/x`.
+pub fn why(path: &Path, e: &std::io::Error) -> String {
+    format!("{} reading {}", io_name(e), path.display())
+}
+
+/// A small text file (a /proc or /sys entry), or why it could not be read.
+pub fn read_text(path: impl AsRef<Path>) -> Result<String, String> {
+    let path = path.as_ref();
+    std::fs::read_to_string(path).map_err(|e| why(path, &e))
+}
+
+/// A one-value /proc or /sys file, trimmed.
+pub fn read_value(path: impl AsRef<Path>) -> Result<String, String> {
+    read_text(path).map(|s| s.trim().to_string())
+}
+
+/// At most `max` characters of `s` (on a character boundary).
+pub fn cut(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+/// An environment variable when set and not empty.
+pub fn env_nonempty(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The home directory: $HOME, else the passwd entry's.
+pub fn home() -> Option<String> {
+    env_nonempty("HOME").or_else(|| {
+        nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map(|u| u.dir.display().to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_names_are_symbolic() {
+        assert_eq!(errno_name(libc::EPERM), "EPERM");
+        assert_eq!(errno_name(libc::EROFS), "EROFS");
+        assert_eq!(errno_name(4000), "errno 4000");
+        assert_eq!(cut("héllo", 2), "hé");
+    }
+}
