@@ -510,6 +510,56 @@ fn compare_ties_each_test_that_broke_in_a_sandbox_to_the_difference_planted_ther
             "{planted} not in {keys:?}"
         );
     }
+    // before a run, the sandbox's snapshot says which tests are at risk;
+    // after it, how that held
+    let pre: Value = serde_json::from_str(&common::ok(&[
+        "preflight",
+        "--suite",
+        suite,
+        "--env",
+        files[1].to_str().unwrap(),
+        "--db",
+        db,
+        "--run",
+        "sandbox",
+        "--json",
+    ]))
+    .unwrap();
+    let at_risk: Vec<(&str, Vec<&str>)> = pre["at_risk"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["test"].as_str().unwrap(),
+                r["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.as_str().unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        at_risk,
+        [
+            ("env-persist", vec!["persistence/tmp"]),
+            ("env-readonly", vec!["writable/cwd"]),
+            ("env-tool", vec!["commands/zz-planted-tool"]),
+        ],
+        "{pre}"
+    );
+    assert_eq!(
+        pre["held"]["at_risk_failed"],
+        json!(["env-persist", "env-readonly", "env-tool"])
+    );
+    assert_eq!(pre["held"]["at_risk_passed"], json!([]));
+    assert_eq!(
+        pre["held"]["failed_unpredicted"],
+        json!(["env-files", "env-unmeasured"])
+    );
+
     // no network: only lo inside, and no default route
     let b = &sandbox_report["environment"][0]["snapshot"]["facets"]["network"]["items"];
     let ifs: Vec<&String> = b

@@ -103,6 +103,22 @@ async fn a_bridge_inside_gvisor_gets_a_span_per_call_from_the_host_daemon() {
         "a pid of the sandbox, not the host's: {k}"
     );
 
+    // the environment as the sandbox's workloads see it: gVisor's kernel,
+    // told apart from the host's; what it cannot read said, not guessed
+    let r = b.call("sandbox_environment", json!({})).await;
+    let inside = probe::env::Snapshot::from_value(structured(&r)["snapshot"].clone())
+        .expect("a snapshot from inside gVisor");
+    let runtime = &inside.facet("runtime").unwrap().items;
+    assert_eq!(runtime["kind"], "gvisor", "{runtime:?}");
+    let host = probe::env::collect::snapshot(&Default::default(), "host");
+    let differences = probe::env::diff::diff(&host, &inside).differences;
+    assert!(
+        differences
+            .iter()
+            .any(|d| d.facet == "runtime" && d.key == "kind"),
+        "{differences:?}"
+    );
+
     // a clean call: nothing failed, nothing blamed
     let r = b.call("exec", json!({"argv": ["echo", "ran"]})).await;
     assert_eq!(payload_bytes(&structured(&r)["stdout"]), b"ran\n");
