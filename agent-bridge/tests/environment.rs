@@ -255,6 +255,18 @@ fn sandbox_words(sockdir: &Path, work: &Path) -> Vec<String> {
     w
 }
 
+/// The differences the compare test plants in its sandbox.
+fn planted_key(k: &str) -> bool {
+    matches!(
+        k,
+        "commands/zz-planted-tool"
+            | "resources/rlimit.nofile"
+            | "identity/tz"
+            | "syscalls/no_new_privs"
+            | "network/route.default"
+    )
+}
+
 fn quoted(words: &[String]) -> String {
     words
         .iter()
@@ -500,16 +512,37 @@ fn compare_ties_each_test_that_broke_in_a_sandbox_to_the_difference_planted_ther
         "writable/tmp",
         "resources/rlimit.nofile",
         "identity/tz",
-        "network/loopback_bind",
+        "syscalls/no_new_privs",
     ] {
-        if planted == "network/loopback_bind" {
-            continue; // lo is up in both: binding works in either
-        }
         assert!(
             keys.contains(&planted.to_string()),
             "{planted} not in {keys:?}"
         );
     }
+    let host_net = &host_report["environment"][0]["snapshot"]["facets"]["network"]["items"];
+    if !host_net["route.default"].is_null() {
+        assert!(
+            keys.contains(&"network/route.default".to_string()),
+            "{keys:?}"
+        );
+    }
+    // and nothing else: every difference is one planted, or what follows
+    // from one (the private /tmp's free space in the places under it,
+    // the interfaces the network namespace hides, the TZ variable)
+    let follows = |k: &str| {
+        k.starts_with("writable/")
+            || k.starts_with("network/if.")
+            || k.starts_with("persistence/")
+            || k == "variables/TZ"
+    };
+    let unplanted: Vec<&String> = keys
+        .iter()
+        .filter(|k| !follows(k) && !planted_key(k))
+        .collect();
+    assert!(
+        unplanted.is_empty(),
+        "differences nobody planted: {unplanted:?}"
+    );
     // before a run, the sandbox's snapshot says which tests are at risk;
     // after it, how that held
     let pre: Value = serde_json::from_str(&common::ok(&[

@@ -33,7 +33,8 @@ forks/execs/exits, signals, OOM kills and memory reclaim of the traced workload 
 probe names the one event that made it fail.\n\n\
 One-off:   probe trace -- CMD            (no daemon)\n\
 Daemon:    probe run                     (spans opened by agent-bridge or `probe span`)\n\
-Inspect:   probe status | spans --failed | show SPAN | tail | export\n\n\
+Inspect:   probe status | spans --failed | show SPAN | tail | export\n\
+Compare:   probe env [--json] | probe env diff A B   (no root, no daemon)\n\n\
 Loading programs needs root (or CAP_BPF+CAP_PERFMON+CAP_SYS_RESOURCE)."
 )]
 struct Cli {

@@ -1080,6 +1080,7 @@ mod tests {
             primitive: crate::primitive::Primitive::FsMissing,
             confidence: 0.8,
             explanation: "find failed".into(),
+            decisive: None,
         });
         cases[3].attribution.memory.reclaim_ms = 12.5;
         st.insert(&cases).unwrap();

@@ -243,15 +243,25 @@ pub fn main_job(count: usize, fault: &str) -> anyhow::Result<()> {
         );
     }
     println!("\n== clean vs {fault}\n");
+    let compared = lab.dir.join("compare.html");
     println!(
         "{}",
-        lab.campaign(&["compare", "--db", dbs, "clean", fault])?
+        lab.campaign(&[
+            "compare",
+            "--db",
+            dbs,
+            "clean",
+            fault,
+            "--html",
+            compared.to_str().unwrap()
+        ])?
     );
     println!(
-        "results: {}\nHTML:    {}  {}\nmore:    agent-bridge campaign --help",
+        "results: {}\nHTML:    {}  {}  {}\nmore:    agent-bridge campaign --help",
         db.display(),
         lab.dir.join("clean.html").display(),
-        lab.dir.join(format!("{fault}.html")).display()
+        lab.dir.join(format!("{fault}.html")).display(),
+        compared.display()
     );
     Ok(())
 }

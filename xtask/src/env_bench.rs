@@ -66,9 +66,10 @@ pub fn bench(bin: &Path) -> anyhow::Result<String> {
         c.args(["env", "--json"]);
         c
     })?;
-    let long_path: String = (0..5000)
-        .map(|i| format!("/nonexistent/bench-{i}"))
-        .chain(std::iter::once("/usr/bin:/bin".to_string()))
+    // the system's directories first, as a real PATH has them, then
+    // thousands more that a name is looked up in before it is called absent
+    let long_path: String = std::iter::once("/usr/bin:/bin".to_string())
+        .chain((0..5000).map(|i| format!("/nonexistent/bench-{i}")))
         .collect::<Vec<_>>()
         .join(":");
     let path = time("… with a PATH of 5,000 directories", || {
@@ -125,7 +126,7 @@ pub fn bench(bin: &Path) -> anyhow::Result<String> {
     out.push_str(
         "\nMost of the time is the version lines of the commands found (each `--version` runs \
          in parallel, cut at 2 s); a PATH of thousands of entries is searched once per name, \
-         its first 256 directories only (said in the snapshot).\n",
+         its first 256 directories only (said in the snapshot), so it costs little more.\n",
     );
     Ok(out)
 }

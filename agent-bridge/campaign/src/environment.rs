@@ -140,24 +140,26 @@ fn probe_tool() -> &'static str {
     "sandbox_environment"
 }
 
-/// Where the run leaves its persistence markers: the shared /tmp and the
-/// target's working directory (a relative path).
-fn markers(run: &str) -> [(&'static str, String); 2] {
+/// Where a runner of the run leaves its persistence markers: the shared
+/// /tmp and the target's working directory (a relative path). One name
+/// per runner: runners sharing a run do not read each other's.
+fn markers(run: &str, runner: &str) -> [(&'static str, String); 2] {
+    let key = format!("{run}\n{runner}");
     let name = format!(
         ".probe-env-marker-{}",
-        hash_of(run.as_bytes()).trim_start_matches("sha256:")
+        hash_of(key.as_bytes()).trim_start_matches("sha256:")
     );
     [("tmp", format!("/tmp/{name}")), ("workdir", name)]
 }
 
 /// Writes the markers through the target's `write_file` (a bridge's tool);
 /// the places it could write.
-pub async fn leave_markers(target: &Target, run: &str) -> Vec<&'static str> {
+pub async fn leave_markers(target: &Target, run: &str, runner: &str) -> Vec<&'static str> {
     let Ok(Ok(conn)) = tokio::time::timeout(PATIENCE, target.connect()).await else {
         return vec![];
     };
     let mut left = vec![];
-    for (place, path) in markers(run) {
+    for (place, path) in markers(run, runner) {
         let mut args = serde_json::Map::new();
         args.insert("path".into(), json!(path));
         args.insert(
@@ -177,7 +179,12 @@ pub async fn leave_markers(target: &Target, run: &str) -> Vec<&'static str> {
 /// Reads back the markers left at the start (in a new session, as the
 /// next call would) and records in the `persistence` facet whether each
 /// is still there; then removes them.
-pub async fn read_markers(target: &Target, run: &str, left: &[&str], snapshot: &mut Snapshot) {
+pub async fn read_markers(
+    target: &Target,
+    (run, runner): (&str, &str),
+    left: &[&str],
+    snapshot: &mut Snapshot,
+) {
     let facet = snapshot.facet_mut(
         "persistence",
         "a marker written through the target at the start of the run, looked for at its end",
@@ -186,13 +193,13 @@ pub async fn read_markers(target: &Target, run: &str, left: &[&str], snapshot: &
     let conn = match tokio::time::timeout(PATIENCE, target.connect()).await {
         Ok(Ok(c)) => c,
         _ => {
-            for (place, _) in markers(run) {
+            for (place, _) in markers(run, runner) {
                 facet.cannot(place, "the target did not answer at the end of the run");
             }
             return;
         }
     };
-    for (place, path) in markers(run) {
+    for (place, path) in markers(run, runner) {
         if !left.contains(&place) {
             facet.cannot(
                 place,

@@ -42,6 +42,10 @@ pub struct Preflight {
     pub at_risk: Vec<Risk>,
     /// facet/key → tests at risk through it.
     pub by_item: BTreeMap<String, usize>,
+    /// facet/key → tests that need it, where the snapshot did not measure
+    /// it (a command it was not asked to look up; persistence, which only
+    /// a campaign run measures): not predicted either way.
+    pub unmeasured: BTreeMap<String, usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held: Option<Held>,
 }
@@ -207,6 +211,34 @@ pub fn risks_of(test: &TestSpec, env: &Snapshot) -> Option<Risk> {
     (!r.reasons.is_empty()).then_some(r)
 }
 
+/// What `test` needs that `env` did not measure.
+pub fn unmeasured_of(test: &TestSpec, env: &Snapshot) -> Vec<String> {
+    let mut out = vec![];
+    for name in super::environment::commands_of(std::slice::from_ref(test)) {
+        if item(env, "commands", &name).is_none() && item(env, "browser", &name).is_none() {
+            out.push(format!("commands/{name}"));
+        }
+    }
+    let mut earlier: BTreeSet<String> = BTreeSet::new();
+    for step in &test.steps {
+        let here = written(step);
+        let again = mentioned(step)
+            .into_iter()
+            .find(|p| earlier.contains(p) && !here.contains(p));
+        if let Some(p) = again
+            && let Some((place, _)) = place_of(env, &p)
+        {
+            let key = if place == "cwd" { "workdir" } else { place };
+            if item(env, "persistence", key).is_none() {
+                out.push(format!("persistence/{key}"));
+            }
+        }
+        earlier.extend(here);
+    }
+    out.dedup();
+    out
+}
+
 pub fn preflight(tests: &[TestSpec], env: &Snapshot) -> Preflight {
     let at_risk: Vec<Risk> = tests.iter().filter_map(|t| risks_of(t, env)).collect();
     let mut by_item = BTreeMap::new();
@@ -215,10 +247,17 @@ pub fn preflight(tests: &[TestSpec], env: &Snapshot) -> Preflight {
             *by_item.entry(i.clone()).or_insert(0) += 1;
         }
     }
+    let mut unmeasured = BTreeMap::new();
+    for t in tests {
+        for i in unmeasured_of(t, env) {
+            *unmeasured.entry(i).or_insert(0) += 1;
+        }
+    }
     Preflight {
         tests: tests.len(),
         at_risk,
         by_item,
+        unmeasured,
         held: None,
     }
 }
@@ -265,6 +304,19 @@ pub fn text(p: &Preflight) -> String {
         if p.at_risk.len() > 30 {
             let _ = writeln!(o, "  … and {} more (--json for all)", p.at_risk.len() - 30);
         }
+    }
+    if !p.unmeasured.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nNOT MEASURED by this snapshot (neither predicted to pass nor to fail):"
+        );
+        for (k, n) in &p.unmeasured {
+            let _ = writeln!(o, "{n:>6}  {k}");
+        }
+        let _ = writeln!(
+            o,
+            "  (a snapshot from `campaign report --json` of a run has them; `probe env --command NAME` looks a command up)"
+        );
     }
     if let Some(h) = &p.held {
         let _ = writeln!(
@@ -332,8 +384,19 @@ mod tests {
             json!([{"tool": "exec", "arguments": {"command": "python3 -c 1 > /tmp/x"}}]),
         );
         assert!(risks_of(&fine, &e).is_none());
+        let unknown = test(
+            "u-1",
+            json!([{"tool": "exec", "arguments": {"command": "terraform plan"}}]),
+        );
+        assert!(risks_of(&unknown, &e).is_none());
+        assert_eq!(unmeasured_of(&unknown, &e), ["commands/terraform"]);
         let mut p = preflight(&[compile, ro, later, fine], &e);
         assert_eq!(p.at_risk.len(), 3);
+        // `cat` of the persistence test was never looked up in this snapshot
+        assert_eq!(
+            p.unmeasured,
+            BTreeMap::from([("commands/cat".to_string(), 1)])
+        );
         let outcomes: BTreeMap<String, bool> =
             [("c-1", true), ("w-1", false), ("p-1", true), ("ok-1", true)]
                 .into_iter()

@@ -232,9 +232,15 @@ pub fn run(o: Options) -> anyhow::Result<Summary> {
         bail!("none of the {} targets answers", o.targets.len());
     };
     let run = open_run(&mut db, &o, &suite.tests, profile, injected)?;
-    let environments =
-        attach_environments(&mut db, &rt, &o, &run.id, &suite.tests, &down_at_start)?;
     let runner = runner_name();
+    let environments = attach_environments(
+        &mut db,
+        &rt,
+        &o,
+        (&run.id, &runner),
+        &suite.tests,
+        &down_at_start,
+    )?;
     let done = db.recorded(&run.id)?;
     let work = if db.is_postgres() {
         let all = suite
@@ -315,7 +321,7 @@ pub fn run(o: Options) -> anyhow::Result<Summary> {
         if !left.is_empty() {
             rt.block_on(super::environment::read_markers(
                 &target,
-                &run.id,
+                (&run.id, &runner),
                 &left,
                 &mut snapshot,
             ));
@@ -370,7 +376,7 @@ fn attach_environments(
     db: &mut Db,
     rt: &tokio::runtime::Runtime,
     o: &Options,
-    run: &str,
+    (run, runner): (&str, &str),
     tests: &[TestSpec],
     down: &[(String, String)],
 ) -> anyhow::Result<Vec<(Target, probe::env::Snapshot, Vec<&'static str>)>> {
@@ -402,7 +408,7 @@ fn attach_environments(
         db.store_environment(run, &key, &snapshot)?;
         // markers need the bridge's own file tools
         let left = if from_file.is_none() && o.adapter.is_none() {
-            rt.block_on(environment::leave_markers(target, run))
+            rt.block_on(environment::leave_markers(target, run, runner))
         } else {
             vec![]
         };

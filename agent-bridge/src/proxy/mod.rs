@@ -48,6 +48,11 @@ const OWN_ID_PREFIX: &str = "agent-bridge-proxy:";
 /// snapshot, taken as the server's workloads would.
 pub const ENVIRONMENT_TOOL: &str = "sandbox_environment";
 
+/// How long a snapshot may take before it is stopped, and how many
+/// command names it looks up at most (as `serve`).
+const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(60);
+pub const MAX_COMMAND_NAMES: usize = 4096;
+
 /// Bytes of the server's stderr kept for error messages.
 const STDERR_TAIL: usize = 2048;
 
@@ -614,6 +619,9 @@ impl Relay {
             .try_for_each(|n| contract::tools::command_name(n))
         {
             Err(why) => Err(format!("commands: {why}")),
+            Ok(()) if names.len() > MAX_COMMAND_NAMES => {
+                Err(format!("commands: at most {MAX_COMMAND_NAMES} names"))
+            }
             Ok(()) => self.snapshot(names).await,
         };
         let (text, structured, is_error) = match result {
@@ -647,7 +655,23 @@ impl Relay {
                 .stderr(Stdio::piped());
             let (child, _tree) =
                 start_as_server(&opts, plan, &name, cmd).map_err(|e| e.to_string())?;
-            let out = child.wait_with_output().map_err(|e| e.to_string())?;
+            // the snapshot cuts its own probes at 2 s each; a worker stuck
+            // past that is killed with its process group, not waited on
+            let group = nix::unistd::Pid::from_raw(child.id() as i32);
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(child.wait_with_output());
+            });
+            let out = match rx.recv_timeout(SNAPSHOT_DEADLINE) {
+                Ok(out) => out.map_err(|e| e.to_string())?,
+                Err(_) => {
+                    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                    return Err(format!(
+                        "the snapshot took more than {} s and was stopped",
+                        SNAPSHOT_DEADLINE.as_secs()
+                    ));
+                }
+            };
             if !out.status.success() {
                 return Err(format!(
                     "the snapshot failed ({}): {}",

@@ -461,8 +461,11 @@ impl Session {
         let a: tools::EnvironmentArgs = tools::parse(args)?;
         let mut argv: Vec<OsString> = vec!["env".into(), "snapshot".into()];
         let names = a.commands.unwrap_or_default();
-        if names.len() > 4096 {
-            return Err(arg_error("commands", "at most 4096 names"));
+        if names.len() > crate::proxy::MAX_COMMAND_NAMES {
+            return Err(arg_error(
+                "commands",
+                format!("at most {} names", crate::proxy::MAX_COMMAND_NAMES),
+            ));
         }
         for name in names {
             tools::command_name(&name).map_err(|e| arg_error("commands", e))?;

@@ -186,6 +186,10 @@ pub struct HiddenFailure {
     pub primitive: Primitive,
     pub confidence: f64,
     pub explanation: String,
+    /// The event it names, when one does (what an environment difference
+    /// is tied to: its path, its syscall).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decisive: Option<KernelEvent>,
 }
 
 /// Memory-pressure figures of a span.
@@ -456,6 +460,7 @@ fn hidden_failure(case: &Case) -> Option<HiddenFailure> {
         primitive: v.primitive,
         confidence: (v.confidence * 100.0).round() / 100.0,
         explanation: v.explanation,
+        decisive: v.decisive,
     })
 }
 
@@ -486,6 +491,7 @@ fn memory_death(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure>
             primitive: Primitive::MemOom,
             confidence: 0.9,
             explanation: format!("{}{reclaim}{more}", rank::oom_sentence(oom)),
+            decisive: Some(oom.clone()),
         });
     }
     let duration = outcome.duration_ns.max(1);
@@ -496,6 +502,7 @@ fn memory_death(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure>
             "it stalled {reclaim_ms:.0} ms ({:.0}% of its time) in memory reclaim",
             span.reclaim_ns as f64 * 100.0 / duration as f64
         ),
+        decisive: None,
     })
 }
 

@@ -67,7 +67,9 @@ pub fn snapshot(opts: &Options, source: &str) -> Snapshot {
         .map(|(_, v)| v.clone())
         .unwrap_or_else(|| "not tried".into());
 
-    let (dirs, path_note) = commands::path_dirs(&std::env::var("PATH").unwrap_or_default());
+    // lossy: a PATH entry that is not UTF-8 is not searched, the others are
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let (dirs, path_note) = commands::path_dirs(&path.to_string_lossy());
     let mut names: Vec<String> = commands::DEFAULT_COMMANDS
         .iter()
         .map(|n| n.to_string())

@@ -62,8 +62,24 @@ const WHERE_FIELDS: &[(&str, &str, &str)] = &[
     ("resources", "cgroup", "path"),
     ("resources", "cgroup", "limits_from"),
 ];
-/// Variables a shell sets for itself on every start.
-const SHELL_BOOKKEEPING: &[&str] = &["PWD", "OLDPWD", "SHLVL", "_"];
+/// Variables a shell or a login sets anew for every start or session.
+const SHELL_BOOKKEEPING: &[&str] = &[
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "SSH_CONNECTION",
+    "SSH_CLIENT",
+    "SSH_TTY",
+    "INVOCATION_ID",
+    "JOURNAL_STREAM",
+    "XDG_SESSION_ID",
+    "TERM_SESSION_ID",
+    "WINDOWID",
+];
+/// Facets whose keys are the names each side was asked to look up: a
+/// name one side did not look up is not known there, not absent.
+const ASKED_FOR: &[&str] = &["commands"];
 
 fn side(s: &Snapshot) -> Side {
     Side {
@@ -131,6 +147,16 @@ pub fn diff(a: &Snapshot, b: &Snapshot) -> Diff {
                     .map(|w| format!("unreadable in A: {w}")),
                 _ => None,
             };
+            let unreadable = unreadable.or_else(|| {
+                let side = match (va, vb) {
+                    (Some(_), None) => "B",
+                    (None, Some(_)) => "A",
+                    _ => return None,
+                };
+                ASKED_FOR
+                    .contains(&facet)
+                    .then(|| format!("not looked up in {side}"))
+            });
             if let Some(why) = unreadable {
                 d.unknown.push(Unknown {
                     facet: facet.into(),

@@ -28,9 +28,13 @@ pub struct Failed {
 
 impl Failed {
     /// Reads the object from a failure's kernel evidence (the probe's
-    /// attribution: its decisive event).
+    /// attribution: its decisive event, or its hidden failure's).
     pub fn from_evidence(test: &str, primitive: &str, kernel: &Value) -> Failed {
-        let decisive = kernel.get("decisive").filter(|d| d.is_object());
+        // a call that exited 0 names its failure as a hidden one
+        let decisive = kernel
+            .get("decisive")
+            .filter(|d| d.is_object())
+            .or_else(|| kernel.pointer("/hidden_failure/decisive"));
         let field = |k: &str| {
             decisive
                 .and_then(|d| d.get(k))
@@ -113,6 +117,31 @@ fn places(d: &Difference) -> Vec<String> {
         .collect()
 }
 
+/// Whether the difference changed one of `fields` (or the item is there
+/// on one side only).
+fn changed(d: &Difference, fields: &[&str]) -> bool {
+    d.a.is_none()
+        || d.b.is_none()
+        || d.fields.is_empty()
+        || d.fields.iter().any(|f| fields.contains(&f.as_str()))
+}
+
+/// Whether an item is absent on one side: a command or browser gone.
+fn gone_on_one_side(d: &Difference) -> bool {
+    let absent = |v: &Option<Value>| {
+        v.as_ref()
+            .is_none_or(|v| v.get("path").is_some_and(Value::is_null))
+    };
+    absent(&d.a) != absent(&d.b)
+}
+
+/// Whether `text` holds `addr` as a whole `HOST:PORT` (not `1.2.3.4:8080`
+/// for `1.2.3.4:80`).
+fn names_address(text: &str, addr: &str) -> bool {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || ".:[]-".contains(c)))
+        .any(|token| token == addr)
+}
+
 /// How difference `d` bears on failure `f`, if at all.
 pub fn tie(d: &Difference, f: &Failed) -> Option<Tie> {
     let facet = d.facet.as_str();
@@ -129,22 +158,28 @@ pub fn tie(d: &Difference, f: &Failed) -> Option<Tie> {
     };
     let explains = |yes: bool| Some(if yes { Tie::Explains } else { Tie::Possible });
     match (f.primitive.as_str(), facet) {
-        ("exec.missing", "commands" | "browser") => explains(f.command() == Some(key)),
+        ("exec.missing", "commands" | "browser") => {
+            explains(f.command() == Some(key) && gone_on_one_side(d))
+        }
         ("fs.readonly" | "fs.permission" | "fs.noexec" | "fs.space", "writable") => {
-            explains(!path.is_empty() && touches_place())
+            let fields: &[&str] = match f.primitive.as_str() {
+                "fs.space" => &["free_bytes", "free_inodes", "tmpfs", "mount", "fstype"],
+                "fs.noexec" => &["noexec", "mount", "fstype"],
+                _ => &["read_only", "writable", "mount", "fstype", "exists"],
+            };
+            explains(!path.is_empty() && touches_place() && changed(d, fields))
         }
         ("fs.permission", "identity") if key == "uid" || key == "gid" || key == "groups" => {
             Some(Tie::Possible)
         }
-        ("fs.persistence", "persistence") => Some(Tie::Explains),
+        ("fs.persistence", "persistence") => {
+            // the marker's place: /tmp, or the working directory
+            let in_tmp = under(path, "/tmp") || under(path, "/var/tmp");
+            explains((key == "tmp") == in_tmp)
+        }
         ("fs.persistence", "writable") => {
             // a memory-backed or per-call filesystem over the path
-            let volatile = d.fields.iter().any(|x| x == "tmpfs" || x == "mount");
-            if volatile && touches_place() {
-                Some(Tie::Explains)
-            } else {
-                Some(Tie::Possible)
-            }
+            explains(changed(d, &["tmpfs", "mount", "fstype"]) && touches_place())
         }
         ("fs.missing", "persistence" | "writable") => Some(Tie::Possible),
         ("mem.oom" | "mem.limit" | "mem.pressure", "resources") => {
@@ -181,17 +216,17 @@ pub fn tie(d: &Difference, f: &Failed) -> Option<Tie> {
         ("caps", "identity") if key == "uid" => Some(Tie::Possible),
         ("net.egress", "network") => {
             if let Some(target) = key.strip_prefix("reach.") {
-                explains(path.contains(target))
-            } else if key.starts_with("proxy.") {
-                Some(Tie::Possible)
+                explains(names_address(path, target))
             } else {
-                Some(Tie::Explains)
+                // interfaces, routes and loopback decide whether a packet
+                // leaves at all; resolvers and proxies only may
+                explains(key.starts_with("if.") || key == "route.default" || key == "loopback_bind")
             }
         }
         ("timeout", "resources") if key == "cpu.max" || key.starts_with("cpus") => {
             Some(Tie::Possible)
         }
-        ("sandbox.kernel", "runtime") => Some(Tie::Explains),
+        ("sandbox.kernel", "runtime") => explains(matches!(key, "kind" | "kernel" | "arch")),
         _ => None,
     }
 }
@@ -315,6 +350,39 @@ mod tests {
         let kept = d("persistence", "tmp", json!("kept"), json!("lost"), &[]);
         assert_eq!(tie(&kept, &gone), Some(Tie::Explains));
         assert_eq!(tie(&kept, &ro), None);
+        // the working directory's marker does not explain a file lost in /tmp
+        let workdir = d("persistence", "workdir", json!("kept"), json!("lost"), &[]);
+        assert_eq!(tie(&workdir, &gone), Some(Tie::Possible));
+        // a place that differs only in free space does not explain EROFS
+        let roomier = d(
+            "writable",
+            "cwd",
+            json!({"path": "/work", "free_bytes": 1}),
+            json!({"path": "/work", "free_bytes": 100}),
+            &["free_bytes"],
+        );
+        assert_eq!(tie(&roomier, &ro), Some(Tie::Possible));
+        // a command that differs only in its version is not missing
+        let newer = d(
+            "commands",
+            "chromium",
+            json!({"path": "/usr/bin/chromium", "version": "1"}),
+            json!({"path": "/usr/bin/chromium", "version": "2"}),
+            &["version"],
+        );
+        assert_eq!(tie(&newer, &missing), Some(Tie::Possible));
+        // an address is a whole token
+        let reach = d(
+            "network",
+            "reach.10.0.0.1:80",
+            json!("ok"),
+            json!("ECONNREFUSED"),
+            &[],
+        );
+        let refused = failed("net.egress", "10.0.0.1:8080", "connect", "ECONNREFUSED");
+        assert_eq!(tie(&reach, &refused), Some(Tie::Possible));
+        let exact = failed("net.egress", "10.0.0.1:80", "connect", "ECONNREFUSED");
+        assert_eq!(tie(&reach, &exact), Some(Tie::Explains));
 
         let pids = d("resources", "pids.max", json!("max"), json!("32"), &[]);
         let nofile = d(
@@ -385,6 +453,9 @@ mod tests {
         let k = json!({"decisive": {"path": "/ro/x", "syscall": "openat", "errno": "EROFS"}});
         let f = Failed::from_evidence("t-1", "fs.readonly", &k);
         assert_eq!(f.path.as_deref(), Some("/ro/x"));
+        let k = json!({"decisive": null, "hidden_failure": {"decisive": {"path": "/tmp/a"}}});
+        let f = Failed::from_evidence("t-1", "fs.persistence", &k);
+        assert_eq!(f.path.as_deref(), Some("/tmp/a"));
         let f = Failed::from_evidence("t-1", "mem.oom", &json!({"decisive": null}));
         assert_eq!(f.path, None);
     }

@@ -78,7 +78,8 @@ pub fn read(path: &Path) -> io::Result<Option<Elf>> {
     let table = r.bytes(phoff, (phnum * phentsize) as usize)?;
     let mut loads = Vec::new();
     let (mut dynamic, mut interp) = (None, None);
-    for ph in table.chunks_exact(phentsize as usize) {
+    // no table (a relocatable object): an empty loop, not a chunk size of 0
+    for ph in table.chunks_exact((phentsize as usize).max(1)) {
         let p_type = r.int(&ph[0..4]);
         // (offset, vaddr, filesz)
         let seg = if class64 {
@@ -130,11 +131,11 @@ pub fn read(path: &Path) -> io::Result<Option<Elf>> {
     // the loaded segment holding it maps there
     let base = loads
         .iter()
-        .find(|(_, vaddr, size)| strtab >= *vaddr && strtab < vaddr + size)
-        .map(|(off, vaddr, _)| off + (strtab - vaddr))
+        .find(|(_, vaddr, size)| strtab >= *vaddr && strtab - vaddr < *size)
+        .map(|(off, vaddr, _)| off.saturating_add(strtab - vaddr))
         .ok_or_else(|| bad("DT_STRTAB outside the loaded segments"))?;
     for (tag, val) in wanted {
-        let s = r.cstr(base + val, 4096)?;
+        let s = r.cstr(base.saturating_add(val), 4096)?;
         match tag {
             DT_NEEDED => elf.needed.push(s),
             DT_RPATH => elf.rpath.extend(s.split(':').map(String::from)),
@@ -199,7 +200,7 @@ impl Reader {
         let mut out = Vec::new();
         let mut chunk = [0u8; 256];
         while out.len() < max {
-            let n = read_upto(&self.file, &mut chunk, off + out.len() as u64)?;
+            let n = read_upto(&self.file, &mut chunk, off.saturating_add(out.len() as u64))?;
             if n == 0 {
                 break;
             }
@@ -279,8 +280,9 @@ pub struct LibSearch {
 impl LibSearch {
     /// The search this process's loader would do.
     pub fn from_system() -> LibSearch {
-        let ld_library_path = std::env::var("LD_LIBRARY_PATH")
+        let ld_library_path = std::env::var_os("LD_LIBRARY_PATH")
             .unwrap_or_default()
+            .to_string_lossy()
             .split([':', ';'])
             .filter(|d| !d.is_empty())
             .map(PathBuf::from)

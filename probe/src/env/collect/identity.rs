@@ -21,18 +21,16 @@ pub fn facet() -> Facet {
         ),
         Err(e) => f.cannot("groups", format!("getgroups: {e:?}")),
     }
-    let passwd = nix::unistd::User::from_uid(uid).ok().flatten();
+    let passwd = super::util::passwd(uid.as_raw());
     f.set(
         "user",
         passwd
             .as_ref()
             .map_or(Value::Null, |u| u.name.clone().into()),
     );
-    let home =
-        env_nonempty("HOME").or_else(|| passwd.as_ref().map(|u| u.dir.display().to_string()));
+    let home = env_nonempty("HOME").or_else(|| passwd.as_ref().map(|u| u.dir.clone()));
     f.set("home", home.map_or(Value::Null, Value::from));
-    let shell =
-        env_nonempty("SHELL").or_else(|| passwd.as_ref().map(|u| u.shell.display().to_string()));
+    let shell = env_nonempty("SHELL").or_else(|| passwd.as_ref().map(|u| u.shell.clone()));
     f.set("shell", shell.map_or(Value::Null, Value::from));
     f.set("locale", locale(env_nonempty));
     f.set("tz", tz());

@@ -49,14 +49,29 @@ pub fn env_nonempty(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// A user's line of /etc/passwd, read from the file itself: NSS could
+/// ask a directory server over the network.
+pub struct Passwd {
+    pub name: String,
+    pub dir: String,
+    pub shell: String,
+}
+
+pub fn passwd(uid: u32) -> Option<Passwd> {
+    let text = std::fs::read_to_string("/etc/passwd").ok()?;
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.len() >= 7 && f[2].parse() == Ok(uid)).then(|| Passwd {
+            name: f[0].to_string(),
+            dir: f[5].to_string(),
+            shell: f[6].to_string(),
+        })
+    })
+}
+
 /// The home directory: $HOME, else the passwd entry's.
 pub fn home() -> Option<String> {
-    env_nonempty("HOME").or_else(|| {
-        nix::unistd::User::from_uid(nix::unistd::geteuid())
-            .ok()
-            .flatten()
-            .map(|u| u.dir.display().to_string())
-    })
+    env_nonempty("HOME").or_else(|| passwd(nix::unistd::geteuid().as_raw()).map(|u| u.dir))
 }
 
 #[cfg(test)]
