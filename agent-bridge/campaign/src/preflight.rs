@@ -112,6 +112,28 @@ fn mentioned(step: &super::spec::Step) -> BTreeSet<String> {
     out
 }
 
+/// Paths a step reads that an earlier step of the test wrote (a later
+/// call needs what an earlier one left), with the persistence key of the
+/// place that holds each (`tmp`, `workdir`…).
+fn read_again(test: &TestSpec, env: &Snapshot) -> Vec<(String, String)> {
+    let mut out = vec![];
+    let mut earlier: BTreeSet<String> = BTreeSet::new();
+    for step in &test.steps {
+        let here = written(step);
+        let again = mentioned(step)
+            .into_iter()
+            .find(|p| earlier.contains(p) && !here.contains(p));
+        if let Some(p) = again
+            && let Some((place, _)) = place_of(env, &p)
+        {
+            let key = if place == "cwd" { "workdir" } else { place };
+            out.push((p, key.to_string()));
+        }
+        earlier.extend(here);
+    }
+    out
+}
+
 /// What `test` needs that `env` does not give.
 pub fn risks_of(test: &TestSpec, env: &Snapshot) -> Option<Risk> {
     let mut r = Risk {
@@ -161,7 +183,6 @@ pub fn risks_of(test: &TestSpec, env: &Snapshot) -> Option<Risk> {
             );
         }
     }
-    let mut earlier: BTreeSet<String> = BTreeSet::new();
     for step in &test.steps {
         for path in written(step) {
             if let Some((place, v)) = place_of(env, &path) {
@@ -174,25 +195,16 @@ pub fn risks_of(test: &TestSpec, env: &Snapshot) -> Option<Risk> {
                 }
             }
         }
-        // a path an earlier call wrote, needed again by this one
-        let here = written(step);
-        let again = mentioned(step)
-            .into_iter()
-            .find(|p| earlier.contains(p) && !here.contains(p));
-        if let Some(p) = again
-            && let Some((place, _)) = place_of(env, &p)
-        {
-            let key = if place == "cwd" { "workdir" } else { place };
-            if item(env, "persistence", key).and_then(Value::as_str) == Some("lost") {
-                note(
-                    format!(
-                        "reads {p} in a later call than the one that wrote it, and {key} does not keep files between calls"
-                    ),
-                    format!("persistence/{key}"),
-                );
-            }
+    }
+    for (p, key) in read_again(test, env) {
+        if item(env, "persistence", &key).and_then(Value::as_str) == Some("lost") {
+            note(
+                format!(
+                    "reads {p} in a later call than the one that wrote it, and {key} does not keep files between calls"
+                ),
+                format!("persistence/{key}"),
+            );
         }
-        earlier.extend(written(step));
     }
     let upstream = test.steps.iter().any(|s| {
         s.arguments
@@ -219,21 +231,10 @@ pub fn unmeasured_of(test: &TestSpec, env: &Snapshot) -> Vec<String> {
             out.push(format!("commands/{name}"));
         }
     }
-    let mut earlier: BTreeSet<String> = BTreeSet::new();
-    for step in &test.steps {
-        let here = written(step);
-        let again = mentioned(step)
-            .into_iter()
-            .find(|p| earlier.contains(p) && !here.contains(p));
-        if let Some(p) = again
-            && let Some((place, _)) = place_of(env, &p)
-        {
-            let key = if place == "cwd" { "workdir" } else { place };
-            if item(env, "persistence", key).is_none() {
-                out.push(format!("persistence/{key}"));
-            }
+    for (_, key) in read_again(test, env) {
+        if item(env, "persistence", &key).is_none() {
+            out.push(format!("persistence/{key}"));
         }
-        earlier.extend(here);
     }
     out.dedup();
     out
