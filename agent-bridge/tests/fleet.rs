@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{BRIDGE, Bridge, Opts, campaign, ok, probe_socket, root};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Deterministic domains: the same suite gives the same outcomes.
 const DOMAINS: &[&str] = &["files", "encoding", "process", "compute", "persistence"];
@@ -285,6 +285,16 @@ fn runners_sharing_a_postgres_run_lose_and_duplicate_nothing_through_a_kill_9() 
         serde_json::from_str(&ok(&["compare", "--db", &db, "shared", "shared", "--json"])).unwrap();
     assert_eq!(cmp["broke"].as_array().map(Vec::len), Some(0), "{cmp}");
     assert_eq!(cmp["a"]["recorded"].as_i64(), Some(n as i64), "{cmp}");
+    // the environment is stored with the run in PostgreSQL as in SQLite,
+    // and a run compared with itself differs in nothing
+    for r in [&report, &lite_report] {
+        assert_eq!(
+            r["environment"][0]["snapshot"]["format"], "probe-env",
+            "{}",
+            r["environment"]
+        );
+    }
+    assert_eq!(cmp["environment"]["differences"], json!([]), "{cmp}");
 
     // the kernel evidence joins the steps in PostgreSQL too
     let export = dir.path().join("evidence.jsonl");
