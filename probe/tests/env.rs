@@ -375,3 +375,33 @@ fn a_bubblewrap_sandbox_shows_what_it_changed() {
         .collect();
     assert!(keys.contains(&"zz-planted-tool"), "{keys:?}");
 }
+
+#[test]
+fn empty_proc_and_sys_give_a_partial_snapshot_that_says_why() {
+    if !root() {
+        return;
+    }
+    let bwrap = which::which("bwrap").expect("bwrap (bubblewrap) is installed");
+    // /proc and /sys as empty directories: what a stripped container or a
+    // restricted runtime may leave a workload
+    let out = run(Command::new(&bwrap)
+        .args(["--ro-bind", "/", "/", "--dev", "/dev"])
+        .args(["--tmpfs", "/proc", "--tmpfs", "/sys", "--tmpfs", "/tmp"])
+        .args(["--unshare-pid", "--die-with-parent", "--"])
+        .arg(PROBE)
+        .args(["env", "--json"]));
+    let s = snapshot_of(&out);
+    for facet in ["runtime", "resources", "syscalls", "network", "commands"] {
+        assert!(s.facet(facet).is_some(), "no {facet}");
+    }
+    // read from /proc: not there, and said so rather than guessed
+    let sys = s.facet("syscalls").unwrap();
+    assert!(
+        sys.unreadable.contains_key("seccomp") && !sys.items.contains_key("seccomp"),
+        "{sys:?}"
+    );
+    let res = s.facet("resources").unwrap();
+    assert!(!res.unreadable.is_empty(), "{res:?}");
+    // what needs neither still is
+    assert!(item(&s, "commands", "sh")["path"].is_string());
+}
