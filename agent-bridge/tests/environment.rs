@@ -152,6 +152,47 @@ async fn a_profiles_limits_and_filters_show_in_the_snapshot_its_workloads_take()
         ro.facet("writable").unwrap().items["tmp"]["writable"],
         "EROFS"
     );
+    // PATH of a slim image: the compiler and the browser are gone
+    let slim = snapshot_under("no-tools").await;
+    for tool in ["gcc", "chromium"] {
+        if clean.facet("commands").unwrap().items[tool]["path"].is_string() {
+            assert!(
+                slim.facet("commands").unwrap().items[tool]["path"].is_null(),
+                "{tool}"
+            );
+            assert!(keys(&slim).contains(&format!("commands/{tool}")));
+        }
+    }
+    // a network namespace with only loopback
+    let offline = snapshot_under("no-network").await;
+    let net = &offline.facet("network").unwrap().items;
+    assert_eq!(net["route.default"], Value::Null, "{net:?}");
+    assert!(
+        net.keys()
+            .filter(|k| k.starts_with("if."))
+            .all(|k| k == "if.lo"),
+        "{net:?}"
+    );
+    // a seccomp filter that denies user namespaces (what leaves Chromium
+    // "No usable sandbox!"): a profile file of the user's own
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("no-userns.toml");
+    std::fs::write(
+        &file,
+        "description = \"no user namespaces\"\nreproduces = \"seccomp\"\n[[seccomp]]\naction = \"errno\"\nsyscalls = [\"unshare\", \"clone3\"]\n",
+    )
+    .unwrap();
+    let bridge = Bridge::stdio(Opts {
+        extra: vec!["--profile".into(), file.display().to_string()],
+        ..Opts::default()
+    })
+    .await;
+    let r = bridge.call("sandbox_environment", json!({})).await;
+    assert!(!is_error(&r), "{r:?}");
+    let denied = probe::env::Snapshot::from_value(structured(&r)["snapshot"].clone()).unwrap();
+    let sys = &denied.facet("syscalls").unwrap().items;
+    assert_eq!(sys["try.userns"], "EPERM", "{sys:?}");
+    assert!(keys(&denied).contains(&"syscalls/try.userns".to_string()));
 }
 
 #[tokio::test(flavor = "multi_thread")]
