@@ -365,6 +365,9 @@ fn build_all() -> Vec<Tool> {
     ]
 }
 
+/// At most this many command names in one `sandbox_environment` call.
+pub const MAX_COMMAND_NAMES: usize = 4096;
+
 /// A command name to look up on PATH: a file name, not a path.
 pub fn command_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 255 || name.contains(['/', '\0']) || name.starts_with('-') {

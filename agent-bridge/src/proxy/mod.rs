@@ -48,10 +48,8 @@ const OWN_ID_PREFIX: &str = "agent-bridge-proxy:";
 /// snapshot, taken as the server's workloads would.
 pub const ENVIRONMENT_TOOL: &str = "sandbox_environment";
 
-/// How long a snapshot may take before it is stopped, and how many
-/// command names it looks up at most (as `serve`).
+/// How long a snapshot may take before it is stopped.
 const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(60);
-pub const MAX_COMMAND_NAMES: usize = 4096;
 
 /// Bytes of the server's stderr kept for error messages.
 const STDERR_TAIL: usize = 2048;
@@ -619,9 +617,10 @@ impl Relay {
             .try_for_each(|n| contract::tools::command_name(n))
         {
             Err(why) => Err(format!("commands: {why}")),
-            Ok(()) if names.len() > MAX_COMMAND_NAMES => {
-                Err(format!("commands: at most {MAX_COMMAND_NAMES} names"))
-            }
+            Ok(()) if names.len() > contract::tools::MAX_COMMAND_NAMES => Err(format!(
+                "commands: at most {} names",
+                contract::tools::MAX_COMMAND_NAMES
+            )),
             Ok(()) => self.snapshot(names).await,
         };
         let (text, structured, is_error) = match result {

@@ -461,10 +461,10 @@ impl Session {
         let a: tools::EnvironmentArgs = tools::parse(args)?;
         let mut argv: Vec<OsString> = vec!["env".into(), "snapshot".into()];
         let names = a.commands.unwrap_or_default();
-        if names.len() > crate::proxy::MAX_COMMAND_NAMES {
+        if names.len() > tools::MAX_COMMAND_NAMES {
             return Err(arg_error(
                 "commands",
-                format!("at most {} names", crate::proxy::MAX_COMMAND_NAMES),
+                format!("at most {} names", tools::MAX_COMMAND_NAMES),
             ));
         }
         for name in names {
