@@ -311,7 +311,16 @@ impl Bridge {
 
     /// `agent-bridge ARGS…` serving HTTP; returns it and its URL.
     pub fn start_http_with(args: &[String]) -> (Killed, String) {
-        let mut child = Command::new(BRIDGE)
+        Bridge::start_http_without(args, &[])
+    }
+
+    /// `start_http_with`, the bridge's environment without `unset`.
+    pub fn start_http_without(args: &[String], unset: &[&str]) -> (Killed, String) {
+        let mut command = Command::new(BRIDGE);
+        for name in unset {
+            command.env_remove(name);
+        }
+        let mut child = command
             .args(args)
             .stderr(Stdio::piped())
             .spawn()
