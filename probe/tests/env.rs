@@ -28,6 +28,12 @@ fn tool(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
+/// The directory of the probe binary (bound again inside sandboxes that
+/// get a private /tmp).
+fn probe_dir() -> &'static Path {
+    Path::new(PROBE).parent().unwrap()
+}
+
 fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("run probe");
     assert!(
@@ -323,6 +329,9 @@ fn a_bubblewrap_sandbox_shows_what_it_changed() {
             "--unshare-pid",
             "--die-with-parent",
         ])
+        // the binary again over the private /tmp: the workspace may live under /tmp
+        .arg("--ro-bind")
+        .args([probe_dir(), probe_dir()])
         .arg("--ro-bind")
         .args([work.path(), work.path()])
         .arg("--tmpfs")
@@ -387,6 +396,8 @@ fn empty_proc_and_sys_give_a_partial_snapshot_that_says_why() {
     let out = run(Command::new(&bwrap)
         .args(["--ro-bind", "/", "/", "--dev", "/dev"])
         .args(["--tmpfs", "/proc", "--tmpfs", "/sys", "--tmpfs", "/tmp"])
+        .arg("--ro-bind")
+        .args([probe_dir(), probe_dir()])
         .args(["--unshare-pid", "--die-with-parent", "--"])
         .arg(PROBE)
         .args(["env", "--json"]));
