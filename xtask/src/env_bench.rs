@@ -80,6 +80,7 @@ pub fn bench(bin: &Path) -> anyhow::Result<String> {
     let mut rows = vec![base, host, path];
     if Path::new("/usr/bin/bwrap").exists() {
         let p = probe.display().to_string();
+        let dir = bin.display().to_string();
         rows.push(time(
             "… inside bubblewrap (no network, private /tmp)",
             || {
@@ -95,6 +96,8 @@ pub fn bench(bin: &Path) -> anyhow::Result<String> {
                     "--tmpfs",
                     "/tmp",
                 ])
+                // the binary again over the private /tmp: the workspace may live under /tmp
+                .args(["--ro-bind", dir.as_str(), dir.as_str()])
                 .args(["--unshare-net", "--unshare-pid", "--die-with-parent", "--"])
                 .args([p.as_str(), "env", "--json"]);
                 c
