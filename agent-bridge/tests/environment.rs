@@ -646,6 +646,15 @@ fn compare_ties_each_test_that_broke_in_a_sandbox_to_the_difference_planted_ther
     assert_eq!(b["route.default"], Value::Null, "{b}");
 }
 
+/// `probe env diff A B`.
+fn env_diff(a: &Path, b: &Path) -> std::process::Output {
+    std::process::Command::new(common::probe_binary())
+        .args(["env", "diff"])
+        .args([a, b])
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn two_snapshots_of_one_machine_differ_in_nothing() {
     let take = || {
@@ -664,11 +673,7 @@ fn two_snapshots_of_one_machine_differ_in_nothing() {
     let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
     std::fs::write(&a, take()).unwrap();
     std::fs::write(&b, take()).unwrap();
-    let out = std::process::Command::new(common::probe_binary())
-        .args(["env", "diff"])
-        .args([&a, &b])
-        .output()
-        .unwrap();
+    let out = env_diff(&a, &b);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -677,11 +682,7 @@ fn two_snapshots_of_one_machine_differ_in_nothing() {
     );
     // a corrupt one, and one from a newer probe: a word, not a crash
     std::fs::write(&b, b"{\"format\": \"probe-env\", \"version\": 99}").unwrap();
-    let out = std::process::Command::new(common::probe_binary())
-        .args(["env", "diff"])
-        .args([&a, &b])
-        .output()
-        .unwrap();
+    let out = env_diff(&a, &b);
     assert_eq!(out.status.code(), Some(125));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -689,11 +690,7 @@ fn two_snapshots_of_one_machine_differ_in_nothing() {
         "{err}"
     );
     std::fs::write(&b, b"\xff\xfe not json").unwrap();
-    let out = std::process::Command::new(common::probe_binary())
-        .args(["env", "diff"])
-        .args([&a, &b])
-        .output()
-        .unwrap();
+    let out = env_diff(&a, &b);
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not JSON"));
 }
