@@ -586,9 +586,28 @@ fn offsets() -> Option<&'static Offsets> {
 
 // ---------------------------------------------------------------- syscalls
 
-/// x86_64 `struct pt_regs` offsets (the ptrace ABI; stable). The argument
-/// registers still hold the arguments at `sys_exit`.
-const REG_ORIG_AX: usize = 120;
+/// Where `struct pt_regs` keeps a syscall's number and arguments (the
+/// ptrace ABI of each architecture; stable). The argument registers still
+/// hold the arguments at `sys_exit`, except arm64's x0, which holds the
+/// return value by then: its first argument is `orig_x0`, as the kernel's
+/// own `syscall_get_arguments` reads it.
+#[cfg(bpf_target_arch = "x86_64")]
+mod regs {
+    /// di, si, dx, r10, r8, r9.
+    pub const ARGS: [usize; 6] = [112, 104, 96, 56, 72, 64];
+    /// orig_ax (a u64).
+    pub const NR: usize = 120;
+    pub type Nr = i64;
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+mod regs {
+    /// orig_x0, then x1..x5 of `regs[31]`.
+    pub const ARGS: [usize; 6] = [272, 8, 16, 24, 32, 40];
+    /// syscallno (an s32: the verifier refuses a wider load of it).
+    pub const NR: usize = 280;
+    pub type Nr = i32;
+}
 
 /// Syscall argument `i` from the saved user registers.
 #[inline(always)]
@@ -599,12 +618,12 @@ fn reg_arg(regs: *const u8, i: u8) -> u64 {
     // It wants that offset constant, so each argument has its own load.
     let at = |off: usize| unsafe { core::ptr::read_volatile(regs.add(off) as *const u64) };
     match i {
-        0 => at(112), // di
-        1 => at(104), // si
-        2 => at(96),  // dx
-        3 => at(56),  // r10
-        4 => at(72),  // r8
-        5 => at(64),  // r9
+        0 => at(regs::ARGS[0]),
+        1 => at(regs::ARGS[1]),
+        2 => at(regs::ARGS[2]),
+        3 => at(regs::ARGS[3]),
+        4 => at(regs::ARGS[4]),
+        5 => at(regs::ARGS[5]),
         _ => 0,
     }
 }
@@ -636,7 +655,7 @@ impl SyscallArgs for BtfRegs {
     #[inline(always)]
     fn nr(self) -> i64 {
         // SAFETY: BTF-typed pt_regs pointer, see `reg_arg`.
-        unsafe { core::ptr::read_volatile(self.0.add(REG_ORIG_AX) as *const i64) }
+        unsafe { core::ptr::read_volatile(self.0.add(regs::NR) as *const regs::Nr) as i64 }
     }
 }
 
@@ -1165,7 +1184,9 @@ fn on_success<A: SyscallArgs>(ptr: *mut u64, args: A, span: u64, entered: i64, r
                 submit(entry, false);
             }
         }
-        nr::DUP2 | nr::DUP3 => {
+        // guards, not patterns: on arm64 dup2, open, creat and mkdir are
+        // all `ABSENT`, which would repeat a pattern
+        e if e == nr::DUP2 || e == nr::DUP3 => {
             if let Some(mut entry) = reserve(EventKind::FdDup, span, now()) {
                 let ev = entry.as_mut_ptr();
                 // SAFETY: reserved Event, header already written.
@@ -1177,7 +1198,16 @@ fn on_success<A: SyscallArgs>(ptr: *mut u64, args: A, span: u64, entered: i64, r
                 submit(entry, false);
             }
         }
-        nr::OPEN | nr::OPENAT | nr::CREAT | nr::MKDIR | nr::MKDIRAT | nr::MOUNT => {
+        e if [
+            nr::OPEN,
+            nr::OPENAT,
+            nr::CREAT,
+            nr::MKDIR,
+            nr::MKDIRAT,
+            nr::MOUNT,
+        ]
+        .contains(&e) =>
+        {
             let open_flags = match role(entered) {
                 ArgRole::Path { flags: Some(f), .. } => args.arg(f),
                 // creat and mkdir always create

@@ -12,7 +12,7 @@ pub enum FaultError {
     Action(String),
     #[error("unknown errno `{0}` (e.g. EPERM, EACCES)")]
     Errno(String),
-    #[error("unknown syscall `{0}`")]
+    #[error("no syscall `{0}` on {arch}{hint}", arch = std::env::consts::ARCH, hint = x86_only_hint(.0))]
     Syscall(String),
     #[error("no syscalls given")]
     Empty,
@@ -42,6 +42,18 @@ pub fn errno_number(name: &str) -> Result<i32, FaultError> {
         .ok_or_else(|| FaultError::Errno(name.into()))
 }
 
+/// What to call instead of an x86_64 legacy syscall this architecture lacks.
+fn x86_only_hint(name: &str) -> String {
+    crate::syscalls::X86_ONLY
+        .iter()
+        .find(|(x, _)| *x == name)
+        .map(|(_, instead)| match instead {
+            Some(i) => format!(" (an x86_64 legacy call: programs here call {i})"),
+            None => " (x86_64 only)".to_string(),
+        })
+        .unwrap_or_default()
+}
+
 /// A filter that answers `action` to every syscall named, and allows the rest.
 pub fn seccomp_filter<S: AsRef<str>>(
     action: &str,
@@ -57,6 +69,8 @@ pub fn seccomp_filter<S: AsRef<str>>(
         let nr = crate::syscalls::number(name).ok_or_else(|| FaultError::Syscall(name.into()))?;
         rules.insert(nr, vec![]);
     }
-    let filter = SeccompFilter::new(rules, SeccompAction::Allow, action, TargetArch::x86_64)?;
+    // the filter checks the audit arch: a filter for another one kills on every call
+    let arch = TargetArch::try_from(std::env::consts::ARCH)?;
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, action, arch)?;
     Ok(filter.try_into()?)
 }

@@ -365,7 +365,7 @@ pub const SYMPTOM_SIGNALS: [&str; 5] = ["SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL"
 pub const SYMPTOM_WINDOW_NS: u64 = 5_000_000_000;
 
 /// The rule a failed syscall matches, if any.
-pub fn classify(syscall: i64, errno: i32, open_flags: u64) -> Option<&'static Rule> {
+pub fn classify(syscall: &str, errno: i32, open_flags: u64) -> Option<&'static Rule> {
     let classes = crate::syscalls::classes(syscall, open_flags);
     RULES.iter().find(|r| {
         r.errnos.contains(&errno) && (r.class == SyscallClass::Any || classes.contains(&r.class))

@@ -359,7 +359,10 @@ impl SpanEvidence {
             ev.path = Some(path.clone());
         }
         // execve EACCES: is the file on a noexec mount?
-        if matches!(nr, 59 | 322)
+        if ev
+            .syscall
+            .as_deref()
+            .is_some_and(|s| crate::syscalls::EXEC.contains(&s))
             && self.source == Source::Ebpf
             && ev.errno.as_deref() == Some("EACCES")
             && let Some(path) = &ev.path

@@ -1,4 +1,5 @@
-//! x86_64 syscall names and the classes the rule table speaks of.
+//! Syscall names and the classes the rule table speaks of. Numbers stay
+//! below this module (and in `probe_abi`'s tables): rules name syscalls.
 
 use std::borrow::Cow;
 
@@ -51,40 +52,202 @@ impl SyscallClass {
     }
 }
 
-/// The classes syscall `nr` belongs to, given its open flags (for opens).
-pub fn classes(nr: i64, open_flags: u64) -> &'static [SyscallClass] {
+/// execve, execveat: a program started (on every architecture).
+pub const EXEC: [&str; 2] = ["execve", "execveat"];
+
+/// The calls a PATH search makes for each candidate: it stats it, or it
+/// execs it straight away.
+pub const PATH_LOOKUPS: [&str; 9] = [
+    "stat",
+    "lstat",
+    "newfstatat",
+    "statx",
+    "access",
+    "faccessat",
+    "faccessat2",
+    "execve",
+    "execveat",
+];
+
+/// The stat family alone: what a shell's own PATH search makes.
+pub const STATS: [&str; 4] = ["stat", "lstat", "newfstatat", "statx"];
+
+/// Every syscall the rule table names, by class. Rules speak of names, so
+/// one written for `openat` holds on x86_64 and arm64 alike; the legacy
+/// forms arm64 lacks stay listed for x86_64 (see [`X86_ONLY`]).
+const CLASSES: [(SyscallClass, &[&str]); 8] = {
     use SyscallClass::*;
-    match nr {
-        59 | 322 => &[Exec],
-        56 | 57 | 58 | 435 => &[Fork],
-        9 | 10 | 12 | 25 | 29 | 149 | 151 | 325 => &[Memory],
-        42 | 44 | 46 | 45 | 47 => &[Connect],
-        133 | 259 => &[Privileged, PathWrite],
-        165 | 166 | 272 | 308 | 101 | 321 | 161 | 155 | 105 | 106 | 113 | 114 | 117 | 119 | 116
-        | 122 | 123 | 175 | 313 | 176 | 169 | 170 | 171 | 164 | 227 | 298 | 167 | 168 | 172
-        | 173 | 163 | 179 | 246 | 304 | 126 | 428 | 429 | 430 | 431 | 432 | 160 | 302 => {
-            &[Privileged]
-        }
-        2 | 257 if open_flags_write(open_flags) => &[PathWrite],
-        2 | 257 | 437 | 80 => &[PathRead],
-        85 | 83 | 258 | 87 | 263 | 84 | 82 | 264 | 316 | 86 | 265 | 88 | 266 | 76 | 90 | 268
-        | 452 | 92 | 94 | 260 | 280 => &[PathWrite],
-        4 | 6 | 262 | 332 | 21 | 269 | 439 | 89 | 267 | 137 => &[PathProbe],
-        _ => &[],
+    [
+        (Exec, &EXEC),
+        (Fork, &["clone", "clone3", "fork", "vfork"]),
+        (
+            Memory,
+            &[
+                "mmap", "mprotect", "brk", "mremap", "shmget", "mlock", "mlockall", "mlock2",
+            ],
+        ),
+        (
+            Connect,
+            &["connect", "sendto", "sendmsg", "recvfrom", "recvmsg"],
+        ),
+        (
+            Privileged,
+            &[
+                "mknod",
+                "mknodat",
+                "mount",
+                "umount2",
+                "unshare",
+                "setns",
+                "ptrace",
+                "bpf",
+                "chroot",
+                "pivot_root",
+                "setuid",
+                "setgid",
+                "setreuid",
+                "setregid",
+                "setresuid",
+                "setresgid",
+                "setgroups",
+                "setfsuid",
+                "setfsgid",
+                "init_module",
+                "finit_module",
+                "delete_module",
+                "reboot",
+                "sethostname",
+                "setdomainname",
+                "settimeofday",
+                "clock_settime",
+                "perf_event_open",
+                "swapon",
+                "swapoff",
+                "iopl",
+                "ioperm",
+                "acct",
+                "quotactl",
+                "kexec_load",
+                "open_by_handle_at",
+                "capset",
+                "open_tree",
+                "move_mount",
+                "fsopen",
+                "fsconfig",
+                "fsmount",
+                "setrlimit",
+                "prlimit64",
+            ],
+        ),
+        (
+            PathWrite,
+            &[
+                "mknod",
+                "mknodat",
+                "creat",
+                "mkdir",
+                "mkdirat",
+                "unlink",
+                "unlinkat",
+                "rmdir",
+                "rename",
+                "renameat",
+                "renameat2",
+                "link",
+                "linkat",
+                "symlink",
+                "symlinkat",
+                "truncate",
+                "chmod",
+                "fchmodat",
+                "fchmodat2",
+                "chown",
+                "lchown",
+                "fchownat",
+                "utimensat",
+            ],
+        ),
+        (PathRead, &["open", "openat", "openat2", "chdir"]),
+        (
+            PathProbe,
+            &[
+                "stat",
+                "lstat",
+                "newfstatat",
+                "statx",
+                "access",
+                "faccessat",
+                "faccessat2",
+                "readlink",
+                "readlinkat",
+                "statfs",
+            ],
+        ),
+    ]
+};
+
+/// The x86_64 syscalls the rules name that arm64 does not have, with the
+/// one arm64 programs call instead (none: x86 port I/O has no counterpart).
+pub const X86_ONLY: [(&str, Option<&str>); 20] = [
+    ("fork", Some("clone")),
+    ("vfork", Some("clone")),
+    ("mknod", Some("mknodat")),
+    ("iopl", None),
+    ("ioperm", None),
+    ("open", Some("openat")),
+    ("creat", Some("openat")),
+    ("mkdir", Some("mkdirat")),
+    ("unlink", Some("unlinkat")),
+    ("rmdir", Some("unlinkat")),
+    ("rename", Some("renameat")),
+    ("link", Some("linkat")),
+    ("symlink", Some("symlinkat")),
+    ("chmod", Some("fchmodat")),
+    ("chown", Some("fchownat")),
+    ("lchown", Some("fchownat")),
+    ("stat", Some("newfstatat")),
+    ("lstat", Some("newfstatat")),
+    ("access", Some("faccessat")),
+    ("readlink", Some("readlinkat")),
+];
+
+/// The classes syscall `name` belongs to, given its open flags (for opens).
+pub fn classes(name: &str, open_flags: u64) -> Vec<SyscallClass> {
+    if matches!(name, "open" | "openat") && open_flags_write(open_flags) {
+        return vec![SyscallClass::PathWrite];
     }
+    CLASSES
+        .iter()
+        .filter(|(_, names)| names.contains(&name))
+        .map(|(class, _)| *class)
+        .collect()
 }
 
-/// The syscall's name, e.g. `openat`, or `syscall_NNN` when unknown.
+/// The kernel's name where the syscalls crate has another: arm64's 79 is
+/// `newfstatat` to the kernel and to strace, `fstatat` to the crate.
+const ALIASES: [(&str, &str); 1] = [("fstatat", "newfstatat")];
+
+/// The syscall's name on this architecture, e.g. `openat`, or
+/// `syscall_NNN` when unknown.
 pub fn name(nr: i64) -> Cow<'static, str> {
     match usize::try_from(nr).ok().and_then(syscalls::Sysno::new) {
-        Some(s) => Cow::Borrowed(s.name()),
+        Some(s) => {
+            let name = s.name();
+            let kernel = ALIASES.iter().find(|(c, _)| *c == name).map(|(_, k)| *k);
+            Cow::Borrowed(kernel.unwrap_or(name))
+        }
         None => Cow::Owned(format!("syscall_{nr}")),
     }
 }
 
-/// The syscall number for `name` on x86_64.
+/// The syscall number for `name` on this architecture.
 pub fn number(name: &str) -> Option<i64> {
-    name.parse::<syscalls::Sysno>().ok().map(|s| s.id() as i64)
+    let crate_name = ALIASES.iter().find(|(_, k)| *k == name).map(|(c, _)| *c);
+    [Some(name), crate_name]
+        .into_iter()
+        .flatten()
+        .find_map(|n| n.parse::<syscalls::Sysno>().ok())
+        .map(|s| s.id() as i64)
 }
 
 #[cfg(test)]
@@ -108,12 +271,69 @@ mod tests {
     #[test]
     fn open_class_depends_on_flags() {
         assert_eq!(
-            classes(257, libc::O_RDONLY as u64),
-            &[SyscallClass::PathRead]
+            classes("openat", libc::O_RDONLY as u64),
+            [SyscallClass::PathRead]
         );
         assert_eq!(
-            classes(257, (libc::O_WRONLY | libc::O_CREAT) as u64),
-            &[SyscallClass::PathWrite]
+            classes("openat", (libc::O_WRONLY | libc::O_CREAT) as u64),
+            [SyscallClass::PathWrite]
         );
+        assert_eq!(
+            classes("mknodat", 0),
+            [SyscallClass::Privileged, SyscallClass::PathWrite]
+        );
+    }
+
+    fn on_x86_64(name: &str) -> bool {
+        name.parse::<syscalls::x86_64::Sysno>().is_ok()
+    }
+
+    fn on_aarch64(name: &str) -> bool {
+        let crate_name = ALIASES.iter().find(|(_, k)| *k == name).map(|(c, _)| *c);
+        [Some(name), crate_name]
+            .into_iter()
+            .flatten()
+            .any(|n| n.parse::<syscalls::aarch64::Sysno>().is_ok())
+    }
+
+    /// Every syscall a rule names exists on both architectures, or is an
+    /// x86_64 legacy form whose arm64 replacement is in the same classes.
+    #[test]
+    fn every_syscall_the_rules_name_exists_on_both_architectures() {
+        let named = CLASSES
+            .iter()
+            .flat_map(|(_, names)| names.iter())
+            .chain(&PATH_LOOKUPS)
+            .chain(&STATS);
+        for &name in named {
+            assert!(on_x86_64(name), "{name} is no x86_64 syscall");
+            if on_aarch64(name) {
+                assert!(
+                    X86_ONLY.iter().all(|(x, _)| *x != name),
+                    "{name} exists on arm64"
+                );
+                continue;
+            }
+            let (_, instead) = X86_ONLY
+                .iter()
+                .find(|(x, _)| *x == name)
+                .unwrap_or_else(|| panic!("{name} is missing on arm64 and not marked x86-only"));
+            if let Some(instead) = instead {
+                assert!(on_aarch64(instead), "{instead} (for {name})");
+                for class in classes(name, 0) {
+                    let theirs = classes(instead, 0);
+                    let covered = theirs.contains(&class)
+                        // creat always writes; openat writes with its flags
+                        || (name == "creat" && classes(instead, libc::O_CREAT as u64).contains(&class));
+                    assert!(covered, "{instead} is not {class:?} like {name}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn arm64s_fstatat_goes_by_the_kernels_name() {
+        assert!(on_aarch64("newfstatat") && !on_aarch64("stat"));
+        assert_eq!(name(number("newfstatat").unwrap()), "newfstatat");
     }
 }

@@ -7,10 +7,17 @@
 //! - [`Offsets`]: tracepoint field offsets, parsed from tracefs by userspace
 //!   because their layout varies across kernels.
 //! - [`syscall_arg_role`]: which syscall argument holds a path or an address.
+//! - `syscalls` ([`SyscallNumbers`], [`NATIVE`]): the syscall numbers of
+//!   x86_64 and aarch64, the only place a number stands for a syscall.
 //!
 //! Everything here is `#[repr(C)]`, `Copy`, with explicit padding: `u32` flags,
 //! never `bool`.
 #![no_std]
+
+mod syscalls;
+
+use syscalls::one_of;
+pub use syscalls::{AARCH64, ABSENT, NATIVE, SyscallNumbers, X86_64};
 
 /// Bytes of path or socket address carried by one event.
 pub const DATA_LEN: usize = 256;
@@ -368,7 +375,22 @@ impl ArgRole {
 /// the fd written through.
 #[inline(always)]
 pub const fn is_fd_syscall(nr: i64) -> bool {
-    matches!(nr, 1 | 18 | 20 | 77 | 285 | 296)
+    is_fd_syscall_in(&NATIVE.1, nr)
+}
+
+/// [`is_fd_syscall`] on the architecture of `t`.
+pub const fn is_fd_syscall_in(t: &SyscallNumbers, nr: i64) -> bool {
+    one_of(
+        nr,
+        &[
+            t.write,
+            t.pwrite64,
+            t.writev,
+            t.ftruncate,
+            t.fallocate,
+            t.pwritev,
+        ],
+    )
 }
 
 /// Whether `sys_enter` must do more than mark the syscall in flight for
@@ -381,98 +403,146 @@ pub const fn is_fd_syscall(nr: i64) -> bool {
 /// `role` is `syscall_arg_role(nr)`, looked up once by the caller.
 #[inline(always)]
 pub const fn needs_enter_state(nr: i64, role: ArgRole) -> bool {
+    needs_enter_state_in(&NATIVE.1, nr, role)
+}
+
+/// [`needs_enter_state`] on the architecture of `t`.
+pub const fn needs_enter_state_in(t: &SyscallNumbers, nr: i64, role: ArgRole) -> bool {
     match role {
         ArgRole::SockAddr { .. } => true,
-        ArgRole::First => matches!(nr, 56 | 60 | 231 | 435),
+        ArgRole::First => one_of(nr, &[t.clone, t.exit, t.exit_group, t.clone3]),
         ArgRole::Path { .. } | ArgRole::None => false,
     }
 }
 
-/// x86_64 syscall numbers the eBPF side treats specially.
+/// This architecture's numbers of the syscalls the eBPF side treats
+/// specially ([`ABSENT`] where it has no such syscall).
 pub mod nr {
-    pub const OPEN: i64 = 2;
-    pub const DUP2: i64 = 33;
-    pub const CONNECT: i64 = 42;
-    pub const GETSOCKOPT: i64 = 55;
+    use super::NATIVE;
+
+    pub const OPEN: i64 = NATIVE.1.open;
+    pub const DUP2: i64 = NATIVE.1.dup2;
+    pub const CONNECT: i64 = NATIVE.1.connect;
+    pub const GETSOCKOPT: i64 = NATIVE.1.getsockopt;
     /// getsockopt level and option of a socket's pending error.
     pub const SOL_SOCKET: u64 = 1;
     pub const SO_ERROR: u64 = 4;
-    pub const SENDTO: i64 = 44;
-    pub const CLONE: i64 = 56;
-    pub const FORK: i64 = 57;
-    pub const VFORK: i64 = 58;
-    pub const EXECVE: i64 = 59;
-    pub const EXIT: i64 = 60;
-    pub const MKDIR: i64 = 83;
-    pub const CREAT: i64 = 85;
-    pub const PRCTL: i64 = 157;
-    pub const MOUNT: i64 = 165;
-    pub const EXIT_GROUP: i64 = 231;
-    pub const OPENAT: i64 = 257;
-    pub const MKDIRAT: i64 = 258;
-    pub const SECCOMP: i64 = 317;
-    pub const CLONE3: i64 = 435;
-    pub const OPENAT2: i64 = 437;
-    pub const DUP3: i64 = 292;
-    pub const EXECVEAT: i64 = 322;
+    pub const SENDTO: i64 = NATIVE.1.sendto;
+    pub const CLONE: i64 = NATIVE.1.clone;
+    pub const FORK: i64 = NATIVE.1.fork;
+    pub const VFORK: i64 = NATIVE.1.vfork;
+    pub const EXECVE: i64 = NATIVE.1.execve;
+    pub const EXIT: i64 = NATIVE.1.exit;
+    pub const MKDIR: i64 = NATIVE.1.mkdir;
+    pub const CREAT: i64 = NATIVE.1.creat;
+    pub const PRCTL: i64 = NATIVE.1.prctl;
+    pub const MOUNT: i64 = NATIVE.1.mount;
+    pub const EXIT_GROUP: i64 = NATIVE.1.exit_group;
+    pub const OPENAT: i64 = NATIVE.1.openat;
+    pub const MKDIRAT: i64 = NATIVE.1.mkdirat;
+    pub const SECCOMP: i64 = NATIVE.1.seccomp;
+    pub const CLONE3: i64 = NATIVE.1.clone3;
+    pub const OPENAT2: i64 = NATIVE.1.openat2;
+    pub const DUP3: i64 = NATIVE.1.dup3;
+    pub const EXECVEAT: i64 = NATIVE.1.execveat;
     /// prctl option that installs a filter.
     pub const PR_SET_SECCOMP: u64 = 22;
 }
 
-/// Which argument of syscall `nr` (x86_64) carries a path or an address.
+/// Which argument of syscall `nr` carries a path or an address.
 /// The same table drives the eBPF programs and the userspace decoder.
 #[inline(always)]
 pub const fn syscall_arg_role(nr: i64) -> ArgRole {
+    syscall_arg_role_in(&NATIVE.1, nr)
+}
+
+/// [`syscall_arg_role`] on the architecture of `t`.
+pub const fn syscall_arg_role_in(t: &SyscallNumbers, nr: i64) -> ArgRole {
     const fn p(path: u8) -> ArgRole {
         ArgRole::Path { path, flags: None }
     }
-    match nr {
-        // open(path, flags), openat(dfd, path, flags), creat(path, mode)
-        2 => ArgRole::Path {
+    if nr < 0 {
+        ArgRole::None
+    } else if nr == t.open {
+        // open(path, flags)
+        ArgRole::Path {
             path: 0,
             flags: Some(1),
-        },
-        257 => ArgRole::Path {
+        }
+    } else if nr == t.openat {
+        // openat(dfd, path, flags)
+        ArgRole::Path {
             path: 1,
             flags: Some(2),
-        },
-        437 => p(1), // openat2: flags live in a struct
-        85 => p(0),
-        // stat, lstat, access, truncate, chdir, rename, mkdir, rmdir, link,
-        // unlink, readlink, chmod, chown, lchown, mknod, statfs, chroot,
-        // umount2, execve
-        4 | 6 | 21 | 76 | 80 | 82 | 83 | 84 | 86 | 87 | 89 | 90 | 92 | 94 | 133 | 137 | 161
-        | 166 | 59 => p(0),
-        // symlink(target, linkpath): the new link is what gets created
-        88 => p(1),
+        }
+    } else if one_of(nr, &[t.openat2, t.symlink]) {
+        // openat2: flags live in a struct; symlink(target, linkpath): the
+        // new link is what gets created
+        p(1)
+    } else if one_of(
+        nr,
+        &[
+            t.creat, t.stat, t.lstat, t.access, t.truncate, t.chdir, t.rename, t.mkdir, t.rmdir,
+            t.link, t.unlink, t.readlink, t.chmod, t.chown, t.lchown, t.mknod, t.statfs, t.chroot,
+            t.umount2, t.execve,
+        ],
+    ) {
+        p(0)
+    } else if nr == t.mount {
         // mount(source, target, fstype, flags, data): the target and flags
-        165 => ArgRole::Path {
+        ArgRole::Path {
             path: 1,
             flags: Some(3),
-        },
-        // *at(dfd, path, ...): mkdirat, mknodat, fchownat, newfstatat,
-        // unlinkat, renameat, linkat, readlinkat, fchmodat, faccessat,
-        // utimensat, renameat2, execveat, statx, faccessat2, fchmodat2
-        258 | 259 | 260 | 262 | 263 | 264 | 265 | 267 | 268 | 269 | 280 | 316 | 322 | 332 | 439
-        | 452 => p(1),
+        }
+    } else if one_of(
+        nr,
+        &[
+            t.mkdirat,
+            t.mknodat,
+            t.fchownat,
+            t.newfstatat,
+            t.unlinkat,
+            t.renameat,
+            t.linkat,
+            t.readlinkat,
+            t.fchmodat,
+            t.faccessat,
+            t.utimensat,
+            t.renameat2,
+            t.execveat,
+            t.statx,
+            t.faccessat2,
+            t.fchmodat2,
+        ],
+    ) {
+        // *at(dfd, path, ...)
+        p(1)
+    } else if nr == t.symlinkat {
         // symlinkat(target, newdfd, linkpath)
-        266 => p(2),
+        p(2)
+    } else if one_of(nr, &[t.connect, t.bind]) {
         // connect(fd, addr, len), bind(fd, addr, len)
-        42 | 49 => ArgRole::SockAddr { addr: 1, len: 2 },
+        ArgRole::SockAddr { addr: 1, len: 2 }
+    } else if nr == t.sendto {
         // sendto(fd, buf, len, flags, addr, addrlen)
-        44 => ArgRole::SockAddr { addr: 4, len: 5 },
-        56 | 60 | 157 | 231 | 317 | 435 => ArgRole::First,
-        // write, pwrite64, writev, ftruncate, fallocate, pwritev: the fd, so
-        // userspace can name the file an ENOSPC hit
-        n if is_fd_syscall(n) => ArgRole::First,
-        // dup2, dup3: the old fd
-        33 | 292 => ArgRole::First,
-        _ => ArgRole::None,
+        ArgRole::SockAddr { addr: 4, len: 5 }
+    } else if one_of(
+        nr,
+        &[t.clone, t.exit, t.prctl, t.exit_group, t.seccomp, t.clone3],
+    )
+        // write and friends: the fd, so userspace can name the file an
+        // ENOSPC hit; dup2, dup3: the old fd
+        || is_fd_syscall_in(t, nr)
+        || one_of(nr, &[t.dup2, t.dup3])
+    {
+        ArgRole::First
+    } else {
+        ArgRole::None
     }
 }
 
-/// Syscall numbers covered by [`ROLES`]: every x86_64 syscall (the highest
-/// is below 512).
+/// Syscall numbers covered by [`ROLES`]: every x86_64 and aarch64 syscall
+/// (the highest is below 512).
 pub const ROLES_LEN: usize = 512;
 
 /// [`syscall_arg_role`] as a table indexed by syscall number, for the eBPF
@@ -492,19 +562,26 @@ pub const ROLES: [ArgRole; ROLES_LEN] = {
 /// mounts): `on_success` in the eBPF programs handles exactly these.
 #[inline(always)]
 pub const fn success_matters(nr: i64) -> bool {
-    matches!(
+    success_matters_in(&NATIVE.1, nr)
+}
+
+/// [`success_matters`] on the architecture of `t`.
+pub const fn success_matters_in(t: &SyscallNumbers, nr: i64) -> bool {
+    one_of(
         nr,
-        nr::SECCOMP
-            | nr::PRCTL
-            | nr::GETSOCKOPT
-            | nr::DUP2
-            | nr::DUP3
-            | nr::OPEN
-            | nr::OPENAT
-            | nr::CREAT
-            | nr::MKDIR
-            | nr::MKDIRAT
-            | nr::MOUNT
+        &[
+            t.seccomp,
+            t.prctl,
+            t.getsockopt,
+            t.dup2,
+            t.dup3,
+            t.open,
+            t.openat,
+            t.creat,
+            t.mkdir,
+            t.mkdirat,
+            t.mount,
+        ],
     )
 }
 
@@ -555,54 +632,61 @@ pub mod uring {
     pub const CQE_F_MORE: u32 = 1 << 1;
 }
 
-/// The x86_64 syscall an io_uring opcode does the work of (`IORING_OP_READ`
+/// The syscall an io_uring opcode does the work of (`IORING_OP_READ`
 /// → read), so a failed request is judged like that syscall's failure;
 /// -1 for opcodes with no syscall of their own (NOP, timeouts, buffers…).
 pub const fn uring_op_syscall(opcode: u32) -> i64 {
+    uring_op_syscall_in(&NATIVE.1, opcode)
+}
+
+/// [`uring_op_syscall`] on the architecture of `t`. Where the legacy
+/// syscall is missing (arm64 has no poll, no epoll_wait) the newer one
+/// stands in.
+pub const fn uring_op_syscall_in(t: &SyscallNumbers, opcode: u32) -> i64 {
+    const fn or(n: i64, instead: i64) -> i64 {
+        if n == ABSENT { instead } else { n }
+    }
     match opcode {
-        1 => 19,        // READV → readv
-        2 => 20,        // WRITEV → writev
-        3 => 74,        // FSYNC → fsync
-        4 | 22 => 0,    // READ_FIXED, READ → read
-        5 | 23 => 1,    // WRITE_FIXED, WRITE → write
-        6 => 7,         // POLL_ADD → poll
-        8 => 277,       // SYNC_FILE_RANGE
-        9 | 48 => 46,   // SENDMSG(_ZC) → sendmsg
-        10 => 47,       // RECVMSG → recvmsg
-        13 => 288,      // ACCEPT → accept4
-        16 => 42,       // CONNECT → connect
-        17 => 285,      // FALLOCATE → fallocate
-        18 => 257,      // OPENAT → openat
-        19 => 3,        // CLOSE → close
-        21 => 332,      // STATX → statx
-        24 => 221,      // FADVISE → fadvise64
-        25 => 28,       // MADVISE → madvise
-        26 | 47 => 44,  // SEND(_ZC) → sendto
-        27 => 45,       // RECV → recvfrom
-        28 => 437,      // OPENAT2 → openat2
-        29 => 233,      // EPOLL_CTL → epoll_ctl
-        30 => 275,      // SPLICE → splice
-        33 => 276,      // TEE → tee
-        34 => 48,       // SHUTDOWN → shutdown
-        35 => 316,      // RENAMEAT → renameat2
-        36 => 263,      // UNLINKAT → unlinkat
-        37 => 258,      // MKDIRAT → mkdirat
-        38 => 266,      // SYMLINKAT → symlinkat
-        39 => 265,      // LINKAT → linkat
-        41 => 190,      // FSETXATTR → fsetxattr
-        42 => 188,      // SETXATTR → setxattr
-        43 => 193,      // FGETXATTR → fgetxattr
-        44 => 191,      // GETXATTR → getxattr
-        45 => 41,       // SOCKET → socket
-        49 => 0,        // READ_MULTISHOT → read
-        50 => 247,      // WAITID → waitid
-        51..=53 => 202, // FUTEX_* → futex
-        55 => 77,       // FTRUNCATE → ftruncate
-        56 => 49,       // BIND → bind
-        57 => 50,       // LISTEN → listen
-        59 => 232,      // EPOLL_WAIT → epoll_wait
-        60 => 19,       // READV_FIXED → readv
-        61 => 20,       // WRITEV_FIXED → writev
+        1 | 60 => t.readv,                     // READV, READV_FIXED
+        2 | 61 => t.writev,                    // WRITEV, WRITEV_FIXED
+        3 => t.fsync,                          // FSYNC
+        4 | 22 | 49 => t.read,                 // READ_FIXED, READ, READ_MULTISHOT
+        5 | 23 => t.write,                     // WRITE_FIXED, WRITE
+        6 => or(t.poll, t.ppoll),              // POLL_ADD
+        8 => t.sync_file_range,                // SYNC_FILE_RANGE
+        9 | 48 => t.sendmsg,                   // SENDMSG(_ZC)
+        10 => t.recvmsg,                       // RECVMSG
+        13 => t.accept4,                       // ACCEPT
+        16 => t.connect,                       // CONNECT
+        17 => t.fallocate,                     // FALLOCATE
+        18 => t.openat,                        // OPENAT
+        19 => t.close,                         // CLOSE
+        21 => t.statx,                         // STATX
+        24 => t.fadvise64,                     // FADVISE
+        25 => t.madvise,                       // MADVISE
+        26 | 47 => t.sendto,                   // SEND(_ZC)
+        27 => t.recvfrom,                      // RECV
+        28 => t.openat2,                       // OPENAT2
+        29 => t.epoll_ctl,                     // EPOLL_CTL
+        30 => t.splice,                        // SPLICE
+        33 => t.tee,                           // TEE
+        34 => t.shutdown,                      // SHUTDOWN
+        35 => t.renameat2,                     // RENAMEAT
+        36 => t.unlinkat,                      // UNLINKAT
+        37 => t.mkdirat,                       // MKDIRAT
+        38 => t.symlinkat,                     // SYMLINKAT
+        39 => t.linkat,                        // LINKAT
+        41 => t.fsetxattr,                     // FSETXATTR
+        42 => t.setxattr,                      // SETXATTR
+        43 => t.fgetxattr,                     // FGETXATTR
+        44 => t.getxattr,                      // GETXATTR
+        45 => t.socket,                        // SOCKET
+        50 => t.waitid,                        // WAITID
+        51..=53 => t.futex,                    // FUTEX_*
+        55 => t.ftruncate,                     // FTRUNCATE
+        56 => t.bind,                          // BIND
+        57 => t.listen,                        // LISTEN
+        59 => or(t.epoll_wait, t.epoll_pwait), // EPOLL_WAIT
         _ => -1,
     }
 }
@@ -666,5 +750,88 @@ mod set_tests {
         assert!(in_set(&ENTER_STATE, nr::CONNECT) && in_set(&ENTER_STATE, nr::CLONE3));
         assert!(!in_set(&ENTER_STATE, 110)); // getppid
         assert!(in_set(&SUCCESS_MATTERS, nr::OPENAT) && !in_set(&SUCCESS_MATTERS, 110));
+    }
+}
+
+#[cfg(test)]
+mod arch_tests {
+    use super::*;
+
+    fn name_of(t: &SyscallNumbers, nr: i64) -> Option<&'static str> {
+        t.entries()
+            .into_iter()
+            .find(|(_, n)| *n == nr && nr != ABSENT)
+            .map(|(name, _)| name)
+    }
+
+    /// A syscall both architectures have is read the same way on both:
+    /// the same argument roles, the same enter and success handling.
+    #[test]
+    fn a_syscall_is_handled_alike_on_both_architectures() {
+        for ((name, x), (_, a)) in X86_64.entries().into_iter().zip(AARCH64.entries()) {
+            if a == ABSENT {
+                continue;
+            }
+            let (rx, ra) = (
+                syscall_arg_role_in(&X86_64, x),
+                syscall_arg_role_in(&AARCH64, a),
+            );
+            assert_eq!(rx, ra, "{name}");
+            assert_eq!(
+                needs_enter_state_in(&X86_64, x, rx),
+                needs_enter_state_in(&AARCH64, a, ra),
+                "{name}"
+            );
+            assert_eq!(
+                success_matters_in(&X86_64, x),
+                success_matters_in(&AARCH64, a),
+                "{name}"
+            );
+            assert_eq!(
+                is_fd_syscall_in(&X86_64, x),
+                is_fd_syscall_in(&AARCH64, a),
+                "{name}"
+            );
+        }
+        assert!((a_max() as usize) < ROLES_LEN);
+    }
+
+    fn a_max() -> i64 {
+        X86_64
+            .entries()
+            .iter()
+            .chain(AARCH64.entries().iter())
+            .map(|(_, n)| *n)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// An io_uring request names the same syscall on both, or the newer
+    /// form where arm64 lacks the legacy one.
+    #[test]
+    fn io_uring_opcodes_name_the_same_syscall_on_both() {
+        for op in 0..80 {
+            let x = name_of(&X86_64, uring_op_syscall_in(&X86_64, op));
+            let a = name_of(&AARCH64, uring_op_syscall_in(&AARCH64, op));
+            match (x, a) {
+                (Some("poll"), a) => assert_eq!(a, Some("ppoll")),
+                (Some("epoll_wait"), a) => assert_eq!(a, Some("epoll_pwait")),
+                (x, a) => assert_eq!(x, a, "opcode {op}"),
+            }
+        }
+        assert_eq!(uring_op_syscall_in(&AARCH64, uring::OPENAT), 56);
+    }
+
+    #[test]
+    fn arm64_reads_openat_like_x86_64() {
+        assert_eq!(
+            syscall_arg_role_in(&AARCH64, AARCH64.openat),
+            ArgRole::Path {
+                path: 1,
+                flags: Some(2)
+            }
+        );
+        // on arm64, 2 is io_submit, not open
+        assert_eq!(syscall_arg_role_in(&AARCH64, 2), ArgRole::None);
     }
 }

@@ -119,8 +119,8 @@ pub(super) fn resource_failure_behind_crash(
     };
     let limit = ev
         .errno_nr()
-        .zip(ev.syscall_nr)
-        .and_then(|(errno, nr)| classify(nr, errno, ev.flags.unwrap_or(0)))
+        .zip(ev.syscall.as_deref())
+        .and_then(|(errno, syscall)| classify(syscall, errno, ev.flags.unwrap_or(0)))
         .and_then(|rule| rule.limit)
         .map(|l| format!(" ({l})"))
         .unwrap_or_default();
@@ -256,10 +256,10 @@ pub(super) fn command_not_found(
         .filter(|e| {
             e.kind.is_failure()
                 && e.errno.as_deref() == Some("ENOENT")
-                && matches!(
-                    e.syscall_nr,
-                    Some(4 | 6 | 21 | 59 | 262 | 269 | 322 | 332 | 439)
-                )
+                && e
+                    .syscall
+                    .as_deref()
+                    .is_some_and(|s| crate::syscalls::PATH_LOOKUPS.contains(&s))
                 && e.path
                     .as_deref()
                     .is_some_and(|p| p.starts_with('/') && in_bin_dir(p) && named(p))
@@ -353,7 +353,7 @@ pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> 
                     && e.errno.as_deref() == Some("ENOENT")
                     && e.path.is_none()
                     // a PATH search stats each directory's candidate
-                    && matches!(e.syscall_nr, Some(4 | 6 | 262 | 332))
+                    && e.syscall.as_deref().is_some_and(|s| crate::syscalls::STATS.contains(&s))
             })
             .collect()
     };

@@ -165,7 +165,7 @@ fn weigh(
         return None;
     }
     let errno = ev.errno_nr()?;
-    let nr = ev.syscall_nr?;
+    let syscall = ev.syscall.as_deref()?;
     if ev.kind == Kind::SeccompDenied {
         let confirmed = ev.seccomp_filter == Some(true);
         let weight = if confirmed { 0.97 } else { 0.6 };
@@ -181,7 +181,7 @@ fn weigh(
         return Some((Primitive::FsPersistence, 0.95, Strength::Strong, false));
     }
     let flags = ev.flags.unwrap_or(0);
-    let rule = classify(nr, errno, flags)?;
+    let rule = classify(syscall, errno, flags)?;
     let lookup = rule.primitive == Primitive::FsMissing
         || (rule.primitive == Primitive::FsPermission && rule.class == SyscallClass::PathRead);
     let strength = if lookup {
@@ -190,7 +190,7 @@ fn weigh(
         Strength::Strong
     };
     let mut primitive = rule.primitive;
-    if primitive == Primitive::FsPermission && matches!(nr, 59 | 322) {
+    if primitive == Primitive::FsPermission && crate::syscalls::EXEC.contains(&syscall) {
         let path = ev.path.as_deref().unwrap_or("");
         let noexec_mount_in_span = span.events.iter().any(|m| {
             m.kind == Kind::Mount
@@ -215,10 +215,10 @@ fn weigh(
 /// remove files too, and the probe does not see a removal.
 fn made_again_later(events: &VecDeque<KernelEvent>, i: usize) -> bool {
     let ev = &events[i];
-    let (Some(nr), flags) = (ev.syscall_nr, ev.flags.unwrap_or(0)) else {
+    let (Some(syscall), flags) = (ev.syscall.as_deref(), ev.flags.unwrap_or(0)) else {
         return false;
     };
-    if crate::syscalls::classes(nr, flags).contains(&SyscallClass::PathWrite) {
+    if crate::syscalls::classes(syscall, flags).contains(&SyscallClass::PathWrite) {
         return false;
     }
     let written = ev.written_earlier.as_ref().and_then(|w| w.path.as_deref());
