@@ -184,7 +184,10 @@ pub fn launch(
     })
 }
 
-/// `struct clone_args` of clone3(2), up to `cgroup` (Linux 5.7).
+/// `struct clone_args` of clone3(2), up to `cgroup` (Linux 5.7). Only the
+/// x86_64 path enters clone3 itself (a few instructions of assembly);
+/// elsewhere (aarch64) the child is placed by `setup`.
+#[cfg(target_arch = "x86_64")]
 #[repr(C)]
 #[derive(Default)]
 struct CloneArgs {
@@ -201,7 +204,9 @@ struct CloneArgs {
     cgroup: u64,
 }
 
+#[cfg(target_arch = "x86_64")]
 const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
+#[cfg(target_arch = "x86_64")]
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// clone3(2) with `CLONE_VM | CLONE_VFORK | CLONE_CLEAR_SIGHAND`, and

@@ -67,6 +67,21 @@ pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
 mod tests {
     use super::*;
 
+    /// The file the Debian package installs as /etc/probe/probe.toml.
+    #[test]
+    fn the_packaged_config_file_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/probe.toml");
+        let config = load(&path).unwrap();
+        assert_eq!(
+            config.socket.as_deref(),
+            Some(Path::new("/run/probe/probe.sock"))
+        );
+        assert_eq!(
+            config.db.as_deref(),
+            Some(Path::new("/var/lib/probe/evidence.db"))
+        );
+    }
+
     #[test]
     fn parses_and_rejects_unknown_keys() {
         let c: ConfigFile = toml::from_str(

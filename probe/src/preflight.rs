@@ -113,6 +113,30 @@ pub fn release() -> String {
         .unwrap_or_default()
 }
 
+/// The kernel's machine, as `uname -m` says it.
+fn machine() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.machine().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The architecture this probe was built for (its eBPF programs read that
+/// architecture's registers and syscall numbers) against the kernel's: an
+/// x86_64 probe run by a user-mode emulator on arm64 would load programs
+/// that read the wrong registers.
+fn architecture_item(machine: &str) -> Item {
+    let built = probe_abi::NATIVE.0;
+    Item::new(
+        "architecture",
+        machine == built,
+        format!("{built} probe, {machine} kernel"),
+    )
+    .fix(format!(
+        "install the probe built for {machine} (`cargo xtask dist` makes x86_64 and aarch64)"
+    ))
+    .required()
+}
+
 /// gVisor's sentry: no bpf(2), and the kernel log it fakes begins with
 /// "Starting gVisor..." (its /proc/version claims Linux 4.4.0).
 fn is_gvisor() -> bool {
@@ -222,6 +246,7 @@ pub fn items(tracepoints: &[(&str, &str, bool)]) -> Vec<Item> {
                 .unwrap_or_else(|| "no /proc/config.gz or /boot/config-*".into())
         ),
     ));
+    out.push(architecture_item(&machine()));
     let gvisor = is_gvisor();
     out.push(
         Item::new(
@@ -400,4 +425,27 @@ pub fn items(tracepoints: &[(&str, &str, bool)]) -> Vec<Item> {
         .fix("nothing to do: workloads cannot use io_uring here either"),
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_architecture_item_refuses_a_probe_built_for_another_machine() {
+        let here = architecture_item(probe_abi::NATIVE.0);
+        assert!(here.ok && here.required, "{}", here.found);
+        let other = if probe_abi::NATIVE.0 == "x86_64" {
+            "aarch64"
+        } else {
+            "x86_64"
+        };
+        let there = architecture_item(other);
+        assert!(!there.ok && there.required);
+        assert!(
+            there.found.contains(other) && there.fix.contains(other),
+            "{}",
+            there.fix
+        );
+    }
 }

@@ -3,9 +3,135 @@
 //! image, the containers' root, the precision corpus's images). No archive
 //! host is written into the project; a machine with another mirror uses it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
+
+use crate::arch::Arch;
+use crate::output;
+
+/// A private apt state for one suite and architecture: packages of the
+/// archive (a kernel, busybox, musl's headers) downloaded and unpacked
+/// without installing them. The host's own apt state, its architectures
+/// and its installed packages are never touched.
+pub struct Private {
+    at: PathBuf,
+    arch: Arch,
+}
+
+impl Private {
+    /// `target/debian/SUITE-ARCH`, with its lists updated.
+    pub fn open(suite: &str, arch: Arch) -> anyhow::Result<Private> {
+        let at = crate::workspace_root()
+            .join("target/debian")
+            .join(format!("{suite}-{}", arch.debian()));
+        for sub in ["lists/partial", "cache", "archives/partial", "debs"] {
+            std::fs::create_dir_all(at.join(sub))?;
+        }
+        let sources: String = mirrors(suite)?
+            .iter()
+            .map(|l| l.replacen("deb ", &format!("deb [arch={}] ", arch.debian()), 1) + "\n")
+            .collect();
+        std::fs::write(at.join("sources.list"), sources)?;
+        let apt = Private { at, arch };
+        output(apt.command("apt-get").args(["-q", "update"]))
+            .with_context(|| format!("apt-get update for {suite} {}", arch.debian()))?;
+        Ok(apt)
+    }
+
+    /// apt-get or apt-cache on this state.
+    fn command(&self, tool: &str) -> Command {
+        let mut cmd = Command::new(tool);
+        let arch = self.arch.debian();
+        for (opt, path) in [
+            ("Dir::Etc::sourcelist", self.at.join("sources.list")),
+            ("Dir::State::Lists", self.at.join("lists")),
+            ("Dir::Cache", self.at.join("cache")),
+            ("Dir::Cache::Archives", self.at.join("archives")),
+        ] {
+            cmd.arg("-o").arg(format!("{opt}={}", path.display()));
+        }
+        cmd.args(["-o", "Dir::Etc::sourceparts=-", "-o", "Debug::NoLocking=1"])
+            .args(["-o", &format!("APT::Architecture={arch}")])
+            .args(["-o", &format!("APT::Architectures={arch}")])
+            .current_dir(&self.at)
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        cmd
+    }
+
+    /// The packages `package` depends on.
+    pub fn depends(&self, package: &str) -> anyhow::Result<Vec<String>> {
+        let text = output(self.command("apt-cache").args(["depends", package]))?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("Depends: "))
+            .map(|p| p.split_whitespace().next().unwrap_or(p).to_string())
+            .collect())
+    }
+
+    /// The version of `package` apt would take.
+    pub fn version(&self, package: &str) -> anyhow::Result<String> {
+        let shown = output(
+            self.command("apt-cache")
+                .args(["show", "--no-all-versions", package]),
+        )?;
+        Ok(shown
+            .lines()
+            .find_map(|l| l.strip_prefix("Version: "))
+            .with_context(|| format!("no version of {package}"))?
+            .trim()
+            .to_string())
+    }
+
+    /// `package` (only `subtree` of it, e.g. `./boot`; `.` for all),
+    /// downloaded once per version and unpacked into `PACKAGE_VERSION`.
+    /// apt checks the hashes against the signed release files.
+    pub fn unpack(&self, package: &str, subtree: &str) -> anyhow::Result<PathBuf> {
+        let version = self.version(package)?;
+        let unpacked = self.at.join(format!("{package}_{version}"));
+        let done = unpacked.join(".unpacked");
+        if done.is_file() {
+            return Ok(unpacked);
+        }
+        let debs = self.at.join("debs");
+        output(
+            self.command("apt-get")
+                .current_dir(&debs)
+                .args(["-q", "download", package]),
+        )
+        .with_context(|| format!("downloading {package} {version}"))?;
+        let deb = std::fs::read_dir(&debs)?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{package}_")))
+            })
+            .with_context(|| format!("{package}: apt-get download left no .deb"))?;
+        let _ = std::fs::remove_dir_all(&unpacked);
+        std::fs::create_dir_all(&unpacked)?;
+        crate::run(Command::new("sh").arg("-c").arg(format!(
+            "dpkg-deb --fsys-tarfile '{}' | tar -x -C '{}' '{subtree}'",
+            deb.display(),
+            unpacked.display()
+        )))?;
+        std::fs::remove_file(&deb)?;
+        std::fs::write(&done, "")?;
+        Ok(unpacked)
+    }
+}
+
+/// This machine's Debian release (`VERSION_CODENAME` of /etc/os-release).
+pub fn host_suite() -> anyhow::Result<String> {
+    let text = std::fs::read_to_string("/etc/os-release").context("reading /etc/os-release")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|v| v.trim_matches('"').to_string())
+        .filter(|v| !v.is_empty())
+        .context("/etc/os-release names no VERSION_CODENAME")
+}
 
 /// One `deb` source of the apt configuration.
 struct Source {

@@ -1,13 +1,21 @@
 //! `cargo xtask dist`: `probe`, `probe-fault` and `agent-bridge` as fully
-//! static release executables for x86_64-unknown-linux-musl (the eBPF object
-//! embedded, SQLite compiled in), copied to `<target dir>/dist` with a
-//! `SHA256SUMS`. They run on any x86_64 Linux, in an image with no libc.
+//! static release executables for x86_64 and aarch64 (musl; the eBPF
+//! object built for each architecture and embedded, SQLite compiled in),
+//! each set in `<target dir>/dist/ARCH` with a `SHA256SUMS`, and a tarball
+//! and a Debian package per architecture beside them (with their own
+//! `SHA256SUMS`).
+//! They run on any Linux of their architecture, in an image with no libc.
+//!
+//! aarch64 is built on this x86_64 machine: Debian's aarch64 gcc links,
+//! and SQLite compiles against musl's own headers (Debian's musl-dev for
+//! arm64, unpacked, not installed): glibc's would ask for `open64` and
+//! friends, which musl 1.2.4+ no longer has.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
-pub const TARGET: &str = "x86_64-unknown-linux-musl";
+use crate::arch::Arch;
 
 /// (package, binary) in the order they are listed.
 pub const BINARIES: [(&str, &str); 3] = [
@@ -16,29 +24,188 @@ pub const BINARIES: [(&str, &str); 3] = [
     ("agent-bridge", "agent-bridge"),
 ];
 
-/// What the C parts (SQLite, through the cc crate) compile with.
+/// What the C parts (SQLite, through the cc crate) compile with, for x86_64.
 const MUSL_GCC: (&str, &str) = ("musl-tools", "command -v musl-gcc");
 
-/// Builds the static executables and returns the dist directory, which
-/// holds exactly them and `SHA256SUMS`.
-pub fn build() -> anyhow::Result<PathBuf> {
+/// The aarch64 compiler and linker.
+const AARCH64_GCC: (&str, &str) = ("gcc-aarch64-linux-gnu", "command -v aarch64-linux-gnu-gcc");
+
+/// Builds every architecture of `arches`, then one tarball each
+/// (`probe-VERSION-ARCH.tar.gz`: the executables and their SHA256SUMS
+/// under `probe-VERSION-ARCH/`) and `dist/SHA256SUMS` of the tarballs.
+/// Returns each architecture's directory.
+pub fn build_all(arches: &[Arch]) -> anyhow::Result<Vec<(Arch, PathBuf)>> {
+    let mut built = Vec::new();
+    for &arch in arches {
+        built.push((arch, build(arch)?));
+    }
     let root = crate::workspace_root();
-    ensure_target(&root)?;
-    crate::ensure_debian(&[MUSL_GCC])?;
+    let dist = target_dir(&root)?.join("dist");
+    let version = version(&root)?;
+    let mut sums = String::new();
+    for (arch, dir) in &built {
+        let name = format!("probe-{version}-{arch}");
+        let tarball = dist.join(format!("{name}.tar.gz"));
+        // reproducible: sorted, no owner, no time
+        crate::run(
+            Command::new("tar")
+                .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
+                .args(["--mtime=@0", "--transform", &format!("s,^\\.,{name},")])
+                .arg("-czf")
+                .arg(&tarball)
+                .arg("-C")
+                .arg(dir)
+                .arg("."),
+        )?;
+        sums.push_str(&format!(
+            "{}  {}\n",
+            crate::image::sha256_file(&tarball)?,
+            tarball.file_name().and_then(|n| n.to_str()).unwrap_or("")
+        ));
+        eprintln!("xtask: wrote {}", tarball.display());
+    }
+    for (arch, dir) in &built {
+        let deb = deb(*arch, dir, &version, &dist)?;
+        sums.push_str(&format!(
+            "{}  {}\n",
+            crate::image::sha256_file(&deb)?,
+            deb.file_name().and_then(|n| n.to_str()).unwrap_or("")
+        ));
+        eprintln!("xtask: wrote {}", deb.display());
+    }
+    std::fs::write(dist.join("SHA256SUMS"), sums)?;
+    Ok(built)
+}
+
+/// The Debian package of one architecture's executables, as a platform
+/// engineer bakes it into an image (`apt-get install ./probe_*.deb` in a
+/// Dockerfile): the three executables in /usr/bin, the daemon's systemd
+/// unit (installed, not enabled: the image decides) and its config file
+/// /etc/probe/probe.toml (a conffile, kept across upgrades). Static
+/// executables: no dependencies. Built with dpkg-deb.
+fn deb(arch: Arch, dir: &Path, version: &str, out: &Path) -> anyhow::Result<PathBuf> {
+    let root = crate::workspace_root();
+    let tree = out.join(format!("deb-{}", arch.debian()));
+    let _ = std::fs::remove_dir_all(&tree);
+    let put = |path: &str, data: &[u8], mode: u32| -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let to = tree.join(path);
+        std::fs::create_dir_all(to.parent().context("a parent")?)?;
+        std::fs::write(&to, data)?;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))?;
+        Ok(())
+    };
+    let mut installed = 0;
+    for (_, bin) in BINARIES {
+        let data = std::fs::read(dir.join(bin))?;
+        installed += data.len();
+        put(&format!("usr/bin/{bin}"), &data, 0o755)?;
+    }
+    put(
+        "lib/systemd/system/probe.service",
+        package_unit(&root)?.as_bytes(),
+        0o644,
+    )?;
+    let config = std::fs::read(root.join("dist/probe.toml"))?;
+    put("etc/probe/probe.toml", &config, 0o644)?;
+    let control = format!(
+        "Package: probe\n\
+         Version: {version}\n\
+         Architecture: {}\n\
+         Maintainer: probe developers <probe@localhost>\n\
+         Installed-Size: {}\n\
+         Section: admin\n\
+         Priority: optional\n\
+         Description: kernel evidence for sandboxed AI agent workloads\n \
+         probe (an eBPF daemon: which kernel primitive made a tool call fail),\n \
+         probe-fault and agent-bridge (the MCP server that asks it), static.\n \
+         The probe.service unit is installed but not enabled.\n",
+        arch.debian(),
+        installed.div_ceil(1024)
+    );
+    put("DEBIAN/control", control.as_bytes(), 0o644)?;
+    put("DEBIAN/conffiles", b"/etc/probe/probe.toml\n", 0o644)?;
+    let deb = out.join(format!("probe_{version}_{}.deb", arch.debian()));
+    crate::run(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zxz", "--build"])
+            .arg(&tree)
+            .arg(&deb),
+    )?;
+    std::fs::remove_dir_all(&tree)?;
+    Ok(deb)
+}
+
+/// dist/probe.service as the package installs it: the executable in
+/// /usr/bin, everything else from /etc/probe/probe.toml.
+fn package_unit(root: &Path) -> anyhow::Result<String> {
+    let unit = std::fs::read_to_string(root.join("dist/probe.service"))?;
+    let mut out = String::from(
+        "# systemd unit for the probe daemon, installed by the probe package and\n\
+         # not enabled: `systemctl enable --now probe`. Settings: /etc/probe/probe.toml.\n",
+    );
+    for line in unit.lines().skip_while(|l| l.starts_with('#')) {
+        if line.starts_with("ExecStart=") {
+            out.push_str("ExecStart=/usr/bin/probe run --config /etc/probe/probe.toml\n");
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !unit
+        .lines()
+        .any(|l| l.starts_with("ExecStart=/usr/local/bin/probe run"))
+    {
+        bail!("dist/probe.service: no `ExecStart=/usr/local/bin/probe run` line to replace");
+    }
+    Ok(out)
+}
+
+/// Builds the static executables for `arch` and returns their directory,
+/// `dist/ARCH`, which holds exactly them and `SHA256SUMS`.
+pub fn build(arch: Arch) -> anyhow::Result<PathBuf> {
+    let root = crate::workspace_root();
+    let target = arch.rust_target();
+    ensure_target(&root, target)?;
     let mut cargo = Command::new("cargo");
     cargo
         .current_dir(&root)
-        .args(["build", "--release", "--locked", "--target", TARGET])
-        // cc would find musl-gcc by itself; say it, so it never falls back to the glibc gcc
-        .env("CC_x86_64_unknown_linux_musl", "musl-gcc");
+        .args(["build", "--release", "--locked", "--target", target]);
+    match arch {
+        Arch::X86_64 => {
+            crate::ensure_debian(&[MUSL_GCC])?;
+            // cc would find musl-gcc by itself; say it, so it never falls back to the glibc gcc
+            cargo.env("CC_x86_64_unknown_linux_musl", "musl-gcc");
+        }
+        Arch::Aarch64 => {
+            crate::ensure_debian(&[AARCH64_GCC])?;
+            let apt = crate::apt::Private::open(&crate::apt::host_suite()?, arch)?;
+            let musl = apt.unpack("musl-dev", ".")?;
+            let gcc_include = crate::output(
+                Command::new("aarch64-linux-gnu-gcc").arg("-print-file-name=include"),
+            )?;
+            let cflags = format!(
+                "-nostdinc -isystem {} -isystem {}",
+                musl.join("usr/include/aarch64-linux-musl").display(),
+                gcc_include.trim()
+            );
+            cargo
+                .env("CC_aarch64_unknown_linux_musl", "aarch64-linux-gnu-gcc")
+                .env("CFLAGS_aarch64_unknown_linux_musl", cflags)
+                .env(
+                    "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER",
+                    "aarch64-linux-gnu-gcc",
+                );
+        }
+    }
     for (package, bin) in BINARIES {
         cargo.args(["-p", package, "--bin", bin]);
     }
     crate::run(&mut cargo)?;
 
     let target_dir = target_dir(&root)?;
-    let built = target_dir.join(TARGET).join("release");
-    let dist = target_dir.join("dist");
+    let built = target_dir.join(target).join("release");
+    let dist = target_dir.join("dist").join(arch.name());
     if dist.exists() {
         std::fs::remove_dir_all(&dist).with_context(|| format!("removing {}", dist.display()))?;
     }
@@ -51,7 +218,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
         let data = std::fs::read(&out)?;
         let linkage = linkage(&data).with_context(|| format!("reading {}", out.display()))?;
         eprintln!(
-            "xtask: dist/{bin:<13} {:>6.1} MiB  {linkage}",
+            "xtask: dist/{arch}/{bin:<13} {:>6.1} MiB  {linkage}",
             data.len() as f64 / (1 << 20) as f64
         );
         if !linkage.is_static() {
@@ -64,8 +231,22 @@ pub fn build() -> anyhow::Result<PathBuf> {
     Ok(dist)
 }
 
-/// Adds the musl target to the userspace toolchain of rust-toolchain.toml.
-fn ensure_target(root: &Path) -> anyhow::Result<()> {
+/// The probe's version, as its Cargo.toml says.
+fn version(root: &Path) -> anyhow::Result<String> {
+    let path = root.join("probe/Cargo.toml");
+    let text = std::fs::read_to_string(&path)?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    table
+        .get("package")
+        .and_then(|p| p.get("version"))
+        .and_then(|v| v.as_str())
+        .map(String::from)
+        .with_context(|| format!("{}: no package.version", path.display()))
+}
+
+/// Adds `target` to the userspace toolchain of rust-toolchain.toml.
+fn ensure_target(root: &Path, target: &str) -> anyhow::Result<()> {
     let path = root.join("rust-toolchain.toml");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -82,10 +263,10 @@ fn ensure_target(root: &Path) -> anyhow::Result<()> {
         .context("running rustup")?;
     if !String::from_utf8_lossy(&installed.stdout)
         .lines()
-        .any(|l| l.trim() == TARGET)
+        .any(|l| l.trim() == target)
     {
-        eprintln!("xtask: adding the {TARGET} target to Rust {channel}");
-        crate::run(Command::new("rustup").args(["target", "add", TARGET, "--toolchain", channel]))?;
+        eprintln!("xtask: adding the {target} target to Rust {channel}");
+        crate::run(Command::new("rustup").args(["target", "add", target, "--toolchain", channel]))?;
     }
     Ok(())
 }

@@ -14,14 +14,23 @@ use std::process::Command;
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::workspace_root;
+use crate::arch::Arch;
+use crate::{output, workspace_root};
 
-/// Debian suites whose current cloud kernel is tested.
-pub const SUITES: [&str; 3] = ["bullseye", "bookworm", "trixie"];
+/// Debian suites whose current cloud kernel is tested, and for which
+/// architectures: arm64 on the two lines arm64 sandboxes boot today
+/// (bookworm 6.1, trixie 6.12); bullseye's 5.10 for amd64 only, since an
+/// arm64 guest under TCG is several times slower and CI runs them all at once.
+pub const MATRIX: [(&str, &[Arch]); 3] = [
+    ("bullseye", &[Arch::X86_64]),
+    ("bookworm", &[Arch::X86_64, Arch::Aarch64]),
+    ("trixie", &[Arch::X86_64, Arch::Aarch64]),
+];
 
 /// What `cargo xtask kernels` needs on the host.
-pub const PACKAGES: [(&str, &str); 3] = [
+pub const PACKAGES: [(&str, &str); 4] = [
     ("qemu-system-x86", "command -v qemu-system-x86_64"),
+    ("qemu-system-arm", "command -v qemu-system-aarch64"),
     // gVisor: where the probe must refuse in one sentence, and whose
     // runtime monitoring `probe trace --gvisor` reads; pinned (bookworm's
     // package: the gVisor tests know this release's gaps, its statx EINVAL)
@@ -38,6 +47,7 @@ pub const PACKAGES: [(&str, &str); 3] = [
 /// A fetched kernel.
 pub struct Kernel {
     pub suite: &'static str,
+    pub arch: Arch,
     /// `linux-image-6.1.0-41-cloud-amd64`
     pub package: String,
     /// `6.1.158-1`
@@ -53,124 +63,46 @@ fn dir() -> PathBuf {
     workspace_root().join("target/kernels")
 }
 
-/// apt-get/apt-cache with a private sources list and state under `at`: the
-/// host's own apt state and its installed kernels are never touched.
-fn apt(tool: &str, at: &Path) -> Command {
-    let mut cmd = Command::new(tool);
-    for (opt, path) in [
-        ("Dir::Etc::sourcelist", at.join("sources.list")),
-        ("Dir::State::Lists", at.join("lists")),
-        ("Dir::Cache", at.join("cache")),
-        ("Dir::Cache::Archives", at.join("archives")),
-    ] {
-        cmd.arg("-o").arg(format!("{opt}={}", path.display()));
-    }
-    cmd.args(["-o", "Dir::Etc::sourceparts=-", "-o", "Debug::NoLocking=1"])
-        .current_dir(at)
-        .env("DEBIAN_FRONTEND", "noninteractive");
-    cmd
-}
-
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// A private apt state for `suite` in `target/kernels/SUITE`, updated.
-fn private_apt(suite: &str) -> anyhow::Result<PathBuf> {
-    let at = dir().join(suite);
-    for sub in ["lists/partial", "cache", "archives/partial"] {
-        std::fs::create_dir_all(at.join(sub))?;
-    }
-    let sources = crate::apt::mirrors(suite)?.join("\n") + "\n";
-    std::fs::write(at.join("sources.list"), sources)?;
-    output(apt("apt-get", &at).args(["-q", "update"]))
-        .with_context(|| format!("apt-get update for {suite}"))?;
-    Ok(at)
-}
-
-/// The suite's current cloud kernel: `linux-image-cloud-amd64`'s versioned
-/// dependency, downloaded (once per version) and unpacked. The archive
-/// replaces a kernel at each point release, so no exact version is pinned;
-/// apt checks the hashes against the signed release files.
-pub fn fetch(suite: &'static str) -> anyhow::Result<Kernel> {
-    let at = private_apt(suite)?;
-    let depends = output(apt("apt-cache", &at).args(["depends", "linux-image-cloud-amd64"]))?;
-    let package = depends
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("Depends: "))
-        .map(|p| p.split_whitespace().next().unwrap_or(p).to_string())
-        .find(|p| p.starts_with("linux-image-") && p.ends_with("-cloud-amd64"))
-        .with_context(|| {
-            format!("{suite}: linux-image-cloud-amd64 depends on no kernel:\n{depends}")
-        })?;
-    let policy = output(apt("apt-cache", &at).args(["show", "--no-all-versions", &package]))?;
-    let version = policy
-        .lines()
-        .find_map(|l| l.strip_prefix("Version: "))
-        .with_context(|| format!("{suite}: no version of {package}"))?
-        .trim()
-        .to_string();
+/// The suite's current cloud kernel for `arch`: `linux-image-cloud-ARCH`'s
+/// versioned dependency, downloaded (once per version) and unpacked. The
+/// archive replaces a kernel at each point release, so no exact version is
+/// pinned; apt checks the hashes against the signed release files.
+pub fn fetch(suite: &'static str, arch: Arch) -> anyhow::Result<Kernel> {
+    let apt = crate::apt::Private::open(suite, arch)?;
+    let meta = format!("linux-image-cloud-{}", arch.debian());
+    let package = apt
+        .depends(&meta)?
+        .into_iter()
+        .find(|p| {
+            p.starts_with("linux-image-") && p.ends_with(&format!("-cloud-{}", arch.debian()))
+        })
+        .with_context(|| format!("{suite}: {meta} depends on no kernel"))?;
+    let version = apt.version(&package)?;
     let release = package
         .strip_prefix("linux-image-")
         .unwrap_or(&package)
         .to_string();
-    let unpacked = at.join(format!("{package}_{version}"));
+    // only /boot: the modules are not needed (the guest loads none)
+    let unpacked = apt.unpack(&package, "./boot")?;
     let vmlinuz = unpacked.join(format!("boot/vmlinuz-{release}"));
-    let config = unpacked.join(format!("boot/config-{release}"));
     if !vmlinuz.is_file() {
-        let debs = at.join("debs");
-        std::fs::create_dir_all(&debs)?;
-        output(
-            apt("apt-get", &at)
-                .current_dir(&debs)
-                .args(["-q", "download", &package]),
-        )
-        .with_context(|| format!("downloading {package} {version}"))?;
-        let deb = std::fs::read_dir(&debs)?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&format!("{package}_")))
-            })
-            .with_context(|| format!("{package}: apt-get download left no .deb"))?;
-        let _ = std::fs::remove_dir_all(&unpacked);
-        // only /boot: the modules are not needed (the guest loads none)
-        std::fs::create_dir_all(&unpacked)?;
-        crate::run(Command::new("sh").arg("-c").arg(format!(
-            "dpkg-deb --fsys-tarfile '{}' | tar -x -C '{}' ./boot",
-            deb.display(),
-            unpacked.display()
-        )))?;
-        std::fs::remove_file(&deb)?;
-        if !vmlinuz.is_file() {
-            bail!("{package}: no {} in the package", vmlinuz.display());
-        }
+        bail!("{package}: no {} in the package", vmlinuz.display());
     }
     Ok(Kernel {
         suite,
+        arch,
         package,
         version,
+        config: unpacked.join(format!("boot/config-{release}")),
         vmlinuz,
-        config,
         release,
     })
 }
 
 /// One fault the guest runs under `probe trace --json`: its name, the
-/// shell command, and the primitive (and decisive syscall) it must get on
-/// every kernel, as on the host.
+/// shell command (`{syscall}` stands for the decisive syscall), and the
+/// primitive (and decisive syscall, as x86_64 names it) it must get on
+/// every kernel and architecture, as on the host.
 pub struct Case {
     pub name: &'static str,
     pub script: &'static str,
@@ -187,14 +119,14 @@ pub struct Case {
 pub const CASES: &[Case] = &[
     Case {
         name: "seccomp-errno",
-        script: "probe-fault --seccomp errno:mkdir -- mkdir /tmp/made",
+        script: "probe-fault --seccomp errno:{syscall} -- mkdir /tmp/made",
         primitive: "seccomp",
         syscall: Some("mkdir"),
         syscall_unseen_on: &[],
     },
     Case {
         name: "seccomp-kill",
-        script: "probe-fault --seccomp kill:mkdir -- mkdir /tmp/made",
+        script: "probe-fault --seccomp kill:{syscall} -- mkdir /tmp/made",
         primitive: "seccomp",
         syscall: Some("mkdir"),
         // 5.10 kills the task inside seccomp, before raw_syscalls:sys_exit
@@ -289,6 +221,32 @@ pub const CASES: &[Case] = &[
     },
 ];
 
+/// The syscall a program makes on `arch` where x86_64's is `name`: arm64
+/// has only the `*at` and newer forms (probe's `syscalls::X86_ONLY` holds
+/// the full list; these are the ones the cases name).
+pub fn syscall_on(arch: Arch, name: &'static str) -> &'static str {
+    match (arch, name) {
+        (Arch::Aarch64, "mkdir") => "mkdirat",
+        (Arch::Aarch64, "open") => "openat",
+        (Arch::Aarch64, "unlink") => "unlinkat",
+        (Arch::Aarch64, "stat") => "newfstatat",
+        _ => name,
+    }
+}
+
+impl Case {
+    /// The decisive syscall on `arch`.
+    fn syscall_on(&self, arch: Arch) -> Option<&'static str> {
+        self.syscall.map(|s| syscall_on(arch, s))
+    }
+
+    /// The shell command on `arch`.
+    fn script_on(&self, arch: Arch) -> String {
+        self.script
+            .replace("{syscall}", self.syscall_on(arch).unwrap_or(""))
+    }
+}
+
 /// What `/init` prepares before the cases.
 const INIT_SETUP: &str = r#"
 mount -t proc proc /proc
@@ -314,9 +272,17 @@ cd /tmp
 /// then the daemon with two spans of one session. Each result is one
 /// console line `@@RUNG NAME EXIT JSON` (JSON has no raw newlines, so
 /// they are removed).
-fn init_script() -> String {
+fn init_script(arch: Arch, foreign: Option<Arch>) -> String {
     let mut s = String::from("#!/bin/sh\n");
     s.push_str(INIT_SETUP);
+    // the other architecture's probe: the kernel refuses it (ENOEXEC),
+    // said by the exec, before any program could load
+    if let Some(other) = foreign.filter(|o| *o != arch) {
+        s.push_str(&format!(
+            "probe-fault -- /bin/probe-{other} check > /tmp/f.out 2>&1; \
+             echo \"@@foreign - $? $(tr -d '\\n' < /tmp/f.out | head -c 400)\"\n"
+        ));
+    }
     for (rung, env) in [("check", ""), ("check-forced", "PROBE_BTF=none ")] {
         s.push_str(&format!(
             "{env}probe check --json > /tmp/check.json 2>/tmp/check.err; rc=$?\n\
@@ -325,7 +291,7 @@ fn init_script() -> String {
     }
     for (rung, env) in [("kernel", ""), ("forced", "PROBE_BTF=none ")] {
         for case in CASES {
-            let quoted = case.script.replace('\'', r"'\''");
+            let quoted = case.script_on(arch).replace('\'', r"'\''");
             s.push_str(&format!(
                 "{env}probe trace --json -- sh -c '{quoted}' > /tmp/out.json 2>/tmp/err.txt; rc=$?\n\
                  echo \"@@{rung} {} $rc $(tr -d '\\n' < /tmp/out.json)\"\n\
@@ -350,12 +316,24 @@ reboot -f
     s
 }
 
-/// Builds an initramfs: busybox (every applet linked), the executables of
-/// `dist` (with their libraries when dynamic), `extra` files in `/bin`,
-/// each kernel's config under `/boot`, and `init`.
+/// A static busybox for `arch`: the host's, or Debian's busybox-static of
+/// the host's release for the other architecture (the same version, so the
+/// host's applet list holds for it).
+fn busybox(arch: Arch) -> anyhow::Result<PathBuf> {
+    if arch == Arch::host() {
+        return Ok(PathBuf::from("/bin/busybox"));
+    }
+    let apt = crate::apt::Private::open(&crate::apt::host_suite()?, arch)?;
+    Ok(apt.unpack("busybox-static", "./bin")?.join("bin/busybox"))
+}
+
+/// Builds an initramfs for `arch`: busybox (every applet linked), the
+/// executables of `dist` (with their libraries when dynamic), `extra`
+/// files in `/bin`, each kernel's config under `/boot`, and `init`.
 fn initramfs(
+    arch: Arch,
     dist: &Path,
-    kernels: &[Kernel],
+    configs: &[(&Path, &str)],
     name: &str,
     init: &str,
     extra: &[&Path],
@@ -365,7 +343,9 @@ fn initramfs(
     for sub in ["bin", "boot", "etc", "proc", "sys", "dev", "tmp", "root"] {
         std::fs::create_dir_all(work.join(sub))?;
     }
-    std::fs::copy("/bin/busybox", work.join("bin/busybox")).context("copying /bin/busybox")?;
+    let busybox = busybox(arch)?;
+    std::fs::copy(&busybox, work.join("bin/busybox"))
+        .with_context(|| format!("copying {}", busybox.display()))?;
     let list = output(Command::new("/bin/busybox").arg("--list"))?;
     for applet in list.lines().filter(|a| !a.is_empty() && *a != "busybox") {
         std::os::unix::fs::symlink("busybox", work.join("bin").join(applet))?;
@@ -385,9 +365,9 @@ fn initramfs(
             std::fs::copy(lib, &to).with_context(|| format!("copying {lib}"))?;
         }
     }
-    for k in kernels {
-        if k.config.is_file() {
-            std::fs::copy(&k.config, work.join(format!("boot/config-{}", k.release)))?;
+    for (config, release) in configs {
+        if config.is_file() {
+            std::fs::copy(config, work.join(format!("boot/config-{release}")))?;
         }
     }
     std::fs::write(
@@ -427,18 +407,38 @@ struct Console {
 /// device, and returns its console once `/init` powered it off.
 fn boot(kernel: &Kernel, initrd: &Path) -> anyhow::Result<Console> {
     let mut cmd = Command::new("timeout");
-    cmd.args(["--kill-after=10", "600", "qemu-system-x86_64"])
-        // one vCPU: with two, a guest once died of a stray int3 while the
-        // kernel patched a jump label (TCG does not see the other vCPU's
-        // code change in time); the host's own tests cover SMP
-        .args(["-accel", "tcg", "-cpu", "max", "-m", "1024", "-smp", "1"])
+    cmd.args(["--kill-after=10", "900"]);
+    match kernel.arch {
+        Arch::X86_64 => cmd.args(["qemu-system-x86_64", "-cpu", "max"]),
+        // `virt` with its PL011 UART; pauth-impdef: QEMU's own pointer
+        // authentication hash, several times cheaper under TCG than the
+        // architected one (the guest cannot tell)
+        Arch::Aarch64 => cmd.args([
+            "qemu-system-aarch64",
+            "-M",
+            "virt",
+            "-cpu",
+            "max,pauth-impdef=on",
+        ]),
+    };
+    let console = match kernel.arch {
+        Arch::X86_64 => "ttyS0",
+        Arch::Aarch64 => "ttyAMA0",
+    };
+    // one vCPU: with two, a guest once died of a stray int3 while the
+    // kernel patched a jump label (TCG does not see the other vCPU's code
+    // change in time); the host's own tests cover SMP
+    cmd.args(["-accel", "tcg", "-m", "1024", "-smp", "1"])
         .args(["-nodefaults", "-no-user-config", "-display", "none"])
         .args(["-serial", "stdio", "-no-reboot"])
         .arg("-kernel")
         .arg(&kernel.vmlinuz)
         .arg("-initrd")
         .arg(initrd)
-        .args(["-append", "console=ttyS0 quiet panic=-1 psi=1"]);
+        .args([
+            "-append",
+            &format!("console={console} quiet panic=-1 psi=1"),
+        ]);
     let out = cmd
         .output()
         .with_context(|| format!("cannot run {cmd:?}"))?;
@@ -475,7 +475,8 @@ fn parse_line(line: &str) -> Option<(&str, &str, i32, Value)> {
 }
 
 /// Checks one guest's results; returns the failures, one line each.
-fn judge(kernel: &Kernel, console: &Console) -> Vec<String> {
+/// `foreign`: the guest was given the other architecture's probe.
+fn judge(kernel: &Kernel, console: &Console, foreign: bool) -> Vec<String> {
     let mut failures = Vec::new();
     let results: Vec<_> = console.lines.iter().filter_map(|l| parse_line(l)).collect();
     let find = |rung: &str, name: &str| {
@@ -505,18 +506,27 @@ fn judge(kernel: &Kernel, console: &Console) -> Vec<String> {
             let primitive = json["primitive"].as_str().unwrap_or("(no JSON)");
             let syscall = json["decisive"]["syscall"].as_str();
             let unseen = case.syscall_unseen_on.contains(&kernel.suite);
-            let wrong_syscall = !unseen && case.syscall.is_some_and(|s| syscall != Some(s));
+            let want = case.syscall_on(kernel.arch);
+            let wrong_syscall = !unseen && want.is_some_and(|s| syscall != Some(s));
             if primitive != case.primitive || wrong_syscall {
                 failures.push(format!(
                     "{rung} {}: {primitive} ({}), expected {} ({}): {}",
                     case.name,
                     syscall.unwrap_or("-"),
                     case.primitive,
-                    case.syscall.unwrap_or("-"),
+                    want.unwrap_or("-"),
                     json["explanation"]
                 ));
             }
         }
+    }
+    match console.lines.iter().find(|l| l.starts_with("foreign ")) {
+        Some(line) if line.starts_with("foreign - 125 ") && line.contains("Exec format error") => {}
+        Some(line) => failures.push(format!(
+            "the other architecture's probe: expected the kernel's ENOEXEC, got: {line}"
+        )),
+        None if foreign => failures.push("the other architecture's probe: no result".into()),
+        None => {}
     }
     match (find("daemon", "write"), find("daemon", "read")) {
         (Some((_, w)), Some((_, r)))
@@ -548,29 +558,71 @@ fn judge(kernel: &Kernel, console: &Console) -> Vec<String> {
 
 /// `cargo xtask kernels`: fetch, boot all kernels at once, judge. Prints
 /// the exact packages used and one line per kernel; fails on any wrong
-/// case. `only` limits the run to some suites.
-pub fn run(dist: &Path, only: &[String]) -> anyhow::Result<()> {
+/// case, and on any arm64 verdict that differs from amd64's on the same
+/// suite. `dists` holds the executables per architecture (an architecture
+/// without them is not booted); `only` limits the run to some suites.
+pub fn run(dists: &[(Arch, PathBuf)], only: &[String]) -> anyhow::Result<()> {
     crate::ensure_debian(&PACKAGES)?;
-    let suites: Vec<&'static str> = SUITES
-        .into_iter()
-        .filter(|s| only.is_empty() || only.iter().any(|o| o == s))
-        .collect();
     let started = std::time::Instant::now();
-    let kernels = suites
-        .iter()
-        .map(|s| fetch(s))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    run_on(dist, &kernels, true)?;
+    let mut kernels = Vec::new();
+    for (suite, arches) in MATRIX {
+        if !(only.is_empty() || only.iter().any(|o| o == suite)) {
+            continue;
+        }
+        for arch in arches.iter().filter(|a| dists.iter().any(|(d, _)| d == *a)) {
+            kernels.push(fetch(suite, *arch)?);
+        }
+    }
+    run_on(dists, &kernels, true)?;
     eprintln!("xtask: kernel matrix took {:.0?}", started.elapsed());
     Ok(())
 }
 
-/// Boots `kernels` at once, judges each; `gvisor`: also the gVisor checks.
-fn run_on(dist: &Path, kernels: &[Kernel], with_gvisor: bool) -> anyhow::Result<()> {
-    for k in kernels {
-        eprintln!("xtask: kernel {:<9} {} {}", k.suite, k.package, k.version);
+/// The executables for `arch` among `dists`.
+fn dist_for(dists: &[(Arch, PathBuf)], arch: Arch) -> anyhow::Result<&Path> {
+    dists
+        .iter()
+        .find(|(a, _)| *a == arch)
+        .map(|(_, d)| d.as_path())
+        .with_context(|| format!("no {arch} executables"))
+}
+
+/// Boots `kernels` at once, judges each, and compares each arm64 guest's
+/// verdicts with the amd64 guest's of the same suite; `gvisor`: also the
+/// gVisor checks.
+fn run_on(dists: &[(Arch, PathBuf)], kernels: &[Kernel], with_gvisor: bool) -> anyhow::Result<()> {
+    let mut initrds = Vec::new();
+    for arch in Arch::ALL {
+        let of_arch: Vec<&Kernel> = kernels.iter().filter(|k| k.arch == arch).collect();
+        if of_arch.is_empty() {
+            continue;
+        }
+        for k in &of_arch {
+            eprintln!("xtask: kernel {:<9} {} {}", k.suite, k.package, k.version);
+        }
+        let configs: Vec<(&Path, &str)> = of_arch
+            .iter()
+            .map(|k| (k.config.as_path(), k.release.as_str()))
+            .collect();
+        // the other architecture's probe, if built, to see it refused
+        let foreign = dists.iter().find(|(a, _)| *a != arch).map(|(a, d)| (*a, d));
+        let mut extra = Vec::new();
+        if let Some((other, d)) = foreign {
+            let copy = dir().join(format!("probe-{other}"));
+            std::fs::copy(d.join("probe"), &copy)?;
+            extra.push(copy);
+        }
+        let extra: Vec<&Path> = extra.iter().map(|p| p.as_path()).collect();
+        let initrd = initramfs(
+            arch,
+            dist_for(dists, arch)?,
+            &configs,
+            &format!("initramfs-{arch}"),
+            &init_script(arch, foreign.map(|(a, _)| a)),
+            &extra,
+        )?;
+        initrds.push((arch, initrd));
     }
-    let initrd = initramfs(dist, kernels, "initramfs", &init_script(), &[])?;
     eprintln!(
         "xtask: booting {} kernels under QEMU (TCG), {} cases each on two rungs",
         kernels.len(),
@@ -579,7 +631,14 @@ fn run_on(dist: &Path, kernels: &[Kernel], with_gvisor: bool) -> anyhow::Result<
     let consoles: Vec<anyhow::Result<Console>> = std::thread::scope(|scope| {
         let handles: Vec<_> = kernels
             .iter()
-            .map(|k| scope.spawn(|| boot(k, &initrd)))
+            .map(|k| {
+                let initrd = &initrds
+                    .iter()
+                    .find(|(a, _)| *a == k.arch)
+                    .expect("an initramfs per arch")
+                    .1;
+                scope.spawn(move || boot(k, initrd))
+            })
             .collect();
         handles
             .into_iter()
@@ -590,6 +649,7 @@ fn run_on(dist: &Path, kernels: &[Kernel], with_gvisor: bool) -> anyhow::Result<
             .collect()
     });
     let mut failed = Vec::new();
+    let mut judged = Vec::new();
     for (kernel, console) in kernels.iter().zip(consoles) {
         let console = match console {
             Ok(c) => c,
@@ -599,13 +659,14 @@ fn run_on(dist: &Path, kernels: &[Kernel], with_gvisor: bool) -> anyhow::Result<
             }
         };
         std::fs::write(
-            dir().join(format!("{}.console", kernel.suite)),
+            dir().join(format!("{}-{}.console", kernel.suite, kernel.arch.debian())),
             &console.text,
         )?;
-        let wrong = judge(kernel, &console);
+        let wrong = judge(kernel, &console, dists.len() > 1);
         eprintln!(
-            "xtask: {:<9} {:<22} {}",
+            "xtask: {:<9} {:<7} {:<26} {}",
             kernel.suite,
+            kernel.arch.debian(),
             kernel.release,
             if wrong.is_empty() {
                 format!(
@@ -619,14 +680,135 @@ fn run_on(dist: &Path, kernels: &[Kernel], with_gvisor: bool) -> anyhow::Result<
         for w in &wrong {
             failed.push(format!("{} {}: {w}", kernel.suite, kernel.release));
         }
+        judged.push((kernel, verdicts(&console)));
     }
-    if with_gvisor && let Err(e) = gvisor(dist) {
+    let table = dir().join("matrix.md");
+    std::fs::write(&table, matrix_table(&judged))?;
+    eprintln!("xtask: the verdicts, case by case: {}", table.display());
+    for (kernel, theirs) in judged.iter().filter(|(k, _)| k.arch != Arch::X86_64) {
+        let Some((_, ours)) = judged
+            .iter()
+            .find(|(k, _)| k.arch == Arch::X86_64 && k.suite == kernel.suite)
+        else {
+            continue;
+        };
+        let differ = differences(ours, theirs, kernel.arch);
+        eprintln!(
+            "xtask: {:<9} {} against amd64: {}",
+            kernel.suite,
+            kernel.arch.debian(),
+            if differ.is_empty() {
+                format!("the same verdict in all {} results", theirs.len())
+            } else {
+                format!("{} differ", differ.len())
+            }
+        );
+        for d in differ {
+            failed.push(format!(
+                "{} {} against amd64: {d}",
+                kernel.suite,
+                kernel.arch.debian()
+            ));
+        }
+    }
+    if with_gvisor && let Err(e) = gvisor(dist_for(dists, Arch::host())?) {
         failed.push(format!("gVisor: {e:#}"));
     }
     if !failed.is_empty() {
         bail!("the kernel matrix failed:\n  {}", failed.join("\n  "));
     }
     Ok(())
+}
+
+/// The verdicts as a Markdown table: a row per case, a column per guest
+/// (the BTF rung's verdict, then the tracepoint rung's when it differs).
+fn matrix_table(judged: &[(&Kernel, Verdicts)]) -> String {
+    let mut out = String::from("| case |");
+    for (k, _) in judged {
+        out.push_str(&format!(
+            " {} {} ({}) |",
+            k.suite,
+            k.arch.debian(),
+            k.release
+        ));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(judged.len()));
+    out.push('\n');
+    let cell = |v: &Verdicts, rung: &str, name: &str| {
+        v.get(&(rung.to_string(), name.to_string()))
+            .map(|(p, s)| match s {
+                Some(s) => format!("{p} ({s})"),
+                None => p.clone(),
+            })
+    };
+    let names = CASES
+        .iter()
+        .map(|c| ("kernel", c.name))
+        .chain([("daemon", "write"), ("daemon", "read")]);
+    for (rung, name) in names {
+        out.push_str(&format!("| {name} |"));
+        for (_, v) in judged {
+            let top = cell(v, rung, name).unwrap_or_else(|| "no result".into());
+            let low = (rung == "kernel")
+                .then(|| cell(v, "forced", name))
+                .flatten();
+            match low {
+                Some(l) if l != top => out.push_str(&format!(" {top}; tracepoint rung: {l} |")),
+                _ => out.push_str(&format!(" {top} |")),
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// One guest's verdicts: (rung, case) → (primitive, decisive syscall).
+type Verdicts = std::collections::BTreeMap<(String, String), (String, Option<String>)>;
+
+fn verdicts(console: &Console) -> Verdicts {
+    console
+        .lines
+        .iter()
+        .filter_map(|l| parse_line(l))
+        .filter(|(rung, ..)| matches!(*rung, "kernel" | "forced" | "daemon"))
+        .map(|(rung, name, _, json)| {
+            let primitive = json["primitive"]
+                .as_str()
+                .unwrap_or("(no JSON)")
+                .to_string();
+            let syscall = json["decisive"]["syscall"].as_str().map(String::from);
+            ((rung.to_string(), name.to_string()), (primitive, syscall))
+        })
+        .collect()
+}
+
+/// Where an `arch` guest's verdicts differ from the amd64 guest's: the
+/// primitive, and the decisive syscall once x86_64's legacy name is read
+/// as the call `arch` makes instead.
+fn differences(amd64: &Verdicts, other: &Verdicts, arch: Arch) -> Vec<String> {
+    let mut out = Vec::new();
+    for (key, (primitive, syscall)) in amd64 {
+        let want_syscall = syscall.as_deref().map(|s| {
+            CASES
+                .iter()
+                .filter_map(|c| c.syscall)
+                .find(|c| *c == s)
+                .map_or(s.to_string(), |c| syscall_on(arch, c).to_string())
+        });
+        match other.get(key) {
+            Some((p, s)) if p == primitive && *s == want_syscall => {}
+            Some((p, s)) => out.push(format!(
+                "{} {}: {p} ({}), amd64 {primitive} ({})",
+                key.0,
+                key.1,
+                s.as_deref().unwrap_or("-"),
+                syscall.as_deref().unwrap_or("-")
+            )),
+            None => out.push(format!("{} {}: no result, amd64 {primitive}", key.0, key.1)),
+        }
+    }
+    out
 }
 
 /// Under gVisor (`runsc do`, no network) `probe check` and `probe trace`
@@ -670,7 +852,7 @@ fn gvisor(dist: &Path) -> anyhow::Result<()> {
 /// the same guest and JIT setting: TCG makes absolute times meaningless.
 pub fn jit_bench(dist: &Path, storm: &Path, n: u64, runs: usize) -> anyhow::Result<String> {
     crate::ensure_debian(&PACKAGES)?;
-    let kernel = fetch("bookworm")?;
+    let kernel = fetch("bookworm", Arch::X86_64)?;
     let mut init = String::from("#!/bin/sh\n");
     init.push_str(INIT_SETUP);
     init.push_str(&format!(
@@ -695,8 +877,9 @@ reboot -f
 "#
     ));
     let initrd = initramfs(
+        Arch::X86_64,
         dist,
-        std::slice::from_ref(&kernel),
+        &[(kernel.config.as_path(), kernel.release.as_str())],
         "initramfs-bench",
         &init,
         &[storm],
@@ -808,33 +991,19 @@ pub fn guest_kernel(config: &Path, dist: &Path) -> anyhow::Result<()> {
     crate::ensure_debian(&PACKAGES)?;
     crate::ensure_debian(&BUILD_PACKAGES)?;
     crate::ensure_debian(&[("libssl-dev", "test -f /usr/include/openssl/ssl.h")])?;
-    let at = private_apt("bookworm")?;
+    let apt = crate::apt::Private::open("bookworm", Arch::X86_64)?;
     let work = dir().join("guest");
     std::fs::create_dir_all(&work)?;
-    let show =
-        output(apt("apt-cache", &at).args(["show", "--no-all-versions", "linux-source-6.1"]))?;
-    let version = show
-        .lines()
-        .find_map(|l| l.strip_prefix("Version: "))
-        .context("no version of linux-source-6.1")?
-        .trim()
-        .to_string();
+    let version = apt.version("linux-source-6.1")?;
     let tree = work.join(format!("linux-source-6.1_{version}"));
     if !tree.join("Makefile").is_file() {
-        let debs = work.join("debs");
-        std::fs::create_dir_all(&debs)?;
-        output(apt("apt-get", &at).current_dir(&debs).args([
-            "-q",
-            "download",
-            "linux-source-6.1",
-        ]))?;
+        let source = apt.unpack("linux-source-6.1", "./usr/src")?;
         let _ = std::fs::remove_dir_all(&tree);
         std::fs::create_dir_all(&tree)?;
         crate::run(Command::new("sh").arg("-c").arg(format!(
-            "dpkg-deb --fsys-tarfile {debs}/linux-source-6.1_*.deb | tar -xO --wildcards './usr/src/linux-source-6.1.tar.xz' \
-             | tar -xJ -C '{tree}' --strip-components=1 && rm -f {debs}/linux-source-6.1_*.deb",
-            debs = debs.display(),
-            tree = tree.display()
+            "tar -xJ -f '{}/usr/src/linux-source-6.1.tar.xz' -C '{}' --strip-components=1",
+            source.display(),
+            tree.display()
         )))?;
     }
     let mut text =
@@ -888,11 +1057,16 @@ pub fn guest_kernel(config: &Path, dist: &Path) -> anyhow::Result<()> {
     .to_string();
     let kernel = Kernel {
         suite: "guest",
+        arch: Arch::X86_64,
         package: format!("linux-source-6.1 {version} + {}", config.display()),
         version,
         vmlinuz: tree.join("arch/x86/boot/bzImage"),
         config: tree.join(".config"),
         release,
     };
-    run_on(dist, std::slice::from_ref(&kernel), false)
+    run_on(
+        &[(Arch::X86_64, dist.to_path_buf())],
+        std::slice::from_ref(&kernel),
+        false,
+    )
 }

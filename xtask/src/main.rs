@@ -10,6 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 mod apt;
+mod arch;
 mod bench;
 mod browser_demo;
 mod campaign;
@@ -45,22 +46,31 @@ enum Cmd {
     /// Install what the build and tests need: the eBPF toolchain pinned in
     /// ebpf-toolchain.toml (a dated nightly with rust-src, and bpf-linker),
     /// Debian packages (iproute2, util-linux, strace, bpftrace, gcc,
-    /// musl-tools, Chromium with its fonts for the campaign's browser domain,
+    /// musl-tools, gcc-aarch64-linux-gnu and qemu-user-static for the
+    /// aarch64 dist, Chromium with its fonts for the campaign's browser domain,
     /// and the sandbox runtimes: bubblewrap, socat, ripgrep, podman, runc,
-    /// mmdebstrap), and QEMU, busybox-static and runsc for the kernel matrix.
+    /// mmdebstrap), and QEMU (x86 and arm), busybox-static and runsc for the
+    /// kernel matrix.
     Setup,
     /// Run every test: unit tests, the Python SDK and conformance clients,
     /// then the kernel, daemon, runtime (srt, podman, bubblewrap),
-    /// precision corpus and bridge tests, and the kernel matrix (5.10, 6.1,
-    /// 6.12 under QEMU; gVisor) (as root).
+    /// precision corpus and bridge tests, the x86_64 and aarch64 dist, and
+    /// the kernel matrix (amd64 5.10, 6.1, 6.12 and arm64 6.1, 6.12 under
+    /// QEMU; gVisor) (as root).
     Test {
         /// Extra arguments for the kernel test binary (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
     /// Build probe, probe-fault and agent-bridge as static musl executables
-    /// (release) into <target dir>/dist, with SHA256SUMS.
-    Dist,
+    /// (release) for x86_64 and aarch64 (cross-built here) into
+    /// <target dir>/dist/ARCH with SHA256SUMS, and a tarball per
+    /// architecture (probe-VERSION-ARCH.tar.gz) with dist/SHA256SUMS.
+    Dist {
+        /// Only these architectures (x86_64/amd64, aarch64/arm64); default: both.
+        #[arg(long, value_enum)]
+        target: Vec<arch::Arch>,
+    },
     /// The main job: start the probe daemon and bridges, run the generated
     /// campaign against the clean sandbox and a faulty one, print the reports
     /// and the comparison, write HTML (target/campaign/).
@@ -134,14 +144,19 @@ enum Cmd {
         campaign_tests: usize,
     },
     /// Boot Debian's current cloud kernels of bullseye (5.10), bookworm
-    /// (6.1) and trixie (6.12) under QEMU (TCG) with the static
-    /// executables of `cargo xtask dist`, and run `probe check`, the
-    /// faults and the daemon inside each (root; part of `cargo xtask test`).
+    /// (6.1) and trixie (6.12) for amd64, and of bookworm and trixie for
+    /// arm64, under QEMU (TCG) with the static executables of `cargo xtask
+    /// dist`, run `probe check`, the faults and the daemon inside each, and
+    /// require every arm64 verdict to equal amd64's (root; part of `cargo
+    /// xtask test`).
     Kernels {
-        /// Put the executables of this directory in the guests;
-        /// default: `cargo xtask dist`.
+        /// Put the executables of this directory in the guests (this
+        /// machine's architecture only); default: `cargo xtask dist`.
         #[arg(long)]
         bin_dir: Option<PathBuf>,
+        /// Only these architectures (x86_64/amd64, aarch64/arm64); default: both.
+        #[arg(long, value_enum)]
+        arch: Vec<arch::Arch>,
         /// Only these suites (bullseye, bookworm, trixie).
         suites: Vec<String>,
     },
@@ -217,9 +232,14 @@ fn main() -> anyhow::Result<()> {
             setup()?;
             test(&args)
         }
-        Cmd::Dist => {
+        Cmd::Dist { target } => {
             setup()?;
-            dist::build().map(drop)
+            let arches = if target.is_empty() {
+                arch::Arch::ALL.to_vec()
+            } else {
+                target
+            };
+            dist::build_all(&arches).map(drop)
         }
         Cmd::Demo { count, fault } => {
             setup()?;
@@ -271,9 +291,12 @@ fn main() -> anyhow::Result<()> {
                 let (clock, ticks) = (std::time::Instant::now(), bench::cpu_ticks());
                 let text = match section {
                     "probe" => bench::probe_section(&build_probe_release()?, n, runs)?,
-                    "kernels" => {
-                        bench::kernels_section(&build_probe_release()?, &dist::build()?, n, runs)?
-                    }
+                    "kernels" => bench::kernels_section(
+                        &build_probe_release()?,
+                        &dist::build(arch::Arch::X86_64)?,
+                        n,
+                        runs,
+                    )?,
                     "daemon" => bench::cargo_bench_section("probe", "daemon")?,
                     "otlp" => bench::cargo_bench_section("probe", "otlp")?,
                     "bridge" => bench::cargo_bench_section("agent-bridge", "bridge")?,
@@ -324,7 +347,25 @@ fn main() -> anyhow::Result<()> {
         Cmd::GuestKernel { config, bin_dir } => {
             kernels::guest_kernel(&config, &image::binaries(bin_dir)?)
         }
-        Cmd::Kernels { bin_dir, suites } => kernels::run(&image::binaries(bin_dir)?, &suites),
+        Cmd::Kernels {
+            bin_dir,
+            arch,
+            suites,
+        } => {
+            let dists = match bin_dir {
+                Some(dir) => vec![(arch::Arch::host(), std::path::absolute(dir)?)],
+                None => {
+                    setup()?;
+                    let arches = if arch.is_empty() {
+                        arch::Arch::ALL.to_vec()
+                    } else {
+                        arch
+                    };
+                    dist::build_all(&arches)?
+                }
+            };
+            kernels::run(&dists, &suites)
+        }
         Cmd::Image { bin_dir, rebuild } => {
             image::build(&image::binaries(bin_dir)?, rebuild).map(|_| ())
         }
@@ -375,12 +416,27 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `cmd` and returns its stdout; its stderr is in the error.
+pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 fn quiet_ok(cmd: &mut Command) -> bool {
     cmd.output().map(|o| o.status.success()).unwrap_or(false)
 }
 
 /// (Debian package, shell check that it is installed).
-const DEBIAN_PACKAGES: [(&str, &str); 14] = [
+const DEBIAN_PACKAGES: [(&str, &str); 16] = [
     ("bpftool", "command -v bpftool"),
     ("iproute2", "command -v ip"),
     ("util-linux", "command -v unshare"),
@@ -395,6 +451,10 @@ const DEBIAN_PACKAGES: [(&str, &str); 14] = [
     // `cargo xtask dist` (musl-gcc for SQLite) and its test (readelf)
     ("musl-tools", "command -v musl-gcc"),
     ("binutils", "command -v readelf"),
+    // the aarch64 dist: Debian's cross gcc links it (musl's arm64 headers
+    // come unpacked from the archive); its test runs the CLIs in qemu-user
+    ("gcc-aarch64-linux-gnu", "command -v aarch64-linux-gnu-gcc"),
+    ("qemu-user-static", "command -v qemu-aarch64-static"),
     // the fleet tests start their own PostgreSQL cluster
     ("postgresql-15", "test -x /usr/lib/postgresql/15/bin/initdb"),
     // the campaign's browser domain, and fonts for its screenshots and PDFs
@@ -568,13 +628,16 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     }
     // the static release executables, static by their ELF headers and
     // working in an empty root (no libc, no /bin/sh)
-    let dist = dist::build()?;
+    let dists = dist::build_all(&arch::Arch::ALL)?;
+    let dist = dists[0].1.clone();
     run(Command::new("cargo")
         .args(["test", "-p", "agent-bridge", "--test", "dist"])
-        .env("DIST_DIR", &dist))?;
+        .env("DIST_DIR", &dist)
+        .env("DIST_DIR_AARCH64", &dists[1].1))?;
     // those executables on the kernels sandboxes boot (5.10, 6.1, 6.12
-    // under QEMU, both rungs) and under gVisor, where the probe refuses
-    kernels::run(&dist, &[])?;
+    // under QEMU, amd64 and arm64, both rungs) and under gVisor, where the
+    // probe refuses
+    kernels::run(&dists, &[])?;
     // the sandbox image with those executables installed, booted (the
     // Debian base is cached in target/image/ after the first build)
     image::test(&dist, 30)

@@ -222,7 +222,7 @@ pub fn binaries(bin_dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     }
     crate::setup()?;
     // the static executables, installed as a user would install a release
-    crate::dist::build()
+    crate::dist::build(crate::arch::Arch::X86_64)
 }
 
 /// `cargo xtask image-demo`.
