@@ -568,3 +568,65 @@ fn bridge_serves_mcp_in_an_empty_root() {
     drop(client);
     assert!(root.path().join("var/lib/probe/evidence.db").exists());
 }
+
+/// What ships beside the two sets (`dist/`): a tarball and a Debian package
+/// per architecture, all in dist/SHA256SUMS; each package says its
+/// architecture and holds the three executables, the daemon's unit and its
+/// config file (the image test installs the amd64 one under systemd).
+#[test]
+fn the_tarballs_and_packages_match_their_sums_and_architectures() {
+    let Some(dist) = dist() else { return };
+    let top = dist
+        .parent()
+        .expect("dist/x86_64 has a parent")
+        .to_path_buf();
+    let check = tool("sha256sum", &["--check", "--strict", "SHA256SUMS"], &top);
+    assert!(
+        check.status.success(),
+        "sha256sum --check in {}: {check:?}",
+        top.display()
+    );
+    let sums = std::fs::read_to_string(top.join("SHA256SUMS")).unwrap();
+    for (arch, debian) in [("x86_64", "amd64"), ("aarch64", "arm64")] {
+        let tarball = sums
+            .lines()
+            .filter_map(|l| l.split_once("  ").map(|(_, n)| n))
+            .find(|n| n.ends_with(&format!("-{arch}.tar.gz")))
+            .unwrap_or_else(|| panic!("no {arch} tarball in SHA256SUMS:\n{sums}"));
+        let listed = tool("tar", &["-tzf", tarball], &top);
+        let listed = String::from_utf8_lossy(&listed.stdout);
+        for bin in BINARIES.iter().chain(&["SHA256SUMS"]) {
+            assert!(
+                listed
+                    .lines()
+                    .any(|l| l.ends_with(&format!("-{arch}/{bin}"))),
+                "{tarball} lacks {bin}:\n{listed}"
+            );
+        }
+        let deb = sums
+            .lines()
+            .filter_map(|l| l.split_once("  ").map(|(_, n)| n))
+            .find(|n| n.ends_with(&format!("_{debian}.deb")))
+            .unwrap_or_else(|| panic!("no {debian} package in SHA256SUMS:\n{sums}"));
+        let field = tool("dpkg-deb", &["--field", deb, "Architecture"], &top);
+        assert_eq!(
+            String::from_utf8_lossy(&field.stdout).trim(),
+            debian,
+            "{deb}"
+        );
+        let contents = tool("dpkg-deb", &["--contents", deb], &top);
+        let contents = String::from_utf8_lossy(&contents.stdout);
+        for path in [
+            "./usr/bin/probe",
+            "./usr/bin/probe-fault",
+            "./usr/bin/agent-bridge",
+            "./lib/systemd/system/probe.service",
+            "./etc/probe/probe.toml",
+        ] {
+            assert!(
+                contents.lines().any(|l| l.ends_with(path)),
+                "{deb} lacks {path}:\n{contents}"
+            );
+        }
+    }
+}

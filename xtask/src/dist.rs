@@ -42,7 +42,6 @@ pub fn build_all(arches: &[Arch]) -> anyhow::Result<Vec<(Arch, PathBuf)>> {
     let root = crate::workspace_root();
     let dist = target_dir(&root)?.join("dist");
     let version = version(&root)?;
-    let mut sums = String::new();
     for (arch, dir) in &built {
         let name = format!("probe-{version}-{arch}");
         let tarball = dist.join(format!("{name}.tar.gz"));
@@ -57,21 +56,21 @@ pub fn build_all(arches: &[Arch]) -> anyhow::Result<Vec<(Arch, PathBuf)>> {
                 .arg(dir)
                 .arg("."),
         )?;
-        sums.push_str(&format!(
-            "{}  {}\n",
-            crate::image::sha256_file(&tarball)?,
-            tarball.file_name().and_then(|n| n.to_str()).unwrap_or("")
-        ));
         eprintln!("xtask: wrote {}", tarball.display());
-    }
-    for (arch, dir) in &built {
         let deb = deb(*arch, dir, &version, &dist)?;
-        sums.push_str(&format!(
-            "{}  {}\n",
-            crate::image::sha256_file(&deb)?,
-            deb.file_name().and_then(|n| n.to_str()).unwrap_or("")
-        ));
         eprintln!("xtask: wrote {}", deb.display());
+    }
+    // every release file there, also an architecture built by an earlier run
+    let mut files: Vec<String> = std::fs::read_dir(&dist)?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".tar.gz") || n.ends_with(".deb"))
+        .collect();
+    files.sort();
+    let mut sums = String::new();
+    for name in files {
+        let hash = crate::image::sha256_file(&dist.join(&name))?;
+        sums.push_str(&format!("{hash}  {name}\n"));
     }
     std::fs::write(dist.join("SHA256SUMS"), sums)?;
     Ok(built)
@@ -125,9 +124,18 @@ fn deb(arch: Arch, dir: &Path, version: &str, out: &Path) -> anyhow::Result<Path
     );
     put("DEBIAN/control", control.as_bytes(), 0o644)?;
     put("DEBIAN/conffiles", b"/etc/probe/probe.toml\n", 0o644)?;
+    // what debhelper's systemd snippet does for a unit it does not enable:
+    // systemd learns of the new unit file
+    put(
+        "DEBIAN/postinst",
+        b"#!/bin/sh\nset -e\nif [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi\n",
+        0o755,
+    )?;
     let deb = out.join(format!("probe_{version}_{}.deb", arch.debian()));
     crate::run(
         Command::new("dpkg-deb")
+            // reproducible: every mtime clamped, as the tarballs' are
+            .env("SOURCE_DATE_EPOCH", "0")
             .args(["--root-owner-group", "-Zxz", "--build"])
             .arg(&tree)
             .arg(&deb),

@@ -222,7 +222,9 @@ pub fn binaries(bin_dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     }
     crate::setup()?;
     // the static executables, installed as a user would install a release
-    crate::dist::build(crate::arch::Arch::X86_64)
+    // (and the package beside them, which the image test installs)
+    let arch = crate::arch::Arch::X86_64;
+    Ok(crate::dist::build_all(&[arch])?.remove(0).1)
 }
 
 /// `cargo xtask image-demo`.
@@ -312,6 +314,25 @@ impl Checks {
             },
         );
     }
+}
+
+/// The amd64 package beside the dist directory `bin` (`dist/x86_64`).
+fn packaged_deb(bin: &Path) -> anyhow::Result<PathBuf> {
+    let dist = bin.parent().context("the dist directory's parent")?;
+    std::fs::read_dir(dist)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("probe_") && n.ends_with("_amd64.deb"))
+        })
+        .with_context(|| {
+            format!(
+                "no probe_*_amd64.deb in {} (`cargo xtask dist` makes it)",
+                dist.display()
+            )
+        })
 }
 
 /// Runs this binary (`cargo xtask …`) with `args`; `prefix` goes before it
@@ -501,6 +522,16 @@ pub fn test(bin: &Path, count: usize) -> anyhow::Result<()> {
             }
             Err(e) => Err(e),
         },
+    );
+
+    // the Debian package `cargo xtask dist` made beside these executables
+    c.check(
+        "the package: apt-get install ./probe_*.deb, the daemon started from its unit",
+        packaged_deb(bin).and_then(|deb| {
+            let saw = super::package::check(&image, &deb)?;
+            say(format!("  {saw}"));
+            Ok(())
+        }),
     );
 
     let sb = Sandbox::boot(&image, Ports::pick()?, &dir)?;

@@ -3,7 +3,8 @@
 //! a user would (binaries in /usr/local/bin, systemd units, an init script);
 //! [`Sandbox::boot`] boots it under bubblewrap; `cargo xtask image-demo`
 //! runs the campaign against the bridge inside and inspects the sandbox over
-//! ssh; [`test`] is the image's part of `cargo xtask test`. docs/IMAGE.md.
+//! ssh; [`test`] is the image's part of `cargo xtask test`, with the
+//! Debian package installed in the base under systemd (`package`). docs/IMAGE.md.
 //!
 //! Layout under target/image/:
 //! - `base-KEY/`: the Debian root filesystem, cached. KEY hashes the recipe
@@ -33,6 +34,7 @@ use serde_json::Value;
 use crate::{ensure_debian, run};
 
 mod demo;
+mod package;
 mod sandbox;
 
 pub use demo::{binaries, demo, test};
