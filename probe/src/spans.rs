@@ -338,7 +338,7 @@ impl SpanEvidence {
         if ev.via.is_some()
             && let Some(connect) = self.events.iter().rev().find(|c| {
                 c.kind == Kind::SyscallFailed
-                    && c.syscall_nr == Some(probe_abi::nr::CONNECT)
+                    && c.syscall.as_deref() == Some("connect")
                     && c.errno.as_deref() == Some("EINPROGRESS")
                     && c.pid == ev.pid
                     && c.fd == ev.fd

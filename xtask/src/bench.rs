@@ -342,13 +342,19 @@ fn wait_detached() {
 /// Compiles the storm program into a fresh temporary directory; returns
 /// (directory, executable).
 fn build_storm(name: &str, flags: &[&str]) -> anyhow::Result<(PathBuf, PathBuf)> {
+    build_storm_with("gcc", name, flags)
+}
+
+/// [`build_storm`] with compiler `gcc` (a cross compiler for another
+/// architecture's guest).
+fn build_storm_with(gcc: &str, name: &str, flags: &[&str]) -> anyhow::Result<(PathBuf, PathBuf)> {
     let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let src = dir.join("storm.c");
     std::fs::write(&src, STORM_C)?;
     let storm = dir.join("storm");
     crate::run(
-        Command::new("gcc")
+        Command::new(gcc)
             .arg("-O2")
             .args(flags)
             .arg("-o")
@@ -717,7 +723,12 @@ fn report(b: &Bench, n: u64, runs: usize) -> anyhow::Result<String> {
 /// `probe trace -- true` from start to exit (the programs loaded, attached
 /// and detached around a command that does nothing), against `true` alone,
 /// then the interpreter's cost in a guest ([`crate::kernels::jit_bench`]).
-pub fn kernels_section(bin: &Path, dist: &Path, n: u64, runs: usize) -> anyhow::Result<String> {
+pub fn kernels_section(
+    bin: &Path,
+    dists: &[(crate::arch::Arch, PathBuf)],
+    n: u64,
+    runs: usize,
+) -> anyhow::Result<String> {
     let wall = |cmd: &mut Command| -> anyhow::Result<f64> {
         let mut v = Vec::new();
         for _ in 0..9 {
@@ -758,10 +769,28 @@ pub fn kernels_section(bin: &Path, dist: &Path, n: u64, runs: usize) -> anyhow::
             "TARGET MISSED"
         }
     );
-    // static: the guest has no libc
-    let (dir, storm) = build_storm("probe-bench-jit", &["-static"])?;
-    let jit = crate::kernels::jit_bench(dist, &storm, (n / 10).max(20_000), runs.min(3));
-    let _ = std::fs::remove_dir_all(&dir);
+    // static: the guest has no libc; one per architecture
+    let mut storms = Vec::new();
+    for (arch, _) in dists {
+        let gcc = match arch {
+            crate::arch::Arch::X86_64 => "gcc",
+            crate::arch::Arch::Aarch64 => "aarch64-linux-gnu-gcc",
+        };
+        storms.push(build_storm_with(
+            gcc,
+            &format!("probe-bench-jit-{arch}"),
+            &["-static"],
+        )?);
+    }
+    let targets: Vec<_> = dists
+        .iter()
+        .zip(&storms)
+        .map(|((arch, dist), (_, storm))| (*arch, dist.as_path(), storm.as_path()))
+        .collect();
+    let jit = crate::kernels::jit_bench(&targets, (n / 10).max(20_000), runs.min(3));
+    for (dir, _) in storms {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     out.push_str(&jit?);
     Ok(out)
 }

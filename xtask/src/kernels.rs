@@ -628,26 +628,18 @@ fn run_on(dists: &[(Arch, PathBuf)], kernels: &[Kernel], with_gvisor: bool) -> a
         kernels.len(),
         CASES.len()
     );
-    let consoles: Vec<anyhow::Result<Console>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = kernels
-            .iter()
-            .map(|k| {
-                let initrd = &initrds
-                    .iter()
-                    .find(|(a, _)| *a == k.arch)
-                    .expect("an initramfs per arch")
-                    .1;
-                scope.spawn(move || boot(k, initrd))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("boot thread panicked")))
-            })
-            .collect()
-    });
+    let guests: Vec<(&Kernel, &Path)> = kernels
+        .iter()
+        .map(|k| {
+            let initrd = &initrds
+                .iter()
+                .find(|(a, _)| *a == k.arch)
+                .expect("an initramfs per arch")
+                .1;
+            (k, initrd.as_path())
+        })
+        .collect();
+    let consoles = boot_all(&guests);
     let mut failed = Vec::new();
     let mut judged = Vec::new();
     for (kernel, console) in kernels.iter().zip(consoles) {
@@ -763,6 +755,23 @@ fn matrix_table(judged: &[(&Kernel, Verdicts)]) -> String {
     out
 }
 
+/// Boots every (kernel, initramfs) at once; their consoles in that order.
+fn boot_all(guests: &[(&Kernel, &Path)]) -> Vec<anyhow::Result<Console>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = guests
+            .iter()
+            .map(|&(k, initrd)| scope.spawn(move || boot(k, initrd)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("boot thread panicked")))
+            })
+            .collect()
+    })
+}
+
 /// One guest's verdicts: (rung, case) → (primitive, decisive syscall).
 type Verdicts = std::collections::BTreeMap<(String, String), (String, Option<String>)>;
 
@@ -845,14 +854,15 @@ fn gvisor(dist: &Path) -> anyhow::Result<()> {
 }
 
 /// The interpreter's cost, for `cargo xtask bench`: the bookworm (6.1)
-/// guest runs the syscall storms unprobed, under `probe trace`, and with
-/// the programs attached but the storm untraced (what every task of a
-/// guest pays), with the JIT on and then off (`bpf_jit_enable=0`, as in a
-/// microVM guest built without BPF_JIT). Ratios are to the unprobed run of
-/// the same guest and JIT setting: TCG makes absolute times meaningless.
-pub fn jit_bench(dist: &Path, storm: &Path, n: u64, runs: usize) -> anyhow::Result<String> {
+/// guest of each architecture (amd64 and arm64 at once) runs the syscall
+/// storms unprobed, under `probe trace`, and with the programs attached but
+/// the storm untraced (what every task of a guest pays), with the JIT on
+/// and then off (`bpf_jit_enable=0`, as in a microVM guest built without
+/// BPF_JIT). Ratios are to the unprobed run of the same guest and JIT
+/// setting: TCG makes absolute times meaningless. `targets`: (arch, its
+/// dist directory, its static storm executable).
+pub fn jit_bench(targets: &[(Arch, &Path, &Path)], n: u64, runs: usize) -> anyhow::Result<String> {
     crate::ensure_debian(&PACKAGES)?;
-    let kernel = fetch("bookworm", Arch::X86_64)?;
     let mut init = String::from("#!/bin/sh\n");
     init.push_str(INIT_SETUP);
     init.push_str(&format!(
@@ -876,19 +886,60 @@ echo "@@done"
 reboot -f
 "#
     ));
-    let initrd = initramfs(
-        Arch::X86_64,
-        dist,
-        &[(kernel.config.as_path(), kernel.release.as_str())],
-        "initramfs-bench",
-        &init,
-        &[storm],
-    )?;
-    eprintln!(
-        "bench: the interpreter: {} {} under QEMU (TCG), {n} syscalls × {runs} rounds",
-        kernel.package, kernel.version
+    let mut guests = Vec::new();
+    for &(arch, dist, storm) in targets {
+        let kernel = fetch("bookworm", arch)?;
+        let initrd = initramfs(
+            arch,
+            dist,
+            &[(kernel.config.as_path(), kernel.release.as_str())],
+            &format!("initramfs-bench-{arch}"),
+            &init,
+            &[storm],
+        )?;
+        eprintln!(
+            "bench: the interpreter: {} {} under QEMU (TCG), {n} syscalls × {runs} rounds",
+            kernel.package, kernel.version
+        );
+        guests.push((kernel, initrd));
+    }
+    let consoles = boot_all(
+        &guests
+            .iter()
+            .map(|(k, initrd)| (k, initrd.as_path()))
+            .collect::<Vec<_>>(),
     );
-    let console = boot(&kernel, &initrd)?;
+    let mut out = String::from(
+        "## The interpreter (no JIT)\n\n\
+         MicroVM guests are often built without BPF_JIT (and arm64 microVMs, like \
+         the AgentCore sessions of the source article, are microVMs). The 6.1 guests of \
+         the kernel matrix, amd64 and arm64 (QEMU TCG, so only ratios mean anything), run \
+         each storm unprobed, traced, and untraced with the programs attached, with \
+         `net.core.bpf_jit_enable` 1 and then 0 (`cargo xtask bench --only kernels`). ns \
+         per syscall are medians of the rounds; ratios are to the unprobed run of the same \
+         guest with the same setting.\n\n\
+         | arch | storm | JIT | unprobed ns | traced ns (ratio) | untraced, attached ns (ratio) |\n\
+         |---|---|---|---:|---:|---:|\n",
+    );
+    let mut kernels = Vec::new();
+    for ((kernel, _), console) in guests.iter().zip(consoles) {
+        let console = console?;
+        for row in jit_rows(&console, n)? {
+            out.push_str(&format!("| {} {row}\n", kernel.arch.debian()));
+        }
+        kernels.push(format!("`{}` {}", kernel.package, kernel.version));
+    }
+    out.push_str(&format!(
+        "\nKernels: {}. The interpreter's extra cost is the difference between the two \
+         JIT rows of each storm.\n\n",
+        kernels.join(", ")
+    ));
+    Ok(out)
+}
+
+/// One guest's table rows (after the arch column): per storm and JIT
+/// setting, the medians and their ratios to the unprobed run.
+fn jit_rows(console: &Console, n: u64) -> anyhow::Result<Vec<String>> {
     // (jit, mode, storm) -> ns per syscall, one per round
     let mut got: std::collections::BTreeMap<(String, String, String), Vec<f64>> =
         Default::default();
@@ -914,16 +965,7 @@ reboot -f
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied()
     };
-    let mut out = String::from(
-        "## The interpreter (no JIT)\n\n\
-         MicroVM guests are often built without BPF_JIT. The 6.1 guest of the kernel \
-         matrix (QEMU TCG, so only ratios mean anything) runs each storm unprobed, \
-         traced, and untraced with the programs attached, with `net.core.bpf_jit_enable` \
-         1 and then 0 (`cargo xtask bench --only kernels`). ns per syscall are medians \
-         of the rounds; ratios are to the unprobed run with the same setting.\n\n\
-         | storm | JIT | unprobed ns | traced ns (ratio) | untraced, attached ns (ratio) |\n\
-         |---|---|---:|---:|---:|\n",
-    );
+    let mut rows = Vec::new();
     for what in ["getppid", "open-distinct"] {
         for (jit, label) in [("1", "on"), ("0", "off (interpreter)")] {
             let (Some(base), Some(traced), Some(untraced)) = (
@@ -936,19 +978,14 @@ reboot -f
                     tail(&console.text, 30)
                 );
             };
-            out.push_str(&format!(
-                "| {what} | {label} | {base:.0} | {traced:.0} ({:.2}×) | {untraced:.0} ({:.2}×) |\n",
+            rows.push(format!(
+                "| {what} | {label} | {base:.0} | {traced:.0} ({:.2}×) | {untraced:.0} ({:.2}×) |",
                 traced / base,
                 untraced / base
             ));
         }
     }
-    out.push_str(&format!(
-        "\nKernel: `{}` {}. The interpreter's extra cost is the difference between the two \
-         JIT rows of each storm.\n\n",
-        kernel.package, kernel.version
-    ));
-    Ok(out)
+    Ok(rows)
 }
 
 /// The kernel config fragment docs/KERNELS.md gives for microVM guests.

@@ -293,7 +293,7 @@ fn main() -> anyhow::Result<()> {
                     "probe" => bench::probe_section(&build_probe_release()?, n, runs)?,
                     "kernels" => bench::kernels_section(
                         &build_probe_release()?,
-                        &dist::build(arch::Arch::X86_64)?,
+                        &dist::build_all(&arch::Arch::ALL)?,
                         n,
                         runs,
                     )?,
