@@ -520,14 +520,14 @@ fn linux_accepts(ev: &KernelEvent) -> bool {
     match ev.errno.as_deref() {
         Some("ENOSYS") => true,
         Some("EINVAL") => {
-            let valid = match ev.syscall_nr {
-                Some(332) => {
+            let valid = match ev.syscall.as_deref() {
+                Some("statx") => {
                     AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH | AT_STATX_SYNC_TYPE
                 }
-                Some(262) => AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH,
-                Some(439) => AT_EACCESS | AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH,
-                Some(263) => AT_REMOVEDIR,
-                Some(316) => RENAME_ALL,
+                Some("newfstatat") => AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH,
+                Some("faccessat2") => AT_EACCESS | AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH,
+                Some("unlinkat") => AT_REMOVEDIR,
+                Some("renameat2") => RENAME_ALL,
                 _ => return false,
             };
             ev.flags.is_some_and(|f| f & !valid == 0)
