@@ -591,6 +591,7 @@ fn dist_for(dists: &[(Arch, PathBuf)], arch: Arch) -> anyhow::Result<&Path> {
 /// verdicts with the amd64 guest's of the same suite; `gvisor`: also the
 /// gVisor checks.
 fn run_on(dists: &[(Arch, PathBuf)], kernels: &[Kernel], with_gvisor: bool) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir())?;
     let mut initrds = Vec::new();
     for arch in Arch::ALL {
         let of_arch: Vec<&Kernel> = kernels.iter().filter(|k| k.arch == arch).collect();
@@ -609,7 +610,13 @@ fn run_on(dists: &[(Arch, PathBuf)], kernels: &[Kernel], with_gvisor: bool) -> a
         let mut extra = Vec::new();
         if let Some((other, d)) = foreign {
             let copy = dir().join(format!("probe-{other}"));
-            std::fs::copy(d.join("probe"), &copy)?;
+            std::fs::copy(d.join("probe"), &copy).with_context(|| {
+                format!(
+                    "copying {} to {}",
+                    d.join("probe").display(),
+                    copy.display()
+                )
+            })?;
             extra.push(copy);
         }
         let extra: Vec<&Path> = extra.iter().map(|p| p.as_path()).collect();
