@@ -106,9 +106,15 @@ pub fn check(image: &Image, deb: &Path) -> anyhow::Result<String> {
         bail!("probe.service is `{enabled}` after the install: the package must not enable it");
     }
     ctr.sh("systemctl start probe && systemctl is-active probe")?;
+    // Type=simple: started is not listening yet (the programs load first)
+    ctr.sh(
+        "for i in $(seq 300); do [ -S /run/probe/probe.sock ] && exit 0; sleep 0.1; done; \
+         journalctl -u probe --no-pager | tail -20; exit 1",
+    )
+    .context("the daemon's socket did not appear in 30 s")?;
     let span = ctr.sh(
         "probe span --socket /run/probe/probe.sock --session package --json -- \
-         cat /nonexistent/data.csv 2>/dev/null; true",
+         sh -c 'cat /nonexistent/data.csv 2>/dev/null' || true",
     )?;
     let verdict: serde_json::Value =
         serde_json::from_str(&span).with_context(|| format!("the span's JSON: {span}"))?;
