@@ -366,9 +366,10 @@ pub const SYMPTOM_WINDOW_NS: u64 = 5_000_000_000;
 
 /// The rule a failed syscall matches, if any.
 pub fn classify(syscall: &str, errno: i32, open_flags: u64) -> Option<&'static Rule> {
-    let classes = crate::syscalls::classes(syscall, open_flags);
     RULES.iter().find(|r| {
-        r.errnos.contains(&errno) && (r.class == SyscallClass::Any || classes.contains(&r.class))
+        r.errnos.contains(&errno)
+            && (r.class == SyscallClass::Any
+                || crate::syscalls::is_in(syscall, open_flags, r.class))
     })
 }
 

@@ -211,15 +211,23 @@ pub const X86_ONLY: [(&str, Option<&str>); 20] = [
     ("readlink", Some("readlinkat")),
 ];
 
-/// The classes syscall `name` belongs to, given its open flags (for opens).
-pub fn classes(name: &str, open_flags: u64) -> Vec<SyscallClass> {
+/// Whether syscall `name` is of `class`, given its open flags (for opens).
+/// Called for each failure the attribution grades: no allocation.
+pub fn is_in(name: &str, open_flags: u64, class: SyscallClass) -> bool {
     if matches!(name, "open" | "openat") && open_flags_write(open_flags) {
-        return vec![SyscallClass::PathWrite];
+        return class == SyscallClass::PathWrite;
     }
     CLASSES
         .iter()
-        .filter(|(_, names)| names.contains(&name))
+        .any(|(c, names)| *c == class && names.contains(&name))
+}
+
+/// The classes syscall `name` belongs to, given its open flags (for opens).
+pub fn classes(name: &str, open_flags: u64) -> Vec<SyscallClass> {
+    CLASSES
+        .iter()
         .map(|(class, _)| *class)
+        .filter(|&class| is_in(name, open_flags, class))
         .collect()
 }
 

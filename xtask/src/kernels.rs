@@ -224,7 +224,7 @@ pub const CASES: &[Case] = &[
 /// The syscall a program makes on `arch` where x86_64's is `name`: arm64
 /// has only the `*at` and newer forms (probe's `syscalls::X86_ONLY` holds
 /// the full list; these are the ones the cases name).
-pub fn syscall_on(arch: Arch, name: &'static str) -> &'static str {
+pub fn syscall_on(arch: Arch, name: &str) -> &str {
     match (arch, name) {
         (Arch::Aarch64, "mkdir") => "mkdirat",
         (Arch::Aarch64, "open") => "openat",
@@ -805,13 +805,7 @@ fn verdicts(console: &Console) -> Verdicts {
 fn differences(amd64: &Verdicts, other: &Verdicts, arch: Arch) -> Vec<String> {
     let mut out = Vec::new();
     for (key, (primitive, syscall)) in amd64 {
-        let want_syscall = syscall.as_deref().map(|s| {
-            CASES
-                .iter()
-                .filter_map(|c| c.syscall)
-                .find(|c| *c == s)
-                .map_or(s.to_string(), |c| syscall_on(arch, c).to_string())
-        });
+        let want_syscall = syscall.as_deref().map(|s| syscall_on(arch, s).to_string());
         match other.get(key) {
             Some((p, s)) if p == primitive && *s == want_syscall => {}
             Some((p, s)) => out.push(format!(

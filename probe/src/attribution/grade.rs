@@ -218,7 +218,7 @@ fn made_again_later(events: &VecDeque<KernelEvent>, i: usize) -> bool {
     let (Some(syscall), flags) = (ev.syscall.as_deref(), ev.flags.unwrap_or(0)) else {
         return false;
     };
-    if crate::syscalls::classes(syscall, flags).contains(&SyscallClass::PathWrite) {
+    if crate::syscalls::is_in(syscall, flags, SyscallClass::PathWrite) {
         return false;
     }
     let written = ev.written_earlier.as_ref().and_then(|w| w.path.as_deref());
