@@ -178,8 +178,12 @@ enum Cmd {
     /// cached in target/image/, with probe, agent-bridge, sshd and
     /// sandbox-init installed (docs/IMAGE.md).
     Image {
+        /// The image's architecture: aarch64 builds an arm64 image that
+        /// boots as a VM under qemu-system-aarch64 (docs/IMAGE.md).
+        #[arg(long, value_enum, default_value_t = arch::Arch::X86_64)]
+        arch: arch::Arch,
         /// Install the binaries of this directory;
-        /// default: the static ones of `cargo xtask dist`.
+        /// default: the static ones of `cargo xtask dist` for --arch.
         #[arg(long)]
         bin_dir: Option<PathBuf>,
         /// Build the Debian base anew even when the cached one matches.
@@ -205,8 +209,11 @@ enum Cmd {
         #[arg(long)]
         bin_dir: Option<PathBuf>,
     },
-    /// Only the image's part of `cargo xtask test` (root).
+    /// Only the image's part of `cargo xtask test` (root); with --arch
+    /// aarch64, the arm64 image booted under QEMU.
     ImageTest {
+        #[arg(long, value_enum, default_value_t = arch::Arch::X86_64)]
+        arch: arch::Arch,
         /// Install the binaries of this directory; default: `cargo xtask dist`.
         #[arg(long)]
         bin_dir: Option<PathBuf>,
@@ -345,7 +352,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Docs => docs(),
         Cmd::GuestKernel { config, bin_dir } => {
-            kernels::guest_kernel(&config, &image::binaries(bin_dir)?)
+            kernels::guest_kernel(&config, &image::binaries(arch::Arch::X86_64, bin_dir)?)
         }
         Cmd::Kernels {
             bin_dir,
@@ -366,9 +373,11 @@ fn main() -> anyhow::Result<()> {
             };
             kernels::run(&dists, &suites)
         }
-        Cmd::Image { bin_dir, rebuild } => {
-            image::build(&image::binaries(bin_dir)?, rebuild).map(|_| ())
-        }
+        Cmd::Image {
+            arch,
+            bin_dir,
+            rebuild,
+        } => image::build(arch, &image::binaries(arch, bin_dir)?, rebuild).map(|_| ()),
         Cmd::ImageDemo {
             count,
             workers,
@@ -384,7 +393,20 @@ fn main() -> anyhow::Result<()> {
             },
             bin_dir,
         ),
-        Cmd::ImageTest { bin_dir, count } => image::test(&image::binaries(bin_dir)?, count),
+        Cmd::ImageTest {
+            arch: arch::Arch::X86_64,
+            bin_dir,
+            count,
+        } => image::test(&image::binaries(arch::Arch::X86_64, bin_dir)?, count),
+        Cmd::ImageTest {
+            arch: arch::Arch::Aarch64,
+            bin_dir,
+            count,
+        } => image::vm::test(
+            &image::binaries(arch::Arch::Aarch64, bin_dir)?,
+            &image::binaries(arch::Arch::X86_64, None)?,
+            count,
+        ),
     }
 }
 
@@ -436,7 +458,7 @@ fn quiet_ok(cmd: &mut Command) -> bool {
 }
 
 /// (Debian package, shell check that it is installed).
-const DEBIAN_PACKAGES: [(&str, &str); 16] = [
+const DEBIAN_PACKAGES: [(&str, &str); 20] = [
     ("bpftool", "command -v bpftool"),
     ("iproute2", "command -v ip"),
     ("util-linux", "command -v unshare"),
@@ -455,6 +477,14 @@ const DEBIAN_PACKAGES: [(&str, &str); 16] = [
     // come unpacked from the archive); its test runs the CLIs in qemu-user
     ("gcc-aarch64-linux-gnu", "command -v aarch64-linux-gnu-gcc"),
     ("qemu-user-static", "command -v qemu-aarch64-static"),
+    // the images' bases (both built at once in the test: installed here,
+    // not by two threads' apt-get at once)
+    ("mmdebstrap", "command -v mmdebstrap"),
+    // the arm64 image: mmdebstrap asks arch-test whether qemu-user runs
+    // arm64; the VM's disk is made by mkfs.ext4 -d, its ssh rides socat
+    ("arch-test", "command -v arch-test"),
+    ("e2fsprogs", "command -v mkfs.ext4"),
+    ("socat", "command -v socat"),
     // the fleet tests start their own PostgreSQL cluster
     ("postgresql-15", "test -x /usr/lib/postgresql/15/bin/initdb"),
     // the campaign's browser domain, and fonts for its screenshots and PDFs
@@ -639,8 +669,17 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     // probe refuses
     kernels::run(&dists, &[])?;
     // the sandbox image with those executables installed, booted (the
-    // Debian base is cached in target/image/ after the first build)
-    image::test(&dist, 30)
+    // Debian base is cached in target/image/ after the first build); the
+    // arm64 base is built meanwhile (both mostly wait on dpkg), then that
+    // image is booted as a VM under qemu-system-aarch64
+    let arm64_base = std::thread::spawn(|| image::base(arch::Arch::Aarch64, false));
+    let amd64 = image::test(&dist, 30);
+    let arm64_base = arm64_base
+        .join()
+        .map_err(|_| anyhow::anyhow!("building the arm64 image base panicked"))?;
+    amd64?;
+    arm64_base?;
+    image::vm::test(&dists[1].1, &dist, 20)
 }
 
 /// Builds probe and agent-bridge (release) and returns their directory.

@@ -112,6 +112,8 @@ pub fn joined(db: &Path, run_name: &str) -> anyhow::Result<Joined> {
 
 /// What a campaign in a booted sandbox produced.
 pub struct Outcome {
+    /// Tests run (the suite less the omitted domains').
+    pub count: usize,
     pub summary: Value,
     pub status: String,
     pub failed_spans: String,
@@ -124,17 +126,43 @@ pub struct Outcome {
     pub zombies: usize,
 }
 
-/// Generates `count` tests, runs them from the host against the bridge in
-/// the sandbox, inspects the sandbox over ssh (`probe status`, `probe spans
-/// --failed`, `probe export --format sqlite`), copies the export out with
-/// scp and imports it into the results DB.
+/// What the campaign needs of a booted image, a bubblewrap sandbox or a
+/// VM: a directory for its files, the bridge's URL from the host, ssh.
+pub trait Booted {
+    fn run_dir(&self) -> &Path;
+    fn bridge_url(&self) -> String;
+    fn ssh(&self, command: &str) -> anyhow::Result<String>;
+    fn scp_from(&self, remote: &str, local: &Path) -> anyhow::Result<()>;
+}
+
+impl Booted for Sandbox {
+    fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+    fn bridge_url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.ports.bridge)
+    }
+    fn ssh(&self, command: &str) -> anyhow::Result<String> {
+        Sandbox::ssh(self, command)
+    }
+    fn scp_from(&self, remote: &str, local: &Path) -> anyhow::Result<()> {
+        Sandbox::scp_from(self, remote, local)
+    }
+}
+
+/// Generates `count` tests (less those of the `omit` domains), runs them
+/// from the host against the bridge in the sandbox, inspects the sandbox
+/// over ssh (`probe status`, `probe spans --failed`, `probe export --format
+/// sqlite`), copies the export out with scp and imports it into the
+/// results DB.
 pub fn campaign_in(
-    sb: &Sandbox,
+    sb: &impl Booted,
     bridge: &Path,
     count: usize,
+    omit: &[&str],
     workers: usize,
 ) -> anyhow::Result<Outcome> {
-    let dir = &sb.run_dir;
+    let dir = sb.run_dir();
     let suite = dir.join("suite");
     let db = dir.join("results.db");
     let export = dir.join("evidence.sqlite");
@@ -146,7 +174,15 @@ pub fn campaign_in(
     let _ = std::fs::remove_dir_all(&suite);
     let s = |p: &Path| p.display().to_string();
     crate::campaign::generate(bridge, count, &suite)?;
-    let url = format!("http://127.0.0.1:{}/mcp", sb.ports.bridge);
+    let omitted = omit_domains(&suite, omit)?;
+    let count = count - omitted;
+    if omitted > 0 {
+        say(format!(
+            "left out {omitted} tests of {} (this image has not what they need)",
+            omit.join(", ")
+        ));
+    }
+    let url = sb.bridge_url();
     say(format!(
         "running {count} tests from the host against {url} ({workers} workers)"
     ));
@@ -202,6 +238,7 @@ pub fn campaign_in(
     )?;
     let joined = joined(&db, "sandbox")?;
     Ok(Outcome {
+        count,
         summary,
         status,
         failed_spans,
@@ -215,15 +252,38 @@ pub fn campaign_in(
     })
 }
 
-/// The binaries to install: `bin_dir`, or a release build.
-pub fn binaries(bin_dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+/// Removes a generated suite's tests of the `domains`; returns how many.
+fn omit_domains(suite: &Path, domains: &[&str]) -> anyhow::Result<usize> {
+    let mut n = 0;
+    if domains.is_empty() {
+        return Ok(0);
+    }
+    for e in std::fs::read_dir(suite)?.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let test: Value = serde_json::from_slice(&std::fs::read(&path)?)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if test["domain"]
+            .as_str()
+            .is_some_and(|d| domains.contains(&d))
+        {
+            std::fs::remove_file(&path)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// The binaries to install: `bin_dir`, or `cargo xtask dist`'s for `arch`.
+pub fn binaries(arch: Arch, bin_dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if let Some(d) = bin_dir {
         return Ok(std::path::absolute(d)?);
     }
     crate::setup()?;
     // the static executables, installed as a user would install a release
     // (and the package beside them, which the image test installs)
-    let arch = crate::arch::Arch::X86_64;
     Ok(crate::dist::build_all(&[arch])?.remove(0).1)
 }
 
@@ -237,12 +297,12 @@ pub fn demo(
     require_root("image-demo")?;
     ports.require_free()?;
     let started = Instant::now();
-    let bin = binaries(bin_dir)?;
-    let image = build(&bin, false)?;
+    let bin = binaries(Arch::X86_64, bin_dir)?;
+    let image = build(Arch::X86_64, &bin, false)?;
     let run_dir = crate::workspace_root().join("target/image-demo");
     let sb = Sandbox::boot(&image, ports, &run_dir)?;
     let booted = sb.booted_in;
-    let o = campaign_in(&sb, &bin.join("agent-bridge"), count, workers)?;
+    let o = campaign_in(&sb, &bin.join("agent-bridge"), count, &[], workers)?;
     let logs = sb.logs.clone();
     let ssh_config = sb.ssh_config.clone();
     say("stopping the sandbox");
@@ -292,10 +352,11 @@ pub fn demo(
 }
 
 /// One check of the test: its name and its failure, if any.
-struct Checks(Vec<(String, Option<String>)>);
+#[derive(Default)]
+pub(super) struct Checks(Vec<(String, Option<String>)>);
 
 impl Checks {
-    fn check(&mut self, name: &str, result: anyhow::Result<()>) {
+    pub(super) fn check(&mut self, name: &str, result: anyhow::Result<()>) {
         match &result {
             Ok(()) => say(format!("ok: {name}")),
             Err(e) => say(format!("FAILED: {name}: {e:#}")),
@@ -304,7 +365,7 @@ impl Checks {
             .push((name.to_string(), result.err().map(|e| format!("{e:#}"))));
     }
 
-    fn ensure(&mut self, name: &str, ok: bool, why: impl std::fmt::Display) {
+    pub(super) fn ensure(&mut self, name: &str, ok: bool, why: impl std::fmt::Display) {
         self.check(
             name,
             if ok {
@@ -313,6 +374,83 @@ impl Checks {
                 Err(anyhow::anyhow!("{why}"))
             },
         );
+    }
+
+    /// The checks of a campaign in a booted image: every test recorded and
+    /// passed, the inspection over ssh, the export, the import's joins.
+    pub(super) fn campaign(&mut self, o: &Outcome) {
+        let n = |k: &str| o.summary[k].as_i64().unwrap_or(-1);
+        self.ensure(
+            &format!("campaign: {} tests recorded", o.count),
+            n("recorded") == o.count as i64,
+            format!("{} recorded", n("recorded")),
+        );
+        self.ensure(
+            "campaign: every test passed (as on the host)",
+            n("passed") + n("degraded") == o.count as i64,
+            format!(
+                "{} passed, {} degraded, {} failed:\n{}",
+                n("passed"),
+                n("degraded"),
+                n("failed"),
+                o.report
+            ),
+        );
+        self.ensure(
+            "ssh: probe status",
+            o.status.contains("programs"),
+            format!("{:?}", o.status),
+        );
+        self.ensure(
+            "ssh: probe spans --failed",
+            o.failed_spans.contains("SPAN"),
+            format!("{:?}", o.failed_spans),
+        );
+        self.ensure(
+            "scp: the export came out",
+            std::fs::metadata(&o.export).is_ok_and(|m| m.len() > 0),
+            o.export.display(),
+        );
+        print!("{}", o.joined.table);
+        self.ensure(
+            "import: steps joined to their spans",
+            o.joined.steps_with_span > 0,
+            format!("none of {} steps:\n{}", o.joined.steps, o.import),
+        );
+        self.ensure(
+            "import: kernel events joined to steps",
+            o.joined.events > 0,
+            format!(
+                "{} steps, {} with a span, but no span has events: the probe in the sandbox \
+                 traced nothing (pids in the sandbox's PID namespace?); see {}",
+                o.joined.steps,
+                o.joined.steps_with_span,
+                o.db.display()
+            ),
+        );
+    }
+
+    /// Says how many of the `test`'s checks failed (and `summary`); fails
+    /// listing them.
+    pub(super) fn finish(&self, test: &str, summary: &str) -> anyhow::Result<()> {
+        let failed: Vec<&(String, Option<String>)> =
+            self.0.iter().filter(|(_, e)| e.is_some()).collect();
+        say(format!(
+            "{test}: {} checks, {} failed; {summary}",
+            self.0.len(),
+            failed.len()
+        ));
+        if !failed.is_empty() {
+            bail!(
+                "the {test} failed:\n{}",
+                failed
+                    .iter()
+                    .map(|(n, e)| format!("- {n}: {}", e.as_deref().unwrap_or("")))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        Ok(())
     }
 }
 
@@ -407,7 +545,7 @@ pub fn test(bin: &Path, count: usize) -> anyhow::Result<()> {
     let started = Instant::now();
     let dir = crate::workspace_root().join("target/image-test");
     std::fs::create_dir_all(&dir)?;
-    let mut c = Checks(Vec::new());
+    let mut c = Checks::default();
 
     // bad input: each refused with a message that says what to do
     c.check(
@@ -506,7 +644,7 @@ pub fn test(bin: &Path, count: usize) -> anyhow::Result<()> {
 
     // the image (cached after the first build)
     let t = Instant::now();
-    let image = build(bin, false)?;
+    let image = build(Arch::X86_64, bin, false)?;
     let build_s = t.elapsed().as_secs_f64();
     let broken = Image {
         layer: no_probe.clone(),
@@ -536,7 +674,7 @@ pub fn test(bin: &Path, count: usize) -> anyhow::Result<()> {
 
     let sb = Sandbox::boot(&image, Ports::pick()?, &dir)?;
     let booted = sb.booted_in;
-    let run = campaign_in(&sb, &bin.join("agent-bridge"), count, 4);
+    let run = campaign_in(&sb, &bin.join("agent-bridge"), count, &[], 4);
     let hostname = sb.ssh("hostname; ps -o pid= -p 1; cat /proc/1/cmdline | tr '\\0' ' '");
     let units = sb.ssh(
         "systemd-analyze verify /etc/systemd/system/probe.service \
@@ -575,79 +713,20 @@ pub fn test(bin: &Path, count: usize) -> anyhow::Result<()> {
     match run {
         Err(e) => c.check("the campaign in the sandbox", Err(e)),
         Ok(o) => {
-            let n = |k: &str| o.summary[k].as_i64().unwrap_or(-1);
-            c.ensure(
-                &format!("campaign: {count} tests recorded"),
-                n("recorded") == count as i64,
-                format!("{} recorded", n("recorded")),
-            );
-            c.ensure(
-                "campaign: every test passed (as on the host)",
-                n("passed") + n("degraded") == count as i64,
-                format!(
-                    "{} passed, {} degraded, {} failed:\n{}",
-                    n("passed"),
-                    n("degraded"),
-                    n("failed"),
-                    o.report
-                ),
-            );
-            c.ensure(
-                "ssh: probe status",
-                o.status.contains("programs"),
-                format!("{:?}", o.status),
-            );
-            c.ensure(
-                "ssh: probe spans --failed",
-                o.failed_spans.contains("SPAN"),
-                format!("{:?}", o.failed_spans),
-            );
-            c.ensure(
-                "scp: the export came out",
-                std::fs::metadata(&o.export).is_ok_and(|m| m.len() > 0),
-                o.export.display(),
-            );
             c.ensure(
                 "no zombies in the sandbox (init reaps orphans)",
                 o.zombies == 0,
                 format!("{} zombies", o.zombies),
             );
-            print!("{}", o.joined.table);
-            c.ensure(
-                "import: steps joined to their spans",
-                o.joined.steps_with_span > 0,
-                format!("none of {} steps:\n{}", o.joined.steps, o.import),
-            );
-            c.ensure(
-                "import: kernel events joined to steps",
-                o.joined.events > 0,
-                format!(
-                    "{} steps, {} with a span, but no span has events: the probe in the sandbox \
-                     traced nothing (pids in the sandbox's PID namespace?); see {}",
-                    o.joined.steps,
-                    o.joined.steps_with_span,
-                    o.db.display()
-                ),
-            );
+            c.campaign(&o);
         }
     }
-    let failed: Vec<&(String, Option<String>)> = c.0.iter().filter(|(_, e)| e.is_some()).collect();
-    say(format!(
-        "image test: {} checks, {} failed; image build {build_s:.1} s, boot {:.1} s, all {:.0} s",
-        c.0.len(),
-        failed.len(),
-        booted.as_secs_f64(),
-        started.elapsed().as_secs_f64()
-    ));
-    if !failed.is_empty() {
-        bail!(
-            "the image test failed:\n{}",
-            failed
-                .iter()
-                .map(|(n, e)| format!("- {n}: {}", e.as_deref().unwrap_or("")))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
-    Ok(())
+    c.finish(
+        "image test",
+        &format!(
+            "image build {build_s:.1} s, boot {:.1} s, all {:.0} s",
+            booted.as_secs_f64(),
+            started.elapsed().as_secs_f64()
+        ),
+    )
 }

@@ -6,7 +6,13 @@
 //! ssh; [`test`] is the image's part of `cargo xtask test`, with the
 //! Debian package installed in the base under systemd (`package`). docs/IMAGE.md.
 //!
-//! Layout under target/image/:
+//! `--arch aarch64` builds the same image for arm64 (mmdebstrap running
+//! arm64's maintainer scripts under qemu-user, registered in a private
+//! binfmt_misc, see [`vm`]) with a kernel and systemd, and [`vm`] boots it
+//! as a disk under `qemu-system-aarch64`, inspected over ssh carried by a
+//! virtio-serial port (the VM has no network device).
+//!
+//! Layout under target/image/ (target/image/arm64/ for arm64):
 //! - `base-KEY/`: the Debian root filesystem, cached. KEY hashes the recipe
 //!   (suite, mirrors, packages, hooks), so a changed recipe builds anew and
 //!   an unchanged one never does. Never modified once built.
@@ -36,9 +42,12 @@ use crate::{ensure_debian, run};
 mod demo;
 mod package;
 mod sandbox;
+pub mod vm;
 
 pub use demo::{binaries, demo, test};
 pub use sandbox::{Ports, Sandbox};
+
+use crate::arch::Arch;
 
 pub const SUITE: &str = "bookworm";
 /// The Debian archive's sources for [`SUITE`], as this machine's apt
@@ -76,6 +85,33 @@ pub const PACKAGES: [(&str, &str); 11] = [
         "browser: fonts for screenshots and PDFs",
     ),
 ];
+
+/// What the arm64 image adds (it boots as a VM: a kernel, an initramfs
+/// that finds the virtio disk, and systemd as init).
+pub const VM_PACKAGES: [(&str, &str); 2] = [
+    (
+        "linux-image-cloud-arm64",
+        "the VM's kernel and initramfs (Debian's cloud kernel: virtio, no firmware)",
+    ),
+    ("systemd-sysv", "the VM's init: systemd starts the units"),
+];
+
+/// What the arm64 image leaves out: every test of these domains is left
+/// out of its campaign, since under emulation Chromium is minutes per page.
+pub const VM_OMITS: [(&str, &str); 2] = [("chromium", "browser"), ("fonts-liberation", "browser")];
+
+/// The packages of an architecture's image.
+pub fn packages(arch: Arch) -> Vec<(&'static str, &'static str)> {
+    match arch {
+        Arch::X86_64 => PACKAGES.to_vec(),
+        Arch::Aarch64 => PACKAGES
+            .iter()
+            .filter(|(p, _)| !VM_OMITS.iter().any(|(o, _)| o == p))
+            .chain(VM_PACKAGES.iter())
+            .copied()
+            .collect(),
+    }
+}
 
 /// Changes to the base after the packages are installed (mmdebstrap
 /// customize hooks, run on the host with the root filesystem as $1).
@@ -204,24 +240,32 @@ fn mib(bytes: u64) -> String {
 /// A built image: the cached Debian base and the layer on top.
 #[derive(Debug, Clone)]
 pub struct Image {
+    pub arch: Arch,
     pub dir: PathBuf,
     pub base: PathBuf,
     pub layer: PathBuf,
     pub ssh: PathBuf,
 }
 
-/// Where `cargo xtask image` keeps everything.
-pub fn image_dir() -> PathBuf {
-    crate::workspace_root().join("target/image")
+/// Where `cargo xtask image` keeps everything for an architecture.
+pub fn image_dir(arch: Arch) -> PathBuf {
+    let dir = crate::workspace_root().join("target/image");
+    match arch {
+        Arch::X86_64 => dir,
+        Arch::Aarch64 => dir.join(arch.debian()),
+    }
 }
 
 /// The recipe's text: everything that decides the base's contents.
-fn recipe() -> anyhow::Result<String> {
+fn recipe(arch: Arch) -> anyhow::Result<String> {
     let mut r = format!("recipe {RECIPE_VERSION}\nsuite {SUITE}\nvariant apt\n");
+    if arch != Arch::X86_64 {
+        let _ = writeln!(r, "arch {}", arch.debian());
+    }
     for m in mirrors()? {
         let _ = writeln!(r, "mirror {m}");
     }
-    for (p, _) in PACKAGES {
+    for (p, _) in packages(arch) {
         let _ = writeln!(r, "package {p}");
     }
     for h in HOOKS {
@@ -230,9 +274,10 @@ fn recipe() -> anyhow::Result<String> {
     Ok(r)
 }
 
-/// Checks a directory of binaries to install: both there, executable, and
-/// matching its SHA256SUMS when it has one (as `cargo xtask dist` writes).
-fn check_bin_dir(bin_dir: &Path) -> anyhow::Result<()> {
+/// Checks a directory of binaries to install: both there, executable,
+/// built for the image's architecture, and matching its SHA256SUMS when it
+/// has one (as `cargo xtask dist` writes).
+fn check_bin_dir(bin_dir: &Path, arch: Arch) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     for b in BINARIES {
         let path = bin_dir.join(b);
@@ -246,6 +291,17 @@ fn check_bin_dir(bin_dir: &Path) -> anyhow::Result<()> {
         })?;
         if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
             bail!("{} is not an executable file", path.display());
+        }
+        match Arch::of_elf(&path) {
+            Some(a) if a == arch => {}
+            found => bail!(
+                "{} is {}, but this is the {arch} image: give it the {arch} executables \
+                 (`cargo xtask dist --target {arch}` writes them to target/dist/{arch})",
+                path.display(),
+                found.map_or("not an x86_64 or aarch64 executable".to_string(), |a| {
+                    format!("an {a} executable")
+                }),
+            ),
         }
     }
     let sums = bin_dir.join("SHA256SUMS");
@@ -271,40 +327,64 @@ fn check_bin_dir(bin_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo xtask image`: the base (cached, or built with mmdebstrap) and the
-/// layer with the binaries of `bin_dir`. `rebuild` builds the base anew.
-pub fn build(bin_dir: &Path, rebuild: bool) -> anyhow::Result<Image> {
+/// The Debian base of `arch`'s image: the cached one when its recipe is
+/// unchanged (and not `rebuild`), else built with mmdebstrap.
+pub fn base(arch: Arch, rebuild: bool) -> anyhow::Result<PathBuf> {
     require_root("image")?;
-    let dir = image_dir();
-    let key = sha256_hex(recipe()?.as_bytes())[..16].to_string();
-    let base = dir.join(format!("base-{key}"));
-    let cached = !rebuild && base.join(".complete").exists();
-    let mut tools = vec![("openssh-client", "command -v ssh-keygen")];
-    if !cached {
-        tools.push(("mmdebstrap", "command -v mmdebstrap"));
-    }
-    ensure_debian(&tools)?;
-    check_bin_dir(bin_dir)?;
-    std::fs::create_dir_all(&dir)?;
-    if cached {
+    let dir = image_dir(arch);
+    let base = base_dir(arch)?;
+    if !rebuild && base.join(".complete").exists() {
         say(format!(
             "image base {} (cached; --rebuild builds it anew)",
             base.display()
         ));
-    } else {
-        build_base(&dir, &base)?;
-        // other recipes' bases are stale now; each is a GiB
-        for e in std::fs::read_dir(&dir)?.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("base-") && e.path() != base {
-                say(format!("removing the stale base {}", e.path().display()));
-                std::fs::remove_dir_all(e.path())?;
-            }
+        return Ok(base);
+    }
+    ensure_debian(&base_tools(arch))?;
+    std::fs::create_dir_all(&dir)?;
+    build_base(arch, &dir, &base)?;
+    // other recipes' bases are stale now; each is a GiB
+    for e in std::fs::read_dir(&dir)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("base-") && e.path() != base {
+            say(format!("removing the stale base {}", e.path().display()));
+            std::fs::remove_dir_all(e.path())?;
         }
     }
+    Ok(base)
+}
+
+/// Where `arch`'s base of the current recipe is (or will be).
+fn base_dir(arch: Arch) -> anyhow::Result<PathBuf> {
+    let key = sha256_hex(recipe(arch)?.as_bytes())[..16].to_string();
+    Ok(image_dir(arch).join(format!("base-{key}")))
+}
+
+/// What building `arch`'s base needs on this machine.
+fn base_tools(arch: Arch) -> Vec<(&'static str, &'static str)> {
+    let mut tools = vec![("mmdebstrap", "command -v mmdebstrap")];
+    if arch != Arch::host() {
+        tools.extend(vm::FOREIGN_TOOLS);
+    }
+    tools
+}
+
+/// `cargo xtask image`: the base (cached, or built with mmdebstrap) and the
+/// layer with the binaries of `bin_dir`. `rebuild` builds the base anew.
+pub fn build(arch: Arch, bin_dir: &Path, rebuild: bool) -> anyhow::Result<Image> {
+    require_root("image")?;
+    let mut tools = vec![("openssh-client", "command -v ssh-keygen")];
+    if rebuild || !base_dir(arch)?.join(".complete").exists() {
+        tools.extend(base_tools(arch));
+    }
+    ensure_debian(&tools)?;
+    check_bin_dir(bin_dir, arch)?;
+    let base = base(arch, rebuild)?;
+    let dir = image_dir(arch);
     let ssh = ssh_keys(&dir)?;
-    let layer = build_layer(&dir, bin_dir, &ssh, &base)?;
+    let layer = build_layer(arch, &dir, bin_dir, &ssh, &base)?;
     let image = Image {
+        arch,
         dir,
         base,
         layer,
@@ -321,50 +401,55 @@ pub fn build(bin_dir: &Path, rebuild: bool) -> anyhow::Result<Image> {
     Ok(image)
 }
 
-fn build_base(dir: &Path, base: &Path) -> anyhow::Result<()> {
+fn build_base(arch: Arch, dir: &Path, base: &Path) -> anyhow::Result<()> {
     let cache = dir.join("apt-cache");
     std::fs::create_dir_all(&cache)?;
     let tmp = base.with_extension("tmp");
     let _ = std::fs::remove_dir_all(&tmp);
     let log = dir.join("mmdebstrap.log");
+    let packages: Vec<&str> = packages(arch).iter().map(|(p, _)| *p).collect();
     say(format!(
-        "building the image base with mmdebstrap ({SUITE}, {} packages; about 3 minutes, \
-         less with the .deb cache in {}); log: {}",
-        PACKAGES.len(),
+        "building the {arch} image base with mmdebstrap ({SUITE}, {} packages; about {} \
+         minutes, less with the .deb cache in {}); log: {}",
+        packages.len(),
+        if arch == Arch::host() { 3 } else { 7 },
         cache.display(),
         log.display()
     ));
     let started = Instant::now();
-    let packages: Vec<&str> = PACKAGES.iter().map(|(p, _)| *p).collect();
     let mut cmd = Command::new("mmdebstrap");
-    cmd.args([
-        "--mode=root",
-        "--variant=apt",
-        "--format=directory",
-        // the downloaded .debs stay for sync-out to keep
-        "--skip=essential/unlink",
-        "--aptopt=Acquire::Retries \"3\"",
-    ])
-    .arg(format!("--include={}", packages.join(",")))
-    .arg(r#"--setup-hook=mkdir -p "$1"/var/cache/apt/archives/"#)
-    .arg(format!(
-        "--setup-hook=sync-in {} /var/cache/apt/archives/",
-        cache.display()
-    ))
-    .arg(format!(
-        "--customize-hook=sync-out /var/cache/apt/archives {}",
-        cache.display()
-    ));
+    cmd.arg(format!("--arch={}", arch.debian()))
+        .args([
+            "--mode=root",
+            "--variant=apt",
+            "--format=directory",
+            // the downloaded .debs stay for sync-out to keep
+            "--skip=essential/unlink",
+            "--aptopt=Acquire::Retries \"3\"",
+        ])
+        .arg(format!("--include={}", packages.join(",")))
+        .arg(r#"--setup-hook=mkdir -p "$1"/var/cache/apt/archives/"#)
+        .arg(format!(
+            "--setup-hook=sync-in {} /var/cache/apt/archives/",
+            cache.display()
+        ))
+        .arg(format!(
+            "--customize-hook=sync-out /var/cache/apt/archives {}",
+            cache.display()
+        ));
     for h in HOOKS {
         cmd.arg(format!("--customize-hook={h}"));
     }
     cmd.arg(SUITE).arg(&tmp).args(mirrors()?);
     let out = std::fs::File::create(&log)?;
-    let mut child = cmd
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()
-        .context("starting mmdebstrap")?;
+    let mut child = if arch == Arch::host() {
+        cmd.stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .context("starting mmdebstrap")?
+    } else {
+        vm::spawn_under_qemu_user(arch, &cmd, &out)?
+    };
     // a line every 30 s: the longest step says nothing for minutes
     let status = loop {
         if let Some(s) = child.wait_timeout(Duration::from_secs(30))? {
@@ -378,7 +463,7 @@ fn build_base(dir: &Path, base: &Path) -> anyhow::Result<()> {
             .unwrap_or("")
             .to_string();
         say(format!(
-            "mmdebstrap: {:.0} s, {last}",
+            "mmdebstrap ({arch}): {:.0} s, {last}",
             started.elapsed().as_secs_f64()
         ));
     };
@@ -393,7 +478,7 @@ fn build_base(dir: &Path, base: &Path) -> anyhow::Result<()> {
             tail.join("\n")
         );
     }
-    std::fs::write(tmp.join(".complete"), recipe()?)?;
+    std::fs::write(tmp.join(".complete"), recipe(arch)?)?;
     let _ = std::fs::remove_dir_all(base);
     std::fs::rename(&tmp, base)?;
     say(format!(
@@ -473,7 +558,13 @@ fn install(root: &Path, base: &Path, rel: &str, data: &[u8], mode: u32) -> anyho
 
 /// The layer: the binaries, units (enabled), sandbox-init, sshd's config
 /// and host key, root's authorized_keys; then a manifest.
-fn build_layer(dir: &Path, bin_dir: &Path, ssh: &Path, base: &Path) -> anyhow::Result<PathBuf> {
+fn build_layer(
+    arch: Arch,
+    dir: &Path,
+    bin_dir: &Path,
+    ssh: &Path,
+    base: &Path,
+) -> anyhow::Result<PathBuf> {
     let layer = dir.join("layer");
     let tmp = dir.join("layer.tmp");
     let _ = std::fs::remove_dir_all(&tmp);
@@ -492,10 +583,24 @@ fn build_layer(dir: &Path, bin_dir: &Path, ssh: &Path, base: &Path) -> anyhow::R
         let data = std::fs::read(root.join(src)).with_context(|| format!("reading {src}"))?;
         install(&tmp, base, dst, &data, mode)?;
     }
-    // `systemctl enable` for both units
+    let mut units = vec!["probe.service", "agent-bridge.service"];
+    // the arm64 image boots as a VM (see `packages`)
+    if arch == Arch::Aarch64 {
+        for (src, dst, data, mode) in vm::LAYER_FILES {
+            let data = match src {
+                Some(src) => {
+                    std::fs::read(root.join(src)).with_context(|| format!("reading {src}"))?
+                }
+                None => data.as_bytes().to_vec(),
+            };
+            install(&tmp, base, dst, &data, mode)?;
+        }
+        units.push(vm::SSH_UNIT);
+    }
+    // `systemctl enable` for the units
     let wants = tmp.join("etc/systemd/system/multi-user.target.wants");
     std::fs::create_dir_all(&wants)?;
-    for unit in ["probe.service", "agent-bridge.service"] {
+    for unit in units {
         std::os::unix::fs::symlink(format!("/etc/systemd/system/{unit}"), wants.join(unit))?;
     }
     for (file, mode) in [
