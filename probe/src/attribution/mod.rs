@@ -23,6 +23,8 @@
 //! `noticed`.
 
 mod failures;
+#[cfg(test)]
+mod golden;
 mod grade;
 mod lineage;
 mod rank;
