@@ -84,6 +84,24 @@ fn connect(pid: u32, ts: u64, errno: i32) -> KernelEvent {
 
 const O_WRITE: u64 = (libc::O_WRONLY | libc::O_CREAT) as u64;
 
+/// An open to write that failed with `errno`.
+fn open_to_write(pid: u32, ts: u64, errno: i32, path: &str) -> Vec<KernelEvent> {
+    vec![with(failed(pid, ts, "openat", errno, path), |e| {
+        e.flags = Some(O_WRITE)
+    })]
+}
+
+/// A seccomp denial of mount, confirmed by the filter's flag or not.
+fn seccomp_denial(pid: u32, ts: u64, confirmed: bool) -> Vec<KernelEvent> {
+    vec![with(ev(Kind::SeccompDenied, pid, ts), |e| {
+        e.syscall = Some("mount".into());
+        e.syscall_nr = crate::syscalls::number("mount");
+        e.errno = Some("EPERM".into());
+        e.ret = Some(-(libc::EPERM as i64));
+        e.seccomp_filter = confirmed.then_some(true);
+    })]
+}
+
 /// Every row of the rules, and the refinements grade.rs makes.
 const FAILURES: &[Failure] = &[
     Failure {
@@ -135,12 +153,7 @@ const FAILURES: &[Failure] = &[
     },
     Failure {
         name: "open-erofs",
-        make: |p, t| {
-            vec![with(
-                failed(p, t, "openat", libc::EROFS, "/nonexistent-golden/out.txt"),
-                |e| e.flags = Some(O_WRITE),
-            )]
-        },
+        make: |p, t| open_to_write(p, t, libc::EROFS, "/nonexistent-golden/out.txt"),
         words: "Read-only file system",
     },
     Failure {
@@ -154,12 +167,7 @@ const FAILURES: &[Failure] = &[
     },
     Failure {
         name: "open-edquot",
-        make: |p, t| {
-            vec![with(
-                failed(p, t, "openat", libc::EDQUOT, "/nonexistent-golden/q"),
-                |e| e.flags = Some(O_WRITE),
-            )]
-        },
+        make: |p, t| open_to_write(p, t, libc::EDQUOT, "/nonexistent-golden/q"),
         words: "Disk quota exceeded",
     },
     Failure {
@@ -238,12 +246,7 @@ const FAILURES: &[Failure] = &[
     },
     Failure {
         name: "open-write-eacces",
-        make: |p, t| {
-            vec![with(
-                failed(p, t, "openat", libc::EACCES, "/nonexistent-golden/w.txt"),
-                |e| e.flags = Some(O_WRITE),
-            )]
-        },
+        make: |p, t| open_to_write(p, t, libc::EACCES, "/nonexistent-golden/w.txt"),
         words: "/nonexistent-golden/w.txt: Permission denied",
     },
     Failure {
@@ -305,27 +308,12 @@ const FAILURES: &[Failure] = &[
     },
     Failure {
         name: "seccomp-confirmed",
-        make: |p, t| {
-            vec![with(ev(Kind::SeccompDenied, p, t), |e| {
-                e.syscall = Some("mount".into());
-                e.syscall_nr = crate::syscalls::number("mount");
-                e.errno = Some("EPERM".into());
-                e.ret = Some(-(libc::EPERM as i64));
-                e.seccomp_filter = Some(true);
-            })]
-        },
+        make: |p, t| seccomp_denial(p, t, true),
         words: "Operation not permitted",
     },
     Failure {
         name: "seccomp-unconfirmed",
-        make: |p, t| {
-            vec![with(ev(Kind::SeccompDenied, p, t), |e| {
-                e.syscall = Some("mount".into());
-                e.syscall_nr = crate::syscalls::number("mount");
-                e.errno = Some("EPERM".into());
-                e.ret = Some(-(libc::EPERM as i64));
-            })]
-        },
+        make: |p, t| seccomp_denial(p, t, false),
         words: "Operation not permitted",
     },
     Failure {
