@@ -194,7 +194,7 @@ impl Layer {
 
 /// One row of the rule table: a failed syscall of `class` with one of
 /// `errnos` points at `primitive`.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct Rule {
     pub class: SyscallClass,
     pub errnos: &'static [i32],

@@ -6,7 +6,8 @@ use crate::event::{KernelEvent, Kind, errno_desc};
 use crate::primitive::{Primitive, SYMPTOM_SIGNALS, SYMPTOM_WINDOW_NS, classify};
 use crate::spans::SpanEvidence;
 
-use super::grade::{Grades, Witness, last_exec};
+use super::confidence::{Basis, Level};
+use super::grade::{Grade, Grades, last_exec};
 use super::{Case, Outcome, Verdict};
 
 /// A crash the process brought on itself right after the kernel refused it
@@ -81,7 +82,7 @@ pub(super) fn resource_failure_behind_crash(
     // which is a bug of its own. Weak lookups count here when
     // corroborated, or when the file exists outside the workload's view
     // (the sandbox hid it: that corroborates it too).
-    let mut confidence = 0.9;
+    let mut basis = Basis::RefusalBehindCrash;
     let mut hidden_from_it = false;
     if refusals.is_empty() && matches!(sig, "SIGABRT" | "SIGTRAP") {
         refusals = in_window
@@ -100,7 +101,7 @@ pub(super) fn resource_failure_behind_crash(
             refusals = hidden;
             hidden_from_it = true;
         }
-        confidence = 0.75;
+        basis = Basis::MissingFilesBehindAbort;
     }
     let &(last, primitive) = refusals.last()?;
     let ev = &events[last];
@@ -136,10 +137,10 @@ pub(super) fn resource_failure_behind_crash(
     } else {
         "crashed"
     };
-    Some(Verdict {
+    Some(Verdict::new(
         primitive,
-        confidence,
-        explanation: if primitive == Primitive::Seccomp {
+        basis,
+        if primitive == Primitive::Seccomp {
             format!(
                 "{} was denied by the seccomp filter ({errno}; the syscall never ran){count}{others}, then {} {verb} with {sig}",
                 ev.call(),
@@ -157,8 +158,8 @@ pub(super) fn resource_failure_behind_crash(
                 who(pid)
             )
         },
-        decisive: Some(ev.clone()),
-    })
+        Some(ev.clone()),
+    ))
 }
 
 /// The failed event names an absolute path that exists where the probe
@@ -297,11 +298,10 @@ pub(super) fn command_not_found(
         .find(|(n, _)| *n == name)
         .map(|(_, line)| format!(", saying \"{line}\""))
         .unwrap_or_default();
-    Some(Verdict {
-        primitive: Primitive::ExecMissing,
-        // without the shell's 127, a denial or hard limit outranks it
-        confidence: if status_127 { 0.95 } else { 0.85 },
-        explanation: format!(
+    Some(Verdict::new(
+        Primitive::ExecMissing,
+        Basis::CommandNotFound { status_127 },
+        format!(
             "`{name}` is not installed: {} (pid {}) looked in {} ({}) and {}{words}",
             last.comm,
             last.pid,
@@ -320,8 +320,8 @@ pub(super) fn command_not_found(
                 (Some(c), _) => format!("exited {c}"),
             }
         ),
-        decisive: Some(last.clone()),
-    })
+        Some(last.clone()),
+    ))
 }
 
 /// Under gVisor a shell's PATH search is stat(2), whose raw points carry no
@@ -373,10 +373,10 @@ pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> 
     if ran {
         return None;
     }
-    Some(Verdict {
-        primitive: Primitive::ExecMissing,
-        confidence: 0.9,
-        explanation: format!(
+    Some(Verdict::new(
+        Primitive::ExecMissing,
+        Basis::CommandNotFoundSaid,
+        format!(
             "`{name}` is not installed: {} (pid {}) looked it up ({} {} failed with ENOENT; \
              gVisor's points for these carry no path) and exited 127, saying \"{line}\"",
             last.comm,
@@ -384,8 +384,8 @@ pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> 
             lookups.len(),
             last.syscall.as_deref().unwrap_or("lookup"),
         ),
-        decisive: Some(last.clone()),
-    })
+        Some(last.clone()),
+    ))
 }
 
 /// The commands a shell's "not found" lines name, with their lines, in
@@ -410,76 +410,68 @@ fn not_found_names(output: &str) -> Vec<(String, String)> {
 }
 
 /// The strongest failure that counts as evidence ([`Grades::evidence`])
-/// among those `eligible` accepts (given the event, its primitive and its
-/// weight), explained; among equals the latest wins.
+/// among those `eligible` accepts (given the event and its grade),
+/// explained; among equals the latest wins.
 pub(super) fn strongest_failure(
     case: &Case,
-    eligible: impl Fn(&KernelEvent, Primitive, f64) -> bool,
+    eligible: impl Fn(&KernelEvent, &Grade) -> bool,
 ) -> Option<Verdict> {
     pick_failure(case, eligible, None)
 }
 
-/// The latest eligible failure weighing `strong` or more: a process that
+/// The latest eligible failure of level `from` or above: a process that
 /// got past one denial or limit and then failed on another (curl under
 /// srt: its AF_UNIX socket is refused, then its connect) failed on the
 /// later one. Without such a failure, the strongest.
-pub(super) fn latest_strong_failure(
+pub(super) fn latest_failure_from(
     case: &Case,
-    strong: f64,
-    eligible: impl Fn(&KernelEvent, Primitive, f64) -> bool,
+    from: Level,
+    eligible: impl Fn(&KernelEvent, &Grade) -> bool,
 ) -> Option<Verdict> {
-    pick_failure(case, eligible, Some(strong))
+    pick_failure(case, eligible, Some(from))
 }
 
 fn pick_failure(
     case: &Case,
-    eligible: impl Fn(&KernelEvent, Primitive, f64) -> bool,
-    latest_from: Option<f64>,
+    eligible: impl Fn(&KernelEvent, &Grade) -> bool,
+    latest_from: Option<Level>,
 ) -> Option<Verdict> {
     let events = &case.span.events;
-    let mut best: Option<(usize, Primitive, f64)> = None;
+    let mut best: Option<(usize, Grade)> = None;
     for (i, ev) in events.iter().enumerate().rev() {
-        let Some((primitive, weight)) = case.grades.evidence(i) else {
+        let Some(grade) = case.grades.evidence(i) else {
             continue;
         };
-        if !eligible(ev, primitive, weight) {
+        if !eligible(ev, &grade) {
             continue;
         }
-        if latest_from.is_some_and(|strong| weight >= strong) {
-            best = Some((i, primitive, weight));
+        if latest_from.is_some_and(|from| grade.level >= from) {
+            best = Some((i, grade));
             break;
         }
         // strictly greater: among equals, the latest (seen first) wins
-        if best.is_none_or(|(_, _, w)| weight > w) {
-            best = Some((i, primitive, weight));
+        if best.is_none_or(|(_, b)| grade.weight() > b.weight()) {
+            best = Some((i, grade));
         }
     }
-    let (i, primitive, weight) = best?;
-    let witness = case.grades.get(i).and_then(|g| g.witness);
-    Some(explain_failure(
-        case.span,
-        case.outcome,
-        &events[i],
-        primitive,
-        weight,
-        witness,
-    ))
+    let (i, grade) = best?;
+    Some(explain_failure(case.span, case.outcome, &events[i], &grade))
 }
 
-/// The sentence for failure `ev`, judged `primitive` with weight `weight`.
+/// The sentence for failure `ev`, graded `grade`.
 fn explain_failure(
     span: &SpanEvidence,
     outcome: &Outcome,
     ev: &KernelEvent,
-    primitive: Primitive,
-    weight: f64,
-    witness: Option<Witness>,
+    grade: &Grade,
 ) -> Verdict {
     let events = &span.events;
     let errno = ev.errno.clone().unwrap_or_default().into_owned();
     let desc = errno_desc(&errno).to_lowercase();
     let proc_desc = format!("{} (pid {})", ev.comm, ev.pid);
-    let mut confidence = weight;
+    let primitive = grade.primitive;
+    // a verdict that settles more than the failure's grade did
+    let mut settled: Option<Basis> = None;
     let explanation = match primitive {
         Primitive::Seccomp => {
             let unconfirmed = if ev.seccomp_filter == Some(true) {
@@ -513,7 +505,7 @@ fn explain_failure(
             let mut seen = std::collections::HashSet::new();
             tried.retain(|p| seen.insert(*p));
             if outcome.exit.code == Some(127) {
-                confidence = 0.97;
+                settled = Some(Basis::ExecMissingAt127);
             }
             format!(
                 "`{name}` is not installed: execve failed with ENOENT for {} candidate path(s) ({})",
@@ -554,7 +546,7 @@ fn explain_failure(
             )
         }
         Primitive::FsNoexec => {
-            confidence = 0.95;
+            settled = Some(Basis::Noexec);
             format!(
                 "{} failed with EACCES in {proc_desc}: the file is on a mount with noexec",
                 ev.call()
@@ -607,15 +599,13 @@ fn explain_failure(
         ),
     };
     // weak evidence says what corroborated it
-    let explanation = match witness {
+    let explanation = match grade.witness {
         Some(w) => format!("{explanation} ({})", w.clause()),
         None => explanation,
     };
-    Verdict {
-        primitive,
-        confidence,
-        explanation,
-        decisive: Some(ev.clone()),
+    match settled {
+        Some(basis) => Verdict::new(primitive, basis, explanation, Some(ev.clone())),
+        None => Verdict::of_grade(grade, explanation, ev.clone()),
     }
 }
 

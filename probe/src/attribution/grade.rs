@@ -1,17 +1,19 @@
 //! Grading: every failure event of a span is weighed once, before any
-//! ranking, and the ranking reads only these grades.
+//! ranking, into a [`Level`] (see [`super::confidence`]), and the ranking
+//! reads only these grades.
 //!
-//! - **Strong** evidence stands alone: a denial or a hard limit (seccomp,
+//! - **Standing**, **hard** or **decisive** evidence stands alone: a denial
+//!   or a hard limit (seccomp,
 //!   EROFS, ENOSPC/EDQUOT, EAGAIN on fork, EMFILE/ENFILE, a refused or
 //!   unreachable connect, a missing privilege, a write refused by
 //!   permissions, an exec that failed, state an earlier call wrote and
 //!   this one lost).
-//! - **Weak** evidence is a failed lookup: ENOENT or ENOTDIR on any path,
+//! - A failed lookup is **weak**: ENOENT or ENOTDIR on any path,
 //!   EACCES or EPERM on a read, stat, access or readlink. Every program
 //!   makes such lookups by the hundred (search paths of compilers,
 //!   interpreters and loaders, message catalogs, optional configuration
 //!   files) and most tolerate them, so a weak failure is a cause only
-//!   when something **corroborates** it: the workload's own words (its
+//!   when something **corroborates** it (and is then graded so): the workload's own words (its
 //!   output, or the result the caller got) name the path, or the command
 //!   it was asked to run names it. A traceback, a failed test or an error
 //!   that names no failed path corroborates nothing.
@@ -25,6 +27,10 @@
 //! need: the command naming it (`gcc … -o out` stats `out` before writing
 //! it) does not corroborate it, nor does any word for a bare name (no
 //! directory, no extension: `test_sum`), which any text may say.
+//!
+//! A failure followed by a successful exec in the same process is
+//! **superseded**: its program image was replaced (a PATH search or a
+//! wrapper coped with it), and it is no evidence at all.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -34,12 +40,48 @@ use crate::spans::SpanEvidence;
 use crate::syscalls::SyscallClass;
 
 use super::Words;
+use super::confidence::{Basis, Level, confidence, level};
 
-/// How much a failure weighs on its own.
+/// What the failed call was for, as the rules tell it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strength {
-    Strong,
-    Weak,
+pub enum Role {
+    /// Starting a program (execve, execveat).
+    Exec,
+    /// Creating or changing a path (an open to write, mkdir, rename…).
+    Write,
+    /// Opening a path to read it, or entering it.
+    Read,
+    /// Looking a path up without needing it (stat, access, readlink): a
+    /// check, not a need.
+    Probe,
+    Connect,
+    Fork,
+    Memory,
+    /// A call that needs a capability (mount, unshare, bpf…).
+    Privileged,
+    /// Any other call a rule names (a write that found the disk full, an
+    /// open over the fd limit).
+    Resource,
+    /// A call the seccomp filter denied.
+    Seccomp,
+    /// A lookup of a path an earlier call wrote.
+    Persistence,
+}
+
+impl Role {
+    fn of(class: SyscallClass) -> Role {
+        match class {
+            SyscallClass::Exec => Role::Exec,
+            SyscallClass::PathWrite => Role::Write,
+            SyscallClass::PathRead => Role::Read,
+            SyscallClass::PathProbe => Role::Probe,
+            SyscallClass::Connect => Role::Connect,
+            SyscallClass::Fork => Role::Fork,
+            SyscallClass::Memory => Role::Memory,
+            SyscallClass::Privileged => Role::Privileged,
+            SyscallClass::Any => Role::Resource,
+        }
+    }
 }
 
 /// What corroborated a weak failure.
@@ -65,17 +107,27 @@ impl Witness {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Grade {
     pub primitive: Primitive,
-    /// The rule table's weight, refined (fs.noexec, fs.persistence).
-    pub weight: f64,
-    pub strength: Strength,
-    /// For weak evidence: what named it, if anything did.
+    pub level: Level,
+    /// What graded it: the rule row, or a refinement (a seccomp denial,
+    /// lost state); its confidence orders failures within a level.
+    pub basis: Basis,
+    pub role: Role,
+    /// For a lookup: what named it, if anything did.
     pub witness: Option<Witness>,
+    /// Its program image was replaced by a later exec: no evidence.
+    pub superseded: bool,
 }
 
 impl Grade {
-    /// Whether the failure may be named as a cause: strong, or corroborated.
+    /// Whether the failure may be named as a cause: it stands alone, or
+    /// it is corroborated.
     pub fn counts(&self) -> bool {
-        self.strength == Strength::Strong || self.witness.is_some()
+        self.level >= Level::Corroborated
+    }
+
+    /// The confidence of its basis: orders failures within a level.
+    pub fn weight(&self) -> f64 {
+        confidence(self.basis)
     }
 }
 
@@ -92,44 +144,50 @@ impl Grades {
         let execs = last_exec(&span.events);
         let grades = (0..span.events.len())
             .map(|i| {
-                let (primitive, weight, strength, probe) = weigh(span, &span.events, i, &execs)?;
+                let mut grade = weigh(span, &span.events, i, &execs)?;
+                if grade.level != Level::Weak {
+                    return Some(grade);
+                }
                 let ev = &span.events[i];
                 let path = ev.path.as_deref().unwrap_or("");
                 let cut = ev.path_truncated == Some(true);
+                let probe = grade.role == Role::Probe;
                 // a bare name (no directory, no extension) is a word any
                 // text may say: it is named only where the call needed it
                 let bare = !path.starts_with('/') && !specific(path);
-                let witness = match strength {
-                    Strength::Strong => None,
-                    Strength::Weak if bare && probe => None,
-                    Strength::Weak if said.names(path, cut) => Some(Witness::Said),
+                grade.witness = if bare && probe {
+                    None
+                } else if said.names(path, cut) {
+                    Some(Witness::Said)
+                } else if !probe && asked.names(path, cut) {
                     // a stat or access of a path the command names is a
                     // check (does the output exist yet?), not a need
-                    Strength::Weak if !probe && asked.names(path, cut) => Some(Witness::Asked),
-                    Strength::Weak => None,
+                    Some(Witness::Asked)
+                } else {
+                    None
                 };
-                Some(Grade {
-                    primitive,
-                    weight,
-                    strength,
-                    witness,
-                })
+                if grade.witness.is_some() {
+                    grade.level = Level::Corroborated;
+                }
+                Some(grade)
             })
             .collect();
         Grades { grades }
     }
 
-    /// Any graded failure at index `i`, corroborated or not.
+    /// Any graded failure at index `i`, corroborated or not; never a
+    /// superseded one.
     pub fn get(&self, i: usize) -> Option<Grade> {
-        self.grades.get(i).copied().flatten()
+        self.grades
+            .get(i)
+            .copied()
+            .flatten()
+            .filter(|g| !g.superseded)
     }
 
-    /// The failure at `i` as evidence: primitive and weight, when it may
-    /// be named as a cause.
-    pub fn evidence(&self, i: usize) -> Option<(Primitive, f64)> {
-        self.get(i)
-            .filter(Grade::counts)
-            .map(|g| (g.primitive, g.weight))
+    /// The failure at `i` as evidence, when it may be named as a cause.
+    pub fn evidence(&self, i: usize) -> Option<Grade> {
+        self.get(i).filter(Grade::counts)
     }
 
     /// The failure at `i` is weak and nothing corroborated it: shown as
@@ -150,47 +208,62 @@ pub(super) fn last_exec(events: &VecDeque<KernelEvent>) -> HashMap<u32, usize> {
         .collect()
 }
 
-/// A failure event's primitive, weight, strength, and whether it was a
-/// probe (stat, access: a check, not a need); or None when it is not
-/// evidence at all (matches no rule, or its program was replaced by a
-/// successful exec: it coped, as a PATH search or a wrapper does).
+/// A failure event's grade before its witnesses are read (a lookup is
+/// weak until then); None when it is not a failure any rule names.
 fn weigh(
     span: &SpanEvidence,
     events: &VecDeque<KernelEvent>,
     i: usize,
     execs: &HashMap<u32, usize>,
-) -> Option<(Primitive, f64, Strength, bool)> {
+) -> Option<Grade> {
     let ev = &events[i];
     if !(ev.kind.is_failure() || ev.kind == Kind::SeccompDenied) {
         return None;
     }
     let errno = ev.errno_nr()?;
     let syscall = ev.syscall.as_deref()?;
+    let graded = |primitive, basis, role| Grade {
+        primitive,
+        level: level(basis),
+        basis,
+        role,
+        witness: None,
+        superseded: false,
+    };
     if ev.kind == Kind::SeccompDenied {
         let confirmed = ev.seccomp_filter == Some(true);
-        let weight = if confirmed { 0.97 } else { 0.6 };
-        return Some((Primitive::Seccomp, weight, Strength::Strong, false));
+        let basis = Basis::SeccompDenial { confirmed };
+        return Some(graded(Primitive::Seccomp, basis, Role::Seccomp));
     }
-    if execs.get(&ev.pid).is_some_and(|&x| x > i) {
-        return None;
+    // its program image was replaced: it coped, as a PATH search or a
+    // wrapper does
+    let superseded = execs.get(&ev.pid).is_some_and(|&x| x > i);
+    if superseded {
+        let rule = classify(syscall, errno, ev.flags.unwrap_or(0))?;
+        return Some(Grade {
+            superseded: true,
+            ..graded(rule.primitive, Basis::Rule(rule), Role::of(rule.class))
+        });
     }
     if ev.written_earlier.is_some()
         && matches!(errno, libc::ENOENT | libc::ENOTDIR)
         && !made_again_later(events, i)
     {
-        return Some((Primitive::FsPersistence, 0.95, Strength::Strong, false));
+        return Some(graded(
+            Primitive::FsPersistence,
+            Basis::Persistence,
+            Role::Persistence,
+        ));
     }
     let flags = ev.flags.unwrap_or(0);
     let rule = classify(syscall, errno, flags)?;
     let lookup = rule.primitive == Primitive::FsMissing
         || (rule.primitive == Primitive::FsPermission && rule.class == SyscallClass::PathRead);
-    let strength = if lookup {
-        Strength::Weak
-    } else {
-        Strength::Strong
-    };
-    let mut primitive = rule.primitive;
-    if primitive == Primitive::FsPermission && crate::syscalls::EXEC.contains(&syscall) {
+    let mut grade = graded(rule.primitive, Basis::Rule(rule), Role::of(rule.class));
+    if lookup {
+        grade.level = Level::Weak;
+    }
+    if grade.primitive == Primitive::FsPermission && crate::syscalls::EXEC.contains(&syscall) {
         let path = ev.path.as_deref().unwrap_or("");
         let noexec_mount_in_span = span.events.iter().any(|m| {
             m.kind == Kind::Mount
@@ -198,11 +271,12 @@ fn weigh(
                 && m.path.as_deref().is_some_and(|t| path.starts_with(t))
         });
         if ev.mount_noexec == Some(true) || noexec_mount_in_span {
-            primitive = Primitive::FsNoexec;
+            // graded by its row (0.85) until explained: the verdict is
+            // decisive (`Basis::Noexec`), the failure among others is not
+            grade.primitive = Primitive::FsNoexec;
         }
     }
-    let probe = rule.class == SyscallClass::PathProbe;
-    Some((primitive, rule.weight as f64, strength, probe))
+    Some(grade)
 }
 
 /// Whether a failed look-up (stat, access, an open to read: not a call
@@ -328,7 +402,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_lookup_is_weak_and_a_denial_or_hard_limit_strong() {
+    fn a_failed_lookup_is_weak_and_a_denial_or_hard_limit_hard() {
         let none = Words::default();
         for (syscall, errno) in [
             ("openat", libc::ENOENT),
@@ -338,7 +412,7 @@ mod tests {
             ("openat", libc::EACCES),
         ] {
             let g = grade_of(failed(10, MS, syscall, errno, "/x/y.conf"), &none);
-            assert_eq!(g.strength, Strength::Weak, "{syscall} {errno}");
+            assert_eq!(g.level, Level::Weak, "{syscall} {errno}");
             assert!(!g.counts(), "{syscall} {errno}: uncorroborated");
         }
         for (syscall, errno, path) in [
@@ -350,7 +424,7 @@ mod tests {
             ("connect", libc::ECONNREFUSED, ""),
         ] {
             let g = grade_of(failed(10, MS, syscall, errno, path), &none);
-            assert_eq!(g.strength, Strength::Strong, "{syscall} {errno}");
+            assert_eq!(g.level, Level::Hard, "{syscall} {errno}");
             assert!(g.counts());
         }
     }

@@ -22,6 +22,7 @@
 //! include search, a message catalog, an optional config file): those are
 //! `noticed`.
 
+mod confidence;
 mod failures;
 #[cfg(test)]
 mod golden;
@@ -39,8 +40,9 @@ use crate::event::{KernelEvent, Kind};
 use crate::primitive::{Layer, Primitive};
 use crate::spans::{Drops, SpanEvidence};
 
+use confidence::{Basis, Level};
 use failures::{reported_failure, strongest_failure};
-use grade::Grades;
+use grade::{Grade, Grades, Role};
 use lineage::Lineage;
 use rank::failure_verdict;
 
@@ -285,12 +287,54 @@ pub(crate) struct Case<'a> {
 /// Most noticed lines an attribution carries.
 pub const NOTICED_MAX: usize = 3;
 
-/// One decision: primitive, confidence, sentence, decisive event.
+/// One decision: primitive, level and confidence, sentence, decisive
+/// event.
 struct Verdict {
     primitive: Primitive,
+    /// What ranking compares ([`confidence::Level`]).
+    level: Level,
+    /// From [`confidence::confidence`], scaled at most by one of its
+    /// factors; orders verdicts within what a stage accepts.
     confidence: f64,
     explanation: String,
     decisive: Option<KernelEvent>,
+}
+
+impl Verdict {
+    /// A verdict resting on `basis`.
+    fn new(
+        primitive: Primitive,
+        basis: Basis,
+        explanation: String,
+        decisive: Option<KernelEvent>,
+    ) -> Verdict {
+        Verdict {
+            primitive,
+            level: confidence::level(basis),
+            confidence: confidence::confidence(basis),
+            explanation,
+            decisive,
+        }
+    }
+
+    /// A verdict that is one failure's grade.
+    fn of_grade(grade: &Grade, explanation: String, decisive: KernelEvent) -> Verdict {
+        Verdict {
+            primitive: grade.primitive,
+            level: grade.level,
+            confidence: grade.weight(),
+            explanation,
+            decisive: Some(decisive),
+        }
+    }
+
+    /// Less sure by `factor` (one of [`confidence`]'s).
+    fn scaled(self, factor: f64) -> Verdict {
+        Verdict {
+            confidence: self.confidence * factor,
+            ..self
+        }
+    }
 }
 
 /// Attributes a finished span.
@@ -427,7 +471,8 @@ fn uring_seccomp_note(span: &SpanEvidence) -> Option<String> {
 /// a read-only root).
 fn hidden_failure(case: &Case) -> Option<HiddenFailure> {
     let (span, lineage) = (case.span, &case.lineage);
-    let strongest = strongest_failure(case, |ev, primitive, weight| {
+    let strongest = strongest_failure(case, |ev, grade| {
+        let primitive = grade.primitive;
         let failing = span.processes.get(&ev.pid).is_some_and(|p| p.failed());
         let root = Some(ev.pid) == span.root_pid;
         let eligible = if root {
@@ -437,7 +482,7 @@ fn hidden_failure(case: &Case) -> Option<HiddenFailure> {
         };
         // a check's weak failure (a search for an optional file) was the
         // check's answer; a denial or a hard limit is worth hearing anyway
-        let coped_with = lineage.coped.contains(&ev.pid) && weight < rank::STRONG;
+        let coped_with = lineage.coped.contains(&ev.pid) && grade.level < Level::Hard;
         eligible && !lineage.stopped.contains_key(&ev.pid) && !coped_with && !lineage.survived(ev)
     });
     // a child that could not find its command, as the words say
@@ -491,7 +536,7 @@ fn memory_death(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure>
         };
         return Some(HiddenFailure {
             primitive: Primitive::MemOom,
-            confidence: 0.9,
+            confidence: confidence::confidence(Basis::HiddenOom),
             explanation: format!("{}{reclaim}{more}", rank::oom_sentence(oom)),
             decisive: Some(oom.clone()),
         });
@@ -499,7 +544,7 @@ fn memory_death(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure>
     let duration = outcome.duration_ns.max(1);
     (span.reclaim_ns * 5 > duration && reclaim_ms >= rank::RECLAIM_MIN_MS).then(|| HiddenFailure {
         primitive: Primitive::MemPressure,
-        confidence: 0.6,
+        confidence: confidence::confidence(Basis::HiddenPressure),
         explanation: format!(
             "it stalled {reclaim_ms:.0} ms ({:.0}% of its time) in memory reclaim",
             span.reclaim_ns as f64 * 100.0 / duration as f64
@@ -510,16 +555,15 @@ fn memory_death(span: &SpanEvidence, outcome: &Outcome) -> Option<HiddenFailure>
 
 fn success_verdict(span: &SpanEvidence, memory_death: Option<&HiddenFailure>) -> Verdict {
     if let Some(death) = memory_death {
-        return Verdict {
-            primitive: Primitive::None,
-            confidence: 0.9,
-            explanation: format!("exited 0, but {}", death.explanation),
-            decisive: span
-                .events
+        return Verdict::new(
+            Primitive::None,
+            Basis::SuccessAfterDeath,
+            format!("exited 0, but {}", death.explanation),
+            span.events
                 .iter()
                 .find(|e| e.kind == Kind::OomVictim)
                 .cloned(),
-        };
+        );
     }
     let denied = span
         .events
@@ -533,12 +577,7 @@ fn success_verdict(span: &SpanEvidence, memory_death: Option<&HiddenFailure>) ->
     } else {
         "exited 0; nothing failed".to_string()
     };
-    Verdict {
-        primitive: Primitive::None,
-        confidence: 0.95,
-        explanation,
-        decisive: None,
-    }
+    Verdict::new(Primitive::None, Basis::Success, explanation, None)
 }
 
 /// The events worth showing without `--events`: the decisive one, other
@@ -558,7 +597,7 @@ fn evidence_events(case: &Case, decisive: Option<&KernelEvent>) -> Vec<KernelEve
             Kind::Exit => Some(e.pid) == span.root_pid || e.exit_code.is_none(),
             Kind::SyscallFailed | Kind::UringFailed => {
                 // weak ones too, corroborated or not: shown, not blamed
-                failing(e.pid) && case.grades.get(i).is_some_and(|g| g.weight >= 0.5)
+                failing(e.pid) && case.grades.get(i).is_some_and(|g| g.role != Role::Probe)
             }
             _ => false,
         };

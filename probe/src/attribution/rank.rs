@@ -41,8 +41,9 @@ use crate::event::{KernelEvent, Kind, SYS_SECCOMP};
 use crate::primitive::Primitive;
 use crate::spans::SpanEvidence;
 
+use super::confidence::{Basis, Level, REPORTED_ELSEWHERE, STOPPED_HELPER};
 use super::failures::{
-    command_not_found, command_not_found_said, latest_strong_failure, reported_failure,
+    command_not_found, command_not_found_said, latest_failure_from, reported_failure,
     resource_failure_behind_crash, strongest_failure,
 };
 use super::lineage::{SignalOrigin, fatal_signal, signal_origin};
@@ -87,12 +88,12 @@ fn oom_kill(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
             )
         })
         .unwrap_or_default();
-    Some(Verdict {
-        primitive: Primitive::MemOom,
-        confidence: 0.97,
-        explanation: format!("{}{then}", oom_sentence(oom)),
-        decisive: Some(oom.clone()),
-    })
+    Some(Verdict::new(
+        Primitive::MemOom,
+        Basis::OomKill,
+        format!("{}{then}", oom_sentence(oom)),
+        Some(oom.clone()),
+    ))
 }
 
 /// "chromium (pid 12) was killed by the OOM killer at 300 MiB anon RSS in
@@ -116,15 +117,15 @@ pub(super) fn oom_sentence(oom: &KernelEvent) -> String {
 
 fn caller_timeout(outcome: &Outcome) -> Option<Verdict> {
     let limit = outcome.timed_out?;
-    Some(Verdict {
-        primitive: Primitive::Timeout,
-        confidence: 0.95,
-        explanation: format!(
+    Some(Verdict::new(
+        Primitive::Timeout,
+        Basis::CallerTimeout,
+        format!(
             "the workload was still running after the time limit of {:.1}s and was killed",
             limit.as_secs_f64()
         ),
-        decisive: None,
-    })
+        None,
+    ))
 }
 
 /// SIGSYS from a filter (RET_TRAP, RET_KILL_*), wherever it landed.
@@ -168,12 +169,12 @@ fn seccomp_kill(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
             sigsys.cloned(),
         ),
     };
-    Some(Verdict {
-        primitive: Primitive::Seccomp,
-        confidence: 0.97,
+    Some(Verdict::new(
+        Primitive::Seccomp,
+        Basis::SeccompKill,
         explanation,
         decisive,
-    })
+    ))
 }
 
 /// The status the caller got is a signal's: the root was killed, or the
@@ -204,9 +205,9 @@ fn signal_on_path(case: &Case) -> Option<Verdict> {
 fn failure_reported_before(case: &Case, then: &Verdict) -> Option<Verdict> {
     let (span, lineage) = (case.span, &case.lineage);
     let before = then.decisive.as_ref()?.ts_ns;
-    strongest_failure(case, |ev, primitive, _| {
+    strongest_failure(case, |ev, grade| {
         ev.ts_ns < before
-            && reported_failure(ev, primitive)
+            && reported_failure(ev, grade.primitive)
             && span.processes.get(&ev.pid).is_none_or(|p| !p.failed())
             && !lineage.stopped.contains_key(&ev.pid)
             && !lineage.survived(ev)
@@ -254,14 +255,12 @@ fn explain_signal(case: &Case, pid: u32, sig: &str) -> Verdict {
         .cloned();
     let whom = who(span, pid);
     if sig == "SIGXFSZ" {
-        return Verdict {
-            primitive: Primitive::FsSpace,
-            confidence: 0.9,
-            explanation: format!(
-                "{whom} exceeded the file-size limit (RLIMIT_FSIZE) and got SIGXFSZ"
-            ),
+        return Verdict::new(
+            Primitive::FsSpace,
+            Basis::FileSizeSignal,
+            format!("{whom} exceeded the file-size limit (RLIMIT_FSIZE) and got SIGXFSZ"),
             decisive,
-        };
+        );
     }
     let name = |p: u32| who(span, p);
     if let Some(v) =
@@ -278,12 +277,7 @@ fn explain_signal(case: &Case, pid: u32, sig: &str) -> Verdict {
     } else {
         format!("{whom} was killed by {sig}{}", sent_by(span, pid))
     };
-    Verdict {
-        primitive: Primitive::Signal,
-        confidence: 0.9,
-        explanation,
-        decisive,
-    }
+    Verdict::new(Primitive::Signal, Basis::Signal, explanation, decisive)
 }
 
 /// " sent by …" naming the real sender of `pid`'s fatal signal.
@@ -323,12 +317,12 @@ fn strong_failure_on_path(case: &Case) -> Option<Verdict> {
         // a shell that went on to look the command up after the denial (its
         // NSS lookup of the user hit a seccomp filter on unix sockets) did
         // without what was denied: its 127 is the missing command's
-        Some(v) if v.confidence >= 0.95 => match missing() {
-            Some(m) if m.confidence >= 0.95 && decided_later(&m, &v) => Some(m),
+        Some(v) if v.level == Level::Decisive => match missing() {
+            Some(m) if m.level == Level::Decisive && decided_later(&m, &v) => Some(m),
             _ => Some(v),
         },
         strongest => {
-            let strong = strongest.filter(|v| v.confidence >= STRONG);
+            let strong = strongest.filter(|v| v.level >= Level::Hard);
             match (missing(), strong) {
                 (Some(missing), Some(v)) if v.confidence > missing.confidence => Some(v),
                 (missing, v) => missing.or(v),
@@ -345,15 +339,10 @@ fn decided_later(a: &Verdict, b: &Verdict) -> bool {
     }
 }
 
-/// Weight from which a failure is a denial or a hard limit (0.9 in the
-/// rule table, an f32 that widens to 0.8999…), not something a program may
-/// have looked for and done without.
-pub(super) const STRONG: f64 = 0.895;
-
 fn failure_on_path(case: &Case) -> Option<Verdict> {
     let lineage = &case.lineage;
     let leaf = lineage.leaf();
-    latest_strong_failure(case, STRONG, |ev, _, _| {
+    latest_failure_from(case, Level::Hard, |ev, _| {
         Some(ev.pid) == leaf && !lineage.survived(ev) && !lineage.is_cleanup(ev)
     })
 }
@@ -366,7 +355,7 @@ fn failure_on_path(case: &Case) -> Option<Verdict> {
 /// (its non-zero exit is the stop's).
 fn failure_off_path(case: &Case) -> Option<Verdict> {
     let (span, lineage) = (case.span, &case.lineage);
-    strongest_failure(case, |ev, _, _| {
+    strongest_failure(case, |ev, _| {
         let failing = Some(ev.pid) == lineage.leaf()
             || (!lineage.on_path(ev.pid)
                 && span.processes.get(&ev.pid).is_some_and(|p| p.failed())
@@ -385,7 +374,8 @@ fn failure_off_path(case: &Case) -> Option<Verdict> {
 /// stop must not take their failure with it.
 fn disk_refused_anywhere(case: &Case) -> Option<Verdict> {
     let (span, lineage) = (case.span, &case.lineage);
-    let v = strongest_failure(case, |ev, primitive, _| {
+    let v = strongest_failure(case, |ev, grade| {
+        let primitive = grade.primitive;
         // one that exited 0 coped with it
         let gave_up = lineage.stopped.contains_key(&ev.pid)
             || span.processes.get(&ev.pid).is_none_or(|p| p.failed());
@@ -405,8 +395,8 @@ fn disk_refused_anywhere(case: &Case) -> Option<Verdict> {
         ),
         false => String::new(),
     };
+    let v = v.scaled(STOPPED_HELPER);
     Some(Verdict {
-        confidence: v.confidence * 0.9,
         explanation: format!("{}{then}", v.explanation),
         ..v
     })
@@ -418,16 +408,16 @@ fn disk_refused_anywhere(case: &Case) -> Option<Verdict> {
 /// process lives, its helper's connect was refused.
 fn reported_elsewhere(case: &Case) -> Option<Verdict> {
     let (span, lineage) = (case.span, &case.lineage);
-    let v = strongest_failure(case, |ev, primitive, _| {
+    let v = strongest_failure(case, |ev, grade| {
         // still running when the call ended: it told someone (one that
         // exited 0 coped, and its parent failed for reasons of its own)
-        reported_failure(ev, primitive)
+        reported_failure(ev, grade.primitive)
             && span.processes.get(&ev.pid).is_none_or(|p| !p.exited)
             && !lineage.survived(ev)
             && !lineage.stopped.contains_key(&ev.pid)
     })?;
+    let v = v.scaled(REPORTED_ELSEWHERE);
     Some(Verdict {
-        confidence: v.confidence * 0.8,
         explanation: format!(
             "{}, which the failing call most likely reported",
             v.explanation
@@ -445,21 +435,20 @@ fn memory_pressure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
     if span.reclaim_ns * 5 <= duration {
         return None;
     }
-    Some(Verdict {
-        primitive: Primitive::MemPressure,
-        confidence: 0.6,
-        explanation: format!(
+    Some(Verdict::new(
+        Primitive::MemPressure,
+        Basis::MemoryPressure,
+        format!(
             "the workload {} after spending {:.0}% of its time in memory reclaim",
             outcome.exit.describe(),
             span.reclaim_ns as f64 * 100.0 / duration as f64
         ),
-        decisive: span
-            .events
+        span.events
             .iter()
             .rev()
             .find(|e| e.kind == Kind::ReclaimStall)
             .cloned(),
-    })
+    ))
 }
 
 /// A call the sandbox's kernel refused although Linux accepts it: under
@@ -492,10 +481,10 @@ fn unsupported_by_sandbox_kernel(case: &Case) -> Option<Verdict> {
         Some(f) if errno == "EINVAL" => format!("whose flags ({f:#x}) are all valid on Linux"),
         _ => "that Linux implements".to_string(),
     };
-    Some(Verdict {
-        primitive: Primitive::SandboxKernel,
-        confidence: 0.8,
-        explanation: format!(
+    Some(Verdict::new(
+        Primitive::SandboxKernel,
+        Basis::SandboxKernel,
+        format!(
             "{} failed with {errno} ({}) in {}, and its output says so: gVisor's kernel refused \
              a call {why}; the sandbox's kernel is not Linux",
             ev.call(),
@@ -504,8 +493,8 @@ fn unsupported_by_sandbox_kernel(case: &Case) -> Option<Verdict> {
                 .unwrap_or_default(),
             who(span, ev.pid),
         ),
-        decisive: Some(ev.clone()),
-    })
+        Some(ev.clone()),
+    ))
 }
 
 /// ENOSYS, or EINVAL from a raw call whose flags are all ones Linux takes.
@@ -565,16 +554,16 @@ fn no_kernel_cause(case: &Case) -> Verdict {
             stopped.join(", ")
         )
     };
-    Verdict {
-        primitive: Primitive::None,
-        confidence: 0.7,
-        explanation: format!(
+    Verdict::new(
+        Primitive::None,
+        Basis::NoKernelCause,
+        format!(
             "the workload {}; the kernel saw no denial, limit, kill or missing file that explains it \
              (the cause is in the workload's own logic or its caller){shutdown}",
             outcome.exit.describe()
         ),
-        decisive: None,
-    }
+        None,
+    )
 }
 
 #[cfg(test)]
