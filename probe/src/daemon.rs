@@ -1022,6 +1022,7 @@ impl Core {
             all_events: false,
             words,
         };
+        crate::facts::capture(&mut open.evidence, &outcome, &crate::facts::LiveHost);
         let mut attribution = attribute(&open.evidence, &outcome);
         attribution.sandbox = open.sandbox.clone();
         self.spans_ended += 1;

@@ -42,6 +42,7 @@ pub mod config;
 pub mod daemon;
 pub mod env;
 pub mod event;
+pub mod facts;
 pub mod fault;
 pub mod gvisor;
 pub mod loader;

@@ -79,6 +79,22 @@ impl Source {
     }
 }
 
+/// What the host said when the span closed ([`crate::facts::capture`]):
+/// all attribution knows of the host, so stored evidence judges the same
+/// replayed later, on another machine.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Closing {
+    /// Memory PSI `some` total (µs) at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psi_some_us: Option<u64>,
+    /// Wall-clock ms at the end.
+    pub closed_ms: i64,
+    /// Absolute paths a crashing process found missing that exist where
+    /// the probe runs: hidden from the workload.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub present_outside: std::collections::BTreeSet<String>,
+}
+
 /// Evidence of one span.
 #[derive(Debug)]
 pub struct SpanEvidence {
@@ -110,6 +126,8 @@ pub struct SpanEvidence {
     /// System-wide memory PSI `some` total (µs) when the span began; the
     /// delta at the end says how much the whole machine stalled meanwhile.
     pub psi_some_us_at_start: Option<u64>,
+    /// The host's facts at the end (empty until it closes).
+    pub closing: Closing,
     pub counts: HashMap<Kind, u64>,
     pub drops: Drops,
     /// Every thread the span's events named (root, forks, clones): what to
@@ -148,6 +166,7 @@ impl SpanEvidence {
             write_fds: HashMap::new(),
             reclaim_ns: 0,
             psi_some_us_at_start: psi_memory_some_us(),
+            closing: Closing::default(),
             counts: HashMap::new(),
             drops: Drops::default(),
             tids: HashSet::new(),

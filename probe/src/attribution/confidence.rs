@@ -200,19 +200,62 @@ mod tests {
         }
     }
 
-    /// No number in attribution's code outside this table: a confidence
-    /// written anywhere else is a second vocabulary.
+    /// Attribution is a function of the span's evidence: nothing in it
+    /// reads the host (files, procfs, PSI, the clock). What it needs of
+    /// the host was captured when the span closed (`crate::facts`).
     #[test]
-    fn no_confidence_literal_outside_the_table() {
-        let files = [
+    fn attribution_reads_no_host() {
+        let mut found = Vec::new();
+        for (name, text) in attribution_sources() {
+            let code = text.split("\nmod tests").next().unwrap();
+            for (n, line) in code.lines().enumerate() {
+                let line = line.split("//").next().unwrap();
+                for read in [
+                    "std::fs",
+                    "Path::new",
+                    "\"/proc",
+                    "\"/sys",
+                    "clock::",
+                    "psi_memory",
+                    "SystemTime",
+                    "Instant::now",
+                    "procfs::",
+                    "crate::mounts",
+                    "crate::cgroup",
+                ] {
+                    if line.contains(read) {
+                        found.push(format!("{name}:{}: {read}: {}", n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "attribution reads the host:\n{}",
+            found.join("\n")
+        );
+    }
+
+    fn attribution_sources() -> [(&'static str, &'static str); 6] {
+        [
             ("mod.rs", include_str!("mod.rs")),
             ("rank.rs", include_str!("rank.rs")),
             ("failures.rs", include_str!("failures.rs")),
             ("grade.rs", include_str!("grade.rs")),
             ("lineage.rs", include_str!("lineage.rs")),
-        ];
+            ("confidence.rs", include_str!("confidence.rs")),
+        ]
+    }
+
+    /// No number in attribution's code outside this table: a confidence
+    /// written anywhere else is a second vocabulary.
+    #[test]
+    fn no_confidence_literal_outside_the_table() {
         let mut found = Vec::new();
-        for (name, text) in files {
+        for (name, text) in attribution_sources()
+            .into_iter()
+            .filter(|(n, _)| *n != "confidence.rs")
+        {
             let code = text.split("\nmod tests").next().unwrap();
             for (n, line) in code.lines().enumerate() {
                 let line = line.split("//").next().unwrap();

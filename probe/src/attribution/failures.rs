@@ -61,7 +61,7 @@ pub(super) fn resource_failure_behind_crash(
                 && crashed_at - e.ts_ns <= SYMPTOM_WINDOW_NS
         })
         .filter_map(|(i, _)| Some((i, grades.get(i)?)))
-        .filter(|(i, g)| g.counts() || exists_outside(&events[*i]))
+        .filter(|(i, g)| g.counts() || present_outside(span, &events[*i]))
         .map(|(i, g)| (i, g.primitive))
         .collect();
     let refused = |p: Primitive| {
@@ -95,7 +95,7 @@ pub(super) fn resource_failure_behind_crash(
         let hidden: Vec<(usize, Primitive)> = refusals
             .iter()
             .copied()
-            .filter(|&(i, _)| exists_outside(&events[i]))
+            .filter(|&(i, _)| present_outside(span, &events[i]))
             .collect();
         if !hidden.is_empty() {
             refusals = hidden;
@@ -162,14 +162,15 @@ pub(super) fn resource_failure_behind_crash(
     ))
 }
 
-/// The failed event names an absolute path that exists where the probe
-/// runs: the workload's own view (its mount namespace) did not have it.
-fn exists_outside(ev: &KernelEvent) -> bool {
+/// The failed event names an absolute path that existed where the probe
+/// runs when the span closed: the workload's own view (its mount
+/// namespace) did not have it.
+fn present_outside(span: &SpanEvidence, ev: &KernelEvent) -> bool {
     ev.path_truncated.is_none()
         && ev
             .path
             .as_deref()
-            .is_some_and(|p| p.starts_with('/') && std::path::Path::new(p).exists())
+            .is_some_and(|p| span.closing.present_outside.contains(p))
 }
 
 /// A failure a process that exited 0 most likely reported to its parent
@@ -516,7 +517,7 @@ fn explain_failure(
         Primitive::FsPersistence => {
             let w = ev.written_earlier.as_ref();
             let ago = w.map(|w| {
-                let ms = (crate::clock::now_ms() - w.at_ms).max(0);
+                let ms = (span.closing.closed_ms - w.at_ms).max(0);
                 if ms < 1000 {
                     format!("{ms} ms earlier")
                 } else {

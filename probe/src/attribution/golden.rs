@@ -464,8 +464,17 @@ fn index_of(span: &SpanEvidence, e: &KernelEvent) -> i64 {
         .map_or(-1, |i| i as i64)
 }
 
+/// The host the cases close on: /etc/passwd exists, nothing under
+/// [`DIR`] does.
+const HOST: FixedHost = FixedHost {
+    existing: &["/etc/passwd"],
+    now_ms: 0,
+};
+
 /// One line: the case's name and its verdict.
-fn verdict_line(name: &str, span: &SpanEvidence, outcome: &Outcome) -> String {
+fn verdict_line(name: &str, mut span: SpanEvidence, outcome: &Outcome) -> String {
+    crate::facts::capture(&mut span, outcome, &HOST);
+    let span = &span;
     let a = attribute(span, outcome);
     let events: Vec<String> = a
         .events
@@ -496,7 +505,7 @@ fn all_lines() -> String {
                 for words in [false, true] {
                     let (span, outcome) = case(&[f], place, ending, words);
                     let name = format!("{}/{place:?}/{ending:?}/{}", f.name, words as u8);
-                    let _ = writeln!(out, "{}", verdict_line(&name, &span, &outcome));
+                    let _ = writeln!(out, "{}", verdict_line(&name, span, &outcome));
                 }
             }
         }
@@ -506,7 +515,7 @@ fn all_lines() -> String {
             for ending in [Ending::Exit1, Ending::Exit127, Ending::OwnAbort] {
                 let (span, outcome) = case(&[a, b], Place::Root, ending, false);
                 let name = format!("{}+{}/Root/{ending:?}/0", a.name, b.name);
-                let _ = writeln!(out, "{}", verdict_line(&name, &span, &outcome));
+                let _ = writeln!(out, "{}", verdict_line(&name, span, &outcome));
             }
         }
     }

@@ -30,7 +30,7 @@ mod grade;
 mod lineage;
 mod rank;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 use std::collections::BTreeMap;
 
@@ -404,7 +404,7 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
             reclaim_ms: span.reclaim_ns as f64 / 1e6,
             psi_some_ms: span
                 .psi_some_us_at_start
-                .zip(crate::spans::psi_memory_some_us())
+                .zip(span.closing.psi_some_us)
                 .map(|(a, b)| b.saturating_sub(a) as f64 / 1e3),
         },
         sandbox: None,
@@ -1296,16 +1296,29 @@ mod tests {
             a.explanation,
             "access(\"/nonexistent-probe-test/b.conf\") failed with ENOENT ×2, then w (pid 10) aborted with SIGABRT"
         );
-        // a file the workload could not see but that exists out here wins:
-        // the sandbox hid it
-        let a = attribute(
-            &span(events("SIGABRT", &["/etc/passwd", nowhere[0], nowhere[1]])),
+        // a file the workload could not see but that existed out here when
+        // the span closed wins: the sandbox hid it (the host's answer, not
+        // this machine's: attribution reads only what was captured)
+        let hidden = "/nonexistent-probe-test/hidden.ttf";
+        let host = testing::FixedHost {
+            existing: &["/nonexistent-probe-test/hidden.ttf"],
+            now_ms: 0,
+        };
+        let a = testing::attribute_on(
+            &host,
+            span(events("SIGABRT", &[hidden, nowhere[0], nowhere[1]])),
             &killed_by("SIGABRT"),
         );
         assert_eq!(
             a.explanation,
-            "access(\"/etc/passwd\") failed with ENOENT (present outside the sandbox: hidden from it), then w (pid 10) aborted with SIGABRT"
+            "access(\"/nonexistent-probe-test/hidden.ttf\") failed with ENOENT (present outside the sandbox: hidden from it), then w (pid 10) aborted with SIGABRT"
         );
+        // not captured: nothing says it was there
+        let a = attribute(
+            &span(events("SIGABRT", &[hidden, nowhere[0], nowhere[1]])),
+            &killed_by("SIGABRT"),
+        );
+        assert_eq!(a.primitive, Primitive::Signal, "{}", a.explanation);
         let a = attribute(&span(events("SIGSEGV", &nowhere)), &named_segv(&named));
         assert_eq!(
             a.primitive,

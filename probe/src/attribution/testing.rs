@@ -6,7 +6,9 @@ use crate::spans::SpanEvidence;
 
 use super::grade::Grades;
 use super::lineage::Lineage;
+use super::{Attribution, attribute};
 use super::{Case, ExitStatus, Outcome, Words};
+use crate::facts::Host;
 
 pub const MS: u64 = 1_000_000;
 
@@ -123,4 +125,28 @@ pub fn case<'a>(span: &'a SpanEvidence, outcome: &'a Outcome) -> Case<'a> {
         lineage: Lineage::of(span, &outcome.exit),
         grades: Grades::of(span, &outcome.words),
     }
+}
+
+/// A host for tests: these paths exist, its clock reads `now_ms`, no PSI.
+pub struct FixedHost {
+    pub existing: &'static [&'static str],
+    pub now_ms: i64,
+}
+
+impl Host for FixedHost {
+    fn psi_memory_some_us(&self) -> Option<u64> {
+        None
+    }
+    fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+    fn path_exists(&self, path: &str) -> bool {
+        self.existing.contains(&path)
+    }
+}
+
+/// `attribute`, after `host` gave the facts at close.
+pub fn attribute_on(host: &FixedHost, mut span: SpanEvidence, outcome: &Outcome) -> Attribution {
+    crate::facts::capture(&mut span, outcome, host);
+    attribute(&span, outcome)
 }
