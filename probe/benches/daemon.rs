@@ -230,6 +230,7 @@ fn main() {
                 started_ms: id as i64,
                 ended_ms: id as i64 + 1,
                 attribution: a,
+                replay: None,
             }
         })
         .collect();

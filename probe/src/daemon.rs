@@ -1037,12 +1037,19 @@ impl Core {
             }));
         }
         let stored = kept(&attribution, &mut open);
+        // replayable only with every event it saw (none evicted, none left
+        // out); and only where events are stored, which bounds the words
+        let replay = (stored.drops.not_kept == 0
+            && stored.drops.retention == 0
+            && !stored.events.is_empty())
+        .then(|| open.evidence.replay(&outcome));
         self.store_stats.queued.fetch_add(1, Ordering::Relaxed);
         let sent = self.store_tx.as_ref().is_some_and(|tx| {
             tx.send(StoredSpan {
                 started_ms: open.started_ms,
                 ended_ms: crate::clock::now_ms(),
                 attribution: stored,
+                replay,
             })
             .is_ok()
         });

@@ -54,6 +54,7 @@ pub mod preflight;
 pub mod primitive;
 pub mod proctree;
 pub mod protocol;
+pub mod replay;
 pub mod report;
 pub mod sessions;
 pub mod spans;

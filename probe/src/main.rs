@@ -238,15 +238,30 @@ enum Cmd {
         json: bool,
     },
     /// One stored span: attribution and event timeline.
+    #[command(after_help = "Examples:\n  \
+        probe show 42\n  \
+        probe show 42 --reattribute            # exit 0 same, 1 changed, 2 not replayable\n  \
+        probe show --all --reattribute --json  # after an upgrade: exit 1 if any changed\n\n\
+        A span can be attributed again when every event it saw was stored (keep_events = \"all\" in\n\
+        [retention], or a span whose failures all explained it): from its events and the facts the\n\
+        host gave when it closed, never from the host as it is now.")]
     Show {
         /// The span id (see `probe spans`).
-        span: u64,
+        #[arg(required_unless_present = "all")]
+        span: Option<u64>,
         /// The evidence database.
         #[arg(long, default_value = DEFAULT_DB)]
         db: PathBuf,
         /// The attribution object, with every stored event, as JSON.
         #[arg(long)]
         json: bool,
+        /// Attribute the stored span again with this build and compare
+        /// the verdict with the stored one.
+        #[arg(long)]
+        reattribute: bool,
+        /// With --reattribute: every stored span.
+        #[arg(long, requires = "reattribute", conflicts_with = "span")]
+        all: bool,
     },
     /// Live decoded events from the daemon.
     Tail {
@@ -623,7 +638,61 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Show { span, db, json } => {
+        Cmd::Show {
+            span,
+            db,
+            json,
+            reattribute,
+            all,
+        } if reattribute => {
+            let store = Store::open_readonly(&db)?;
+            let ids = match span {
+                Some(s) => vec![s],
+                None => store.span_ids()?,
+            };
+            let mut results = Vec::new();
+            for id in ids {
+                match probe::replay::span(&store, id)? {
+                    Some(r) => results.push(r),
+                    None => bail!(
+                        "span {id} is not in {} (still open, removed by retention, or never existed)",
+                        db.display()
+                    ),
+                }
+            }
+            let count =
+                |f: fn(&probe::replay::Replayed) -> bool| results.iter().filter(|r| f(r)).count();
+            let same = count(|r| matches!(r, probe::replay::Replayed::Same { .. }));
+            let changed = count(|r| matches!(r, probe::replay::Replayed::Changed { .. }));
+            let not_replayable = results.len() - same - changed;
+            if json {
+                let out = if all {
+                    serde_json::json!({"spans": results, "same": same, "changed": changed, "not_replayable": not_replayable})
+                } else {
+                    serde_json::to_value(&results[0])?
+                };
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                for r in &results {
+                    println!("{}", probe::replay::line(r));
+                }
+                if all {
+                    println!(
+                        "{} span(s): {same} same, {changed} changed, {not_replayable} not replayable",
+                        results.len()
+                    );
+                }
+            }
+            Ok(ExitCode::from(if changed > 0 {
+                1
+            } else if not_replayable > 0 && !all {
+                2
+            } else {
+                0
+            }))
+        }
+        Cmd::Show { span, db, json, .. } => {
+            let span = span.expect("clap requires a span without --all");
             let store = Store::open_readonly(&db)?;
             let Some(a) = store.show(span)? else {
                 bail!(

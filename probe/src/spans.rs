@@ -95,6 +95,30 @@ pub struct Closing {
     pub present_outside: std::collections::BTreeSet<String>,
 }
 
+/// What replaying a stored span needs besides its stored events: its
+/// header when it closed and what its caller knew. Stored beside the
+/// events of a span that kept them all (`probe show --reattribute`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Replay {
+    /// Bumped when what a replay needs changes; an older one is refused.
+    pub version: u32,
+    pub source: Source,
+    pub start_ns: u64,
+    pub root_pid: Option<u32>,
+    pub root_serves: bool,
+    pub memory_cgroup: Option<(String, Option<u64>)>,
+    pub reclaim_ns: u64,
+    pub psi_some_us_at_start: Option<u64>,
+    pub closing: Closing,
+    pub timed_out_ms: Option<u64>,
+    pub duration_ns: u64,
+    pub words: crate::attribution::Words,
+}
+
+impl Replay {
+    pub const VERSION: u32 = 1;
+}
+
 /// Evidence of one span.
 #[derive(Debug)]
 pub struct SpanEvidence {
@@ -138,6 +162,10 @@ pub struct SpanEvidence {
     pub thread_group: HashMap<u32, u32>,
     /// Processes procfs could not name (gone): not asked again.
     unnamed: HashSet<u32>,
+    /// Whether arriving events are completed from the host (procfs, mount
+    /// flags, seccomp mode, memory cgroups): for a live eBPF span, never
+    /// for a rebuilt one, whose events were completed when they arrived.
+    reads_host: bool,
 }
 
 impl SpanEvidence {
@@ -172,7 +200,52 @@ impl SpanEvidence {
             tids: HashSet::new(),
             thread_group: HashMap::new(),
             unnamed: HashSet::new(),
+            reads_host: true,
         }
+    }
+
+    /// What a replay of this span needs besides its events.
+    pub fn replay(&self, outcome: &crate::attribution::Outcome) -> Replay {
+        Replay {
+            version: Replay::VERSION,
+            source: self.source,
+            start_ns: self.start_ns,
+            root_pid: self.root_pid,
+            root_serves: self.root_serves,
+            memory_cgroup: self.memory_cgroup.clone(),
+            reclaim_ns: self.reclaim_ns,
+            psi_some_us_at_start: self.psi_some_us_at_start,
+            closing: self.closing.clone(),
+            timed_out_ms: outcome.timed_out.map(|d| d.as_millis() as u64),
+            duration_ns: outcome.duration_ns,
+            words: outcome.words.clone(),
+        }
+    }
+
+    /// The span again from its stored events and [`Replay`], reading
+    /// nothing of the host: what attribution saw when it closed.
+    pub fn rebuild(
+        id: u64,
+        session: Option<String>,
+        label: String,
+        replay: &Replay,
+        events: impl IntoIterator<Item = KernelEvent>,
+    ) -> SpanEvidence {
+        let mut span = SpanEvidence::new(id, session, label, replay.start_ns);
+        span.reads_host = false;
+        span.source = replay.source;
+        span.root_pid = replay.root_pid;
+        span.root_serves = replay.root_serves;
+        span.memory_cgroup = replay.memory_cgroup.clone();
+        span.cap = usize::MAX;
+        for e in events {
+            span.add(e);
+        }
+        // its stall included events the span cap had evicted
+        span.reclaim_ns = replay.reclaim_ns;
+        span.psi_some_us_at_start = replay.psi_some_us_at_start;
+        span.closing = replay.closing.clone();
+        span
     }
 
     /// Repeats still pending in the kernel when tracing stopped.
@@ -210,7 +283,7 @@ impl SpanEvidence {
             ev.comm = p.comm.clone();
             return;
         }
-        if self.unnamed.contains(&ev.pid) || self.source != Source::Ebpf {
+        if self.unnamed.contains(&ev.pid) || self.source != Source::Ebpf || !self.reads_host {
             return;
         }
         match std::fs::read_to_string(format!("/proc/{}/comm", ev.pid)) {
@@ -285,7 +358,7 @@ impl SpanEvidence {
                 // reaped; events arrive in batches) its nearest living
                 // ancestor's in the span, which shares it but for nesting,
                 // or the one noted when the span began
-                if ev.cgroup.is_none() {
+                if ev.cgroup.is_none() && self.reads_host {
                     let mut pid = Some(ev.pid);
                     let mut found = None;
                     for _ in 0..64 {
@@ -324,6 +397,7 @@ impl SpanEvidence {
             Kind::SeccompDenied => {
                 if ev.seccomp_filter.is_none()
                     && self.source == Source::Ebpf
+                    && self.reads_host
                     && crate::loader::seccomp_mode(ev.pid).is_some_and(|m| m != 0)
                 {
                     ev.seccomp_filter = Some(true);
@@ -383,6 +457,7 @@ impl SpanEvidence {
             .as_deref()
             .is_some_and(|s| crate::syscalls::EXEC.contains(&s))
             && self.source == Source::Ebpf
+            && self.reads_host
             && ev.errno.as_deref() == Some("EACCES")
             && let Some(path) = &ev.path
         {

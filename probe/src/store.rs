@@ -98,6 +98,8 @@ pub struct StoredSpan {
     pub ended_ms: i64,
     /// The attribution; its `events` are all retained events of the span.
     pub attribution: Attribution,
+    /// What replaying it needs, when every event it saw is stored.
+    pub replay: Option<crate::spans::Replay>,
 }
 
 /// A row of `probe spans`.
@@ -148,6 +150,9 @@ struct ExportLine {
     decisive: Option<Box<RawValue>>,
     events: Vec<Box<RawValue>>,
     drops: (u64, u64),
+    /// The replay input, when stored (absent in older exports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    replay: Option<Box<RawValue>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -363,6 +368,9 @@ impl Store {
             let mut drops = tx.prepare_cached(
                 "INSERT INTO drops (probe_id, span_id, kernel, retention) VALUES (?1, ?2, ?3, ?4)",
             )?;
+            let mut replay = tx.prepare_cached(
+                "INSERT INTO replay (probe_id, span_id, input) VALUES (?1, ?2, ?3)",
+            )?;
             for s in spans {
                 let a = &s.attribution;
                 let id = a.span as i64;
@@ -414,6 +422,9 @@ impl Store {
                     a.drops.kernel as i64,
                     a.drops.retention as i64
                 ])?;
+                if let Some(r) = &s.replay {
+                    replay.execute(params![self.probe_id, id, serde_json::to_string(r)?])?;
+                }
             }
             if let Some(max) = spans.iter().map(|s| s.attribution.span as i64).max() {
                 tx.execute(
@@ -483,6 +494,31 @@ impl Store {
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// What replaying span `span` needs besides its events, when it was
+    /// stored (see [`StoredSpan::replay`]); an input this build cannot
+    /// read is an error naming it.
+    pub fn replay_input(&self, span: u64) -> Result<Option<crate::spans::Replay>, StoreError> {
+        let input: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT input FROM replay WHERE span_id = ?2
+                 ORDER BY probe_id = ?1 DESC, probe_id LIMIT 1",
+                params![self.probe_id, span as i64],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(input.map(|i| serde_json::from_str(&i)).transpose()?)
+    }
+
+    /// Ids of the stored spans, oldest first.
+    pub fn span_ids(&self) -> Result<Vec<u64>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT DISTINCT id FROM spans ORDER BY id")?;
+        let ids = stmt.query_map([], |r| r.get::<_, i64>(0))?;
+        Ok(ids.map(|i| i.map(|i| i as u64)).collect::<Result<_, _>>()?)
     }
 
     /// One span's attribution with every stored event.
@@ -573,6 +609,14 @@ impl Store {
             .query_map(params![probe_id, id as i64], |r| r.get::<_, String>(0))?
             .map(|d| Ok(RawValue::from_string(d?)?))
             .collect::<Result<Vec<_>, StoreError>>()?;
+        let replay: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT input FROM replay WHERE probe_id = ?1 AND span_id = ?2",
+                params![probe_id, id as i64],
+                |r| r.get(0),
+            )
+            .optional()?;
         Ok(ExportLine {
             probe_id: probe_id.to_string(),
             span,
@@ -580,6 +624,7 @@ impl Store {
             decisive: decisive.map(RawValue::from_string).transpose()?,
             events,
             drops,
+            replay: replay.map(RawValue::from_string).transpose()?,
         })
     }
 
@@ -603,7 +648,7 @@ impl Store {
             tx.execute("INSERT INTO main.meta SELECT * FROM src.meta", [])?;
             for row in &rows {
                 let id = row.span as i64;
-                for table in ["spans", "attributions", "events", "drops"] {
+                for table in ["spans", "attributions", "events", "drops", "replay"] {
                     let key = if table == "spans" { "id" } else { "span_id" };
                     tx.execute(
                         &format!("INSERT INTO main.{table} SELECT * FROM src.{table} WHERE probe_id = ?1 AND {key} = ?2"),
@@ -643,9 +688,19 @@ impl Store {
                      INSERT INTO main.spans SELECT * FROM import.spans;
                      INSERT INTO main.attributions SELECT * FROM import.attributions;
                      INSERT INTO main.events SELECT * FROM import.events;
-                     INSERT INTO main.drops SELECT * FROM import.drops;
-                     COMMIT;",
+                     INSERT INTO main.drops SELECT * FROM import.drops;",
                 )?;
+                // an export made before replay inputs were stored has none
+                let has_replay: bool = self.conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM import.sqlite_master WHERE name = 'replay')",
+                    [],
+                    |r| r.get(0),
+                )?;
+                if has_replay {
+                    self.conn
+                        .execute_batch("INSERT INTO main.replay SELECT * FROM import.replay;")?;
+                }
+                self.conn.execute_batch("COMMIT;")?;
                 Ok(n as usize)
             })();
             if result.is_err() {
@@ -707,6 +762,12 @@ impl Store {
                 "INSERT INTO drops (probe_id, span_id, kernel, retention) VALUES (?1, ?2, ?3, ?4)",
                 params![l.probe_id, id, l.drops.0 as i64, l.drops.1 as i64],
             )?;
+            if let Some(r) = &l.replay {
+                tx.execute(
+                    "INSERT INTO replay (probe_id, span_id, input) VALUES (?1, ?2, ?3)",
+                    params![l.probe_id, id, r.get()],
+                )?;
+            }
             n += 1;
         }
         tx.commit()?;
@@ -807,6 +868,7 @@ mod tests {
             started_ms: 1000 + id as i64,
             ended_ms: 1001 + id as i64,
             attribution: all,
+            replay: None,
         }
     }
 
@@ -909,10 +971,19 @@ mod tests {
     fn jsonl_and_sqlite_exports_reimport_identically() {
         let dir = tempfile::tempdir().unwrap();
         let mut st = Store::open(&dir.path().join("e.db")).unwrap();
-        st.insert(&[span(1, "s1", 1), span(2, "s1", 0)]).unwrap();
+        st.insert(&[replayable(span(1, "s1", 1)), span(2, "s1", 0)])
+            .unwrap();
+        assert_eq!(replayed(&st, 1), "same");
         let dump = |s: &Store| -> Vec<String> {
             let mut out = Vec::new();
-            for t in ["sessions", "spans", "attributions", "events", "drops"] {
+            for t in [
+                "sessions",
+                "spans",
+                "attributions",
+                "events",
+                "drops",
+                "replay",
+            ] {
                 let mut stmt = s
                     .connection()
                     .prepare(&format!("SELECT * FROM {t} ORDER BY 1, 2"))
@@ -937,11 +1008,40 @@ mod tests {
         let mut fresh = Store::open(&dir.path().join("fresh.db")).unwrap();
         assert_eq!(fresh.import(&jsonl).unwrap(), 2);
         assert_eq!(dump(&st), dump(&fresh));
+        assert!(dump(&fresh).iter().any(|r| r.starts_with("replay: ")));
+        assert_eq!(replayed(&fresh, 1), "same");
         let sq = dir.path().join("x.sqlite");
         assert_eq!(st.export_sqlite(&SpanFilter::default(), &sq).unwrap(), 2);
         let mut fresh2 = Store::open(&dir.path().join("fresh2.db")).unwrap();
         assert_eq!(fresh2.import(&sq).unwrap(), 2);
         assert_eq!(dump(&st), dump(&fresh2));
+        assert_eq!(replayed(&fresh2, 1), "same");
+        assert!(replayed(&fresh2, 2).contains("not replayable: no replay input"));
+    }
+
+    /// `s` with the replay input a daemon stores beside a span whose every
+    /// event is kept.
+    fn replayable(mut s: StoredSpan) -> StoredSpan {
+        let a = &s.attribution;
+        let mut span = SpanEvidence::new(a.span, a.session.clone(), a.label.clone(), 0);
+        span.root_pid = Some(5);
+        s.replay = Some(span.replay(&Outcome {
+            exit: a.exit.clone(),
+            words: crate::attribution::Words {
+                command: Some("cat /data/x.csv".into()),
+                output: None,
+            },
+            ..Default::default()
+        }));
+        s
+    }
+
+    /// What `probe show --reattribute` says of span `id`.
+    fn replayed(st: &Store, id: u64) -> String {
+        match crate::replay::span(st, id).unwrap().unwrap() {
+            crate::replay::Replayed::Same { .. } => "same".into(),
+            r => crate::replay::line(&r),
+        }
     }
 
     #[test]

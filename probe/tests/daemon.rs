@@ -1288,6 +1288,27 @@ fn a_span_that_explains_nothing_keeps_its_figures_not_its_lookups() {
         .unwrap();
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(text.contains("events not kept"), "{text}");
+    // a span whose lookups were left out cannot be attributed again: it
+    // says so (exit 2), naming why; the one whose begin asked for all can
+    let again = |span: u64| {
+        Command::new(PROBE)
+            .args(["show", "--reattribute", "--db"])
+            .arg(d.db())
+            .arg(span.to_string())
+            .output()
+            .unwrap()
+    };
+    let out = again(plain);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("not replayable") && text.contains("were not stored"),
+        "{text}"
+    );
+    let out = again(asked);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("same verdict"), "{text}");
     let db = c.daemon_status().unwrap().db;
     assert_eq!((db.keep_events.as_str(), db.spans_in_db), ("failed", 3));
     assert!(db.bytes_per_span > 0 && db.budget_bytes > 0, "{db:?}");
@@ -1344,5 +1365,66 @@ fn a_small_cap_keeps_failed_spans_stays_under_it_and_never_stalls() {
             .integrity_check()
             .unwrap(),
         "ok"
+    );
+}
+
+/// Every span a daemon stored with all its events is attributed again by
+/// another process, from the DB alone, to the verdict stored: the
+/// failures, the words that corroborated them, the facts captured at close.
+#[test]
+fn stored_spans_attribute_again_identically_in_another_process() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start_with_config("[retention]\nkeep_events = \"all\"\n");
+    let mut c = d.client();
+    let verdicts: Vec<(u64, String)> = [
+        &["sh", "-c", "cat /nonexistent-replay/data.csv"][..],
+        &["sh", "-c", "no-such-tool-replay --version"],
+        &["sh", "-c", "ls /nonexistent-replay-dir; exit 0"],
+        &["sh", "-c", "echo x > /proc/version"],
+        &["true"],
+    ]
+    .iter()
+    .map(|cmd| {
+        let a = run_span(&mut c, "replay", cmd);
+        (a.span, a.primitive.id().to_string())
+    })
+    .collect();
+    wait_all_stored(&mut c, verdicts.len() as u64);
+    let out = Command::new(PROBE)
+        .args(["show", "--all", "--reattribute", "--json", "--db"])
+        .arg(d.db())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            report["same"].as_u64(),
+            report["changed"].as_u64(),
+            report["not_replayable"].as_u64()
+        ),
+        (Some(verdicts.len() as u64), Some(0), Some(0)),
+        "{report:#}"
+    );
+    for (span, primitive) in &verdicts {
+        let r = report["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["span"] == *span)
+            .unwrap_or_else(|| panic!("span {span} missing: {report:#}"));
+        assert_eq!(r["verdict"]["primitive"], *primitive, "{r:#}");
+    }
+    let primitives: Vec<&str> = verdicts.iter().map(|(_, p)| p.as_str()).collect();
+    assert!(
+        primitives.contains(&"fs.missing") && primitives.contains(&"exec.missing"),
+        "the spans exercise the rules: {primitives:?}"
     );
 }

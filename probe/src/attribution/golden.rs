@@ -496,16 +496,15 @@ fn verdict_line(name: &str, mut span: SpanEvidence, outcome: &Outcome) -> String
     )
 }
 
-/// Every case's line, in a fixed order.
-fn all_lines() -> String {
-    let mut out = String::new();
-    for f in FAILURES {
+/// Calls `f` with every case's name, span and outcome, in a fixed order.
+fn for_each_case(mut f: impl FnMut(String, SpanEvidence, Outcome)) {
+    for failure in FAILURES {
         for place in PLACES {
             for ending in ENDINGS {
                 for words in [false, true] {
-                    let (span, outcome) = case(&[f], place, ending, words);
-                    let name = format!("{}/{place:?}/{ending:?}/{}", f.name, words as u8);
-                    let _ = writeln!(out, "{}", verdict_line(&name, span, &outcome));
+                    let (span, outcome) = case(&[failure], place, ending, words);
+                    let name = format!("{}/{place:?}/{ending:?}/{}", failure.name, words as u8);
+                    f(name, span, outcome);
                 }
             }
         }
@@ -514,11 +513,22 @@ fn all_lines() -> String {
         for b in FAILURES {
             for ending in [Ending::Exit1, Ending::Exit127, Ending::OwnAbort] {
                 let (span, outcome) = case(&[a, b], Place::Root, ending, false);
-                let name = format!("{}+{}/Root/{ending:?}/0", a.name, b.name);
-                let _ = writeln!(out, "{}", verdict_line(&name, span, &outcome));
+                f(
+                    format!("{}+{}/Root/{ending:?}/0", a.name, b.name),
+                    span,
+                    outcome,
+                );
             }
         }
     }
+}
+
+/// Every case's line, in a fixed order.
+fn all_lines() -> String {
+    let mut out = String::new();
+    for_each_case(|name, span, outcome| {
+        let _ = writeln!(out, "{}", verdict_line(&name, span, &outcome));
+    });
     out
 }
 
@@ -579,4 +589,33 @@ fn the_generated_cases_reach_every_primitive_the_rules_name_and_both_layers() {
     for layer in [" sandbox ", " test ", " - "] {
         assert!(lines.contains(layer), "no case has layer {layer:?}");
     }
+}
+
+/// Every case stored as the daemon stores it (its events, its verdict, its
+/// replay input, through JSON) and attributed again from that alone gets
+/// its verdict again.
+#[test]
+fn every_generated_case_replays_to_its_verdict() {
+    use super::{Attribution, VerdictView, reattribute};
+    use crate::spans::Replay;
+    let mut checked = 0;
+    for_each_case(|name, mut span, outcome| {
+        crate::facts::capture(&mut span, &outcome, &HOST);
+        let mut live = attribute(&span, &outcome);
+        // what the store keeps with `keep_events = "all"`
+        live.events = span.events.iter().cloned().collect();
+        let replay = span.replay(&outcome);
+        let stored: Attribution =
+            serde_json::from_str(&serde_json::to_string(&live).unwrap()).unwrap();
+        let replay: Replay =
+            serde_json::from_str(&serde_json::to_string(&replay).unwrap()).unwrap();
+        let again = reattribute(&stored, &replay);
+        assert_eq!(
+            VerdictView::from(&again),
+            VerdictView::from(&live),
+            "{name}: replayed, the verdict moved"
+        );
+        checked += 1;
+    });
+    assert_eq!(checked, all_lines().lines().count());
 }

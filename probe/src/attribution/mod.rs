@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{KernelEvent, Kind};
 use crate::primitive::{Layer, Primitive};
-use crate::spans::{Drops, SpanEvidence};
+use crate::spans::{Drops, Replay, SpanEvidence};
 
 use confidence::{Basis, Level};
 use failures::{reported_failure, strongest_failure};
@@ -408,6 +408,59 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
                 .map(|(a, b)| b.saturating_sub(a) as f64 / 1e3),
         },
         sandbox: None,
+    }
+}
+
+/// A stored span attributed again from its stored events and what
+/// [`Replay`] kept of its close: the verdict it gets today.
+pub fn reattribute(stored: &Attribution, replay: &Replay) -> Attribution {
+    let span = SpanEvidence::rebuild(
+        stored.span,
+        stored.session.clone(),
+        stored.label.clone(),
+        replay,
+        stored.events.iter().cloned(),
+    );
+    let outcome = Outcome {
+        exit: stored.exit.clone(),
+        timed_out: replay.timed_out_ms.map(std::time::Duration::from_millis),
+        duration_ns: replay.duration_ns,
+        all_events: false,
+        words: replay.words.clone(),
+    };
+    let mut again = attribute(&span, &outcome);
+    again.sandbox = stored.sandbox.clone();
+    again
+}
+
+/// What a verdict is, to compare a stored one with a replayed one: not the
+/// events shown, the counts or the timings.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VerdictView {
+    pub failed: bool,
+    pub primitive: Primitive,
+    pub layer: Option<Layer>,
+    pub confidence: f64,
+    pub explanation: String,
+    pub hint: Option<String>,
+    pub decisive: Option<KernelEvent>,
+    pub hidden_failure: Option<HiddenFailure>,
+    pub noticed: Vec<String>,
+}
+
+impl From<&Attribution> for VerdictView {
+    fn from(a: &Attribution) -> VerdictView {
+        VerdictView {
+            failed: a.failed,
+            primitive: a.primitive,
+            layer: a.layer,
+            confidence: a.confidence,
+            explanation: a.explanation.clone(),
+            hint: a.hint.clone(),
+            decisive: a.decisive.clone(),
+            hidden_failure: a.hidden_failure.clone(),
+            noticed: a.noticed.clone(),
+        }
     }
 }
 
