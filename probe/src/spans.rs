@@ -70,7 +70,49 @@ pub enum Source {
     Gvisor,
 }
 
+/// What a source of evidence cannot see, as data: attribution reads it and
+/// never asks which source ran. Each text completes a sentence of the
+/// explanation that meets the gap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sight {
+    /// When a failed lookup's event carries no path: why ("…'s points for
+    /// these carry no path"). A shell's "not found" is then taken from its
+    /// words, with its failed lookups and its 127.
+    pub lookups_without_paths: Option<&'static str>,
+    /// When a non-blocking connect's outcome is not seen: why.
+    pub connect_outcomes_unseen: Option<&'static str>,
+    /// When the workload runs on a kernel of the sandbox's own, which may
+    /// refuse calls Linux accepts: its name ("gVisor's kernel").
+    pub own_kernel: Option<&'static str>,
+    /// Said after a seccomp kill: what the source shows of it.
+    pub seccomp_kill: Option<&'static str>,
+    /// Said after an OOM kill: how it was learnt.
+    pub oom_kill: Option<&'static str>,
+    /// Said when nothing explains a failure: what would not have been seen.
+    pub blind_spots: Option<&'static str>,
+}
+
+impl Sight {
+    /// Sees what the rules ask about.
+    pub const FULL: Sight = Sight {
+        lookups_without_paths: None,
+        connect_outcomes_unseen: None,
+        own_kernel: None,
+        seccomp_kill: None,
+        oom_kill: None,
+        blind_spots: None,
+    };
+}
+
 impl Source {
+    /// What this source cannot see.
+    pub fn sight(self) -> &'static Sight {
+        match self {
+            Source::Ebpf => &Sight::FULL,
+            Source::Gvisor => &crate::gvisor::events::SIGHT,
+        }
+    }
+
     pub fn id(self) -> &'static str {
         match self {
             Source::Ebpf => "ebpf",

@@ -332,9 +332,7 @@ pub(super) fn command_not_found(
 /// nothing of that name ran afterwards. The words
 /// name the command; the kernel's side is the failed lookups and the 127.
 pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
-    if span.source != crate::spans::Source::Gvisor {
-        return None;
-    }
+    let no_paths = span.source.sight().lookups_without_paths?;
     let (name, line) = not_found_names(outcome.words.output.as_deref()?).pop()?;
     // every process that exited 127 (`sh -c 'bash -c foo'`: the inner
     // one searched), and the root when the workload's status is 127
@@ -379,7 +377,7 @@ pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> 
         Basis::CommandNotFoundSaid,
         format!(
             "`{name}` is not installed: {} (pid {}) looked it up ({} {} failed with ENOENT; \
-             gVisor's points for these carry no path) and exited 127, saying \"{line}\"",
+             {no_paths}) and exited 127, saying \"{line}\"",
             last.comm,
             last.pid,
             lookups.len(),
@@ -471,6 +469,7 @@ fn explain_failure(
     let desc = errno_desc(&errno).to_lowercase();
     let proc_desc = format!("{} (pid {})", ev.comm, ev.pid);
     let primitive = grade.primitive;
+    let unseen_connects = span.source.sight().connect_outcomes_unseen;
     // a verdict that settles more than the failure's grade did
     let mut settled: Option<Basis> = None;
     let explanation = match primitive {
@@ -555,14 +554,12 @@ fn explain_failure(
         }
         // gVisor shows the EINPROGRESS, never how the connect ended (its
         // outcome is read through getsockopt, which has no point)
-        Primitive::NetEgress
-            if errno == "EINPROGRESS" && span.source == crate::spans::Source::Gvisor =>
-        {
+        Primitive::NetEgress if errno == "EINPROGRESS" && unseen_connects.is_some() => {
             format!(
                 "{} was still in progress (EINPROGRESS) when {proc_desc} gave up on it: refused, \
-                 unreachable or unanswered, gVisor's points do not say which (a non-blocking \
-                 connect's outcome is read through getsockopt, which has no point): {}",
+                 unreachable or unanswered, {}: {}",
                 ev.call(),
+                unseen_connects.unwrap_or_default(),
                 primitive.meaning()
             )
         }

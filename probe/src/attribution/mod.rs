@@ -361,7 +361,7 @@ pub fn attribute(span: &SpanEvidence, outcome: &Outcome) -> Attribution {
     if let Some(note) = uring_seccomp_note(span) {
         verdict.explanation = format!("{}; {note}", verdict.explanation);
     }
-    if let Some(note) = gvisor_note(span, failed, verdict.primitive) {
+    if let Some(note) = blind_spot_note(span, failed, verdict.primitive) {
         verdict.explanation = format!("{}; {note}", verdict.explanation);
     }
     let layer = failed.then(|| verdict.primitive.layer());
@@ -727,20 +727,17 @@ fn noticed(case: &Case, decisive: Option<&KernelEvent>) -> Vec<String> {
 /// rather than guessed: a seccomp kill leaves only the exit by SIGSYS, and
 /// a failure with no kernel cause may hide a denial gVisor sends no point
 /// for.
-fn gvisor_note(span: &SpanEvidence, failed: bool, primitive: Primitive) -> Option<&'static str> {
-    if span.source != crate::spans::Source::Gvisor || !failed {
-        return None;
-    }
+fn blind_spot_note(
+    span: &SpanEvidence,
+    failed: bool,
+    primitive: Primitive,
+) -> Option<&'static str> {
+    let sight = span.source.sight();
     match primitive {
-        Primitive::Seccomp => Some(
-            "gVisor sends no point for the denied syscall itself: the exit by SIGSYS is the only \
-             trace a seccomp kill leaves there",
-        ),
-        Primitive::MemOom => Some(
-            "the host's OOM killer killed the whole gVisor sandbox (its Sentry), as the \
-             sandbox's host cgroup and the kernel log say: gVisor sends no point for it",
-        ),
-        Primitive::None => Some(crate::gvisor::events::BLIND_SPOTS),
+        _ if !failed => None,
+        Primitive::Seccomp => sight.seccomp_kill,
+        Primitive::MemOom => sight.oom_kill,
+        Primitive::None => sight.blind_spots,
         _ => None,
     }
 }

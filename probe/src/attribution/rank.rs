@@ -460,9 +460,7 @@ fn memory_pressure(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
 /// falling back never says so.
 fn unsupported_by_sandbox_kernel(case: &Case) -> Option<Verdict> {
     let (span, lineage) = (case.span, &case.lineage);
-    if span.source != crate::spans::Source::Gvisor {
-        return None;
-    }
+    let own_kernel = span.source.sight().own_kernel?;
     let output = case.outcome.words.output.as_deref().unwrap_or("");
     let ev = span.events.iter().rev().find(|ev| {
         ev.kind == Kind::SyscallFailed
@@ -485,7 +483,7 @@ fn unsupported_by_sandbox_kernel(case: &Case) -> Option<Verdict> {
         Primitive::SandboxKernel,
         Basis::SandboxKernel,
         format!(
-            "{} failed with {errno} ({}) in {}, and its output says so: gVisor's kernel refused \
+            "{} failed with {errno} ({}) in {}, and its output says so: {own_kernel} refused \
              a call {why}; the sandbox's kernel is not Linux",
             ev.call(),
             ev.errno_nr()
