@@ -316,7 +316,7 @@ impl Kernel {
     /// kernel names a cause in it (a death between calls, for the next
     /// call's `before_call`), `None` when nothing died, and why not when
     /// the span cannot be read (which is not "nothing died").
-    pub async fn end_between_or_why(&self, span: &Span) -> Result<Option<Value>, String> {
+    async fn end_between_or_why(&self, span: &Span) -> Result<Option<Value>, String> {
         let v = self.end(span, None, None, false).await;
         if v["available"] != Value::Bool(true) {
             return Err(v["reason"].as_str().unwrap_or_default().to_string());
@@ -325,6 +325,16 @@ impl Kernel {
         let named = |c: &Value| c["primitive"].as_str().is_some_and(|p| p != "none");
         let died = (v["failed"] == Value::Bool(true) && named(&v)) || named(&v["hidden_failure"]);
         Ok(died.then_some(v))
+    }
+
+    /// Ends a span of [`Kernel::begin_between`] for the next call: what
+    /// died meanwhile, or why the span cannot be read (which is not
+    /// "nothing died"); None when nothing died.
+    pub async fn end_between(&self, span: &Span) -> Option<Value> {
+        match self.end_between_or_why(span).await {
+            Ok(died) => died,
+            Err(why) => Some(unavailable(&why)),
+        }
     }
 
     async fn open(&self, request: Value) -> Span {
@@ -436,4 +446,42 @@ fn attribution_value(a: Result<probe::attribution::Attribution, String>) -> Valu
 
 pub fn unavailable(reason: &str) -> Value {
     json!({"available": false, "reason": reason})
+}
+
+/// Puts what [`Kernel::end_between`] found into the next call's evidence
+/// as `before_call`; an unreadable span between calls is said, unless the
+/// call's own evidence says already that the daemon cannot be read.
+pub fn attach_before_call(evidence: &mut Value, before: Option<Value>) {
+    if let Some(before) = before
+        && (before["available"] == true || evidence["available"] == true)
+    {
+        evidence["before_call"] = before;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn before_call_is_attached_unless_both_sides_are_unreadable() {
+        let read = json!({"available": true, "primitive": "fs.missing"});
+        let died = json!({"available": true, "primitive": "mem.oom"});
+        let unreadable = unavailable("the probe daemon is gone");
+        let attached = |call: &Value, before: Option<Value>| {
+            let mut v = call.clone();
+            attach_before_call(&mut v, before);
+            v.get("before_call").cloned()
+        };
+        assert_eq!(attached(&read, Some(died.clone())), Some(died.clone()));
+        assert_eq!(attached(&read, None), None);
+        // the call read fine, the span before it did not: said
+        assert_eq!(
+            attached(&read, Some(unreadable.clone())),
+            Some(unreadable.clone())
+        );
+        // neither could be read: the call's own evidence says so already
+        assert_eq!(attached(&unreadable, Some(unreadable.clone())), None);
+        assert_eq!(attached(&unreadable, Some(died.clone())), Some(died));
+    }
 }

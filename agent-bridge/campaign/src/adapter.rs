@@ -923,47 +923,51 @@ pub fn call_kernel(result: &Value) -> Option<&Value> {
 
 /// The kernel evidence of a step made of several calls: `calls` holds each
 /// call's in order, `failing` that of a last call that answered an error.
-/// The call that failed in the kernel is the step's, else the call that
-/// answered the error (even when the probe could not attribute it, its
-/// evidence may hold what died before it), else the first (which ran the
-/// work). But a process the OOM killer took in a call before the failing
-/// one is why that one failed (a server that then waits on the dead tab
-/// runs into its time limit): that call's evidence is the step's, made its
-/// failure, with the later call's whole evidence in `followed_by`. A death
-/// in a call that "succeeded" is kept over a first call with none.
+/// Which call's verdict is the step's is the probe's rule
+/// ([`probe::attribution::steps`]); a memory death before the failing call
+/// becomes the step's verdict, with the later call's whole evidence in
+/// `followed_by`.
 pub fn step_kernel(calls: &[&Value], failing: Option<&Value>) -> Option<Value> {
+    use probe::attribution::steps::{CallView, StepPick, pick_for_step};
     let kernels: Vec<&Value> = calls.iter().copied().chain(failing).collect();
-    let failed = kernels
+    let views: Vec<CallView> = kernels
         .iter()
-        .position(|k| k["failed"] == Value::Bool(true))
-        .or(failing.map(|_| kernels.len() - 1));
-    let death = kernels
-        .iter()
-        .position(|k| k["hidden_failure"]["primitive"] == "mem.oom");
-    match (failed, death) {
-        (Some(f), Some(d)) if d < f => {
-            let (mut k, later) = (kernels[d].clone(), kernels[f]);
-            let why = k["hidden_failure"]["explanation"].clone();
-            let then = format!(
-                "{}; then {}: {}",
-                why.as_str().unwrap_or_default(),
-                later["label"].as_str().unwrap_or("the next call"),
-                later["explanation"]
-                    .as_str()
-                    .or(later["reason"].as_str())
-                    .unwrap_or_default()
-            );
+        .map(|k| CallView {
+            failed: k["failed"] == Value::Bool(true),
+            hidden: serde_json::from_value(k["hidden_failure"]["primitive"].clone())
+                .ok()
+                .map(|p| {
+                    (
+                        p,
+                        k["hidden_failure"]["confidence"].as_f64().unwrap_or(0.0),
+                        k["hidden_failure"]["explanation"]
+                            .as_str()
+                            .unwrap_or_default(),
+                    )
+                }),
+            label: k["label"].as_str(),
+            why: k["explanation"].as_str().or(k["reason"].as_str()),
+        })
+        .collect();
+    match pick_for_step(&views, failing.is_some())? {
+        StepPick::Call(i) => Some(kernels[i].clone()),
+        StepPick::DeathThen {
+            death,
+            failed,
+            primitive,
+            layer,
+            confidence,
+            explanation,
+        } => {
+            let mut k = kernels[death].clone();
             k["failed"] = true.into();
-            k["primitive"] = "mem.oom".into();
-            k["layer"] = "sandbox".into();
-            k["confidence"] = k["hidden_failure"]["confidence"].clone();
-            k["explanation"] = then.into();
-            k["followed_by"] = later.clone();
+            k["primitive"] = primitive.id().into();
+            k["layer"] = layer.id().into();
+            k["confidence"] = confidence.into();
+            k["explanation"] = explanation.into();
+            k["followed_by"] = kernels[failed].clone();
             Some(k)
         }
-        (Some(f), _) => Some(kernels[f].clone()),
-        (None, Some(d)) => Some(kernels[d].clone()),
-        (None, None) => kernels.first().map(|k| (*k).clone()),
     }
 }
 

@@ -301,11 +301,7 @@ impl Relay {
             let before = between.take().map(|(span, watched)| {
                 let (kernel, generation) = (self.kernel.clone(), child.generation);
                 tokio::spawn(async move {
-                    // a span that cannot be read is not one where nothing died
-                    let died = match kernel.end_between_or_why(&span).await {
-                        Ok(died) => died,
-                        Err(why) => Some(crate::kernel::unavailable(&why)),
-                    };
+                    let died = kernel.end_between(&span).await;
                     died.filter(|_| watched == generation)
                 })
             });
@@ -585,14 +581,11 @@ impl Relay {
             .await;
         v["overlapping_calls"] = call.overlapping.into();
         let before = call.before.lock().unwrap_or_else(|p| p.into_inner()).take();
-        // an unreadable span between calls is said, unless the call's own
-        // evidence says already that the daemon cannot be read
-        if let Some(before) = before
-            && let Ok(Some(died)) = before.await
-            && (died["available"] == true || v["available"] == true)
-        {
-            v["before_call"] = died;
-        }
+        let died = match before {
+            Some(task) => task.await.ok().flatten(),
+            None => None,
+        };
+        crate::kernel::attach_before_call(&mut v, died);
         v["outcome"] = outcome.into();
         v["server_pid"] = call.server_pid.into();
         v["tool"] = call.tool.clone().into();

@@ -273,10 +273,7 @@ impl Session {
         // what died since the last call, if the browser lives on
         // (a span that cannot be read is not one where nothing died)
         let before = match slot.as_mut().and_then(|b| b.between.take()) {
-            Some(between) => match self.ctx.kernel.end_between_or_why(&between).await {
-                Ok(died) => died,
-                Err(why) => Some(crate::kernel::unavailable(&why)),
-            },
+            Some(between) => self.ctx.kernel.end_between(&between).await,
             None => None,
         };
         // the launch is the first call's: its span covers the start
@@ -316,13 +313,7 @@ impl Session {
             .end_with_words(&span, Some(&exit), None, result.is_err(), &words)
             .await;
         let took = started.elapsed().as_secs_f64() * 1000.0;
-        // an unreadable span between calls is said, unless the call's own
-        // evidence says already that the daemon cannot be read
-        if let Some(before) = before
-            && (before["available"] == true || kernel["available"] == true)
-        {
-            kernel["before_call"] = before;
-        }
+        crate::kernel::attach_before_call(&mut kernel, before);
         if !b.gone() {
             b.between = Some(self.ctx.kernel.begin_between(b.pid, b.tree.v2_dir()).await);
         }

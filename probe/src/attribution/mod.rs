@@ -29,6 +29,7 @@ mod golden;
 mod grade;
 mod lineage;
 mod rank;
+pub mod steps;
 #[cfg(test)]
 pub(crate) mod testing;
 
