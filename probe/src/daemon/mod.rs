@@ -1,0 +1,300 @@
+//! `probe run`: the long-running daemon.
+//!
+//! Layout (data flows one way):
+//! - the **core** ([`Core`], behind one mutex) holds the loaded programs
+//!   ([`Probe`]), the open spans and the session write memory. The core
+//!   thread drains the ring buffer into it and routes each event to its
+//!   span; connections execute their commands (begin, attach, end, status,
+//!   subscribe) on it directly, so a request costs no thread hand-off (two
+//!   wake-ups per call on a small VM were a third of a span's cost).
+//! - the **store** thread owns the only write connection to SQLite and
+//!   writes finished spans in batched transactions, then applies retention.
+//! - the **control** server (tokio) accepts connections on the Unix socket,
+//!   checks the peer (SO_PEERCRED), reads bounded NDJSON lines and turns
+//!   them into core commands; `query` reads the DB on its own connection.
+//!
+//! One room per job: the span core in `span_core.rs`, the store thread in
+//! `store_thread.rs`, the control server in `server.rs`, what `probe
+//! status` says in `status.rs`; this file holds the settings, the drain
+//! thread and `run`, which starts them.
+
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::os::fd::AsFd as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+
+use crate::attribution::{
+    Attribution, ExitStatus, Outcome, PidsIn, RootPid, SandboxView, Words, attribute,
+};
+use crate::event::{Kind, decode, read_raw};
+use crate::loader::Probe;
+use crate::otlp::{CallMeta, Exporter, OtlpConfig, TraceParent};
+use crate::peer::{SandboxKind, Scope};
+use crate::protocol::{self, ErrorBody, ErrorCode, MAX_LINE, Request};
+use crate::sessions::Sessions;
+use crate::spans::SpanEvidence;
+use crate::status::{
+    DaemonStatus, DbStatus, Features, OtlpStatus, PidNamespaceId, RetentionRemoved, StatusDrops,
+};
+use crate::store::{KeepEvents, RetentionPolicy, RetentionTotals, SpanFilter, Store, StoredSpan};
+use crate::trace::READ_INTERVAL;
+
+mod server;
+mod span_core;
+mod status;
+mod store_thread;
+
+use server::*;
+use span_core::*;
+use status::*;
+use store_thread::*;
+
+/// Daemon settings (flags override the config file).
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub socket: PathBuf,
+    pub db: PathBuf,
+    /// Group allowed to use the socket besides root.
+    pub group: Option<nix::unistd::Gid>,
+    pub event_cap: usize,
+    pub max_open_spans: usize,
+    pub retention: RetentionPolicy,
+    /// Export every finished span as an OpenTelemetry span (OTLP/HTTP).
+    pub otlp: Option<OtlpConfig>,
+    /// Where gVisor sandboxes send their runtime-monitoring points (None:
+    /// not listening).
+    pub gvisor_socket: Option<PathBuf>,
+    /// The user chose that path (a flag or the config file): not being
+    /// able to listen there stops the daemon; at the default place beside
+    /// the control socket it is a warning.
+    pub gvisor_socket_chosen: bool,
+    /// Which clients are confined to their own sandbox (docs/PROTOCOL.md).
+    pub confine: crate::peer::Confine,
+}
+
+impl DaemonConfig {
+    /// The gVisor socket beside a control socket: `probe.sock` →
+    /// `probe.gvisor.sock`.
+    pub fn gvisor_socket_beside(socket: &std::path::Path) -> PathBuf {
+        socket.with_extension("gvisor.sock")
+    }
+}
+
+/// Records the drain thread takes per pass, holding the core.
+const DRAIN_PASS: usize = 1 << 16;
+
+/// How often threads of ended spans are swept from the kernel maps.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+type Reply<T> = oneshot::Sender<Result<T, ErrorBody>>;
+
+/// The drain thread: waits for the ring buffer (or the read interval, or
+/// shutdown) and drains it into the core, until the daemon stops.
+fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
+    wake.set_nonblocking(true).ok();
+    let ring_fd = match handle.core.lock() {
+        Ok(mut core) => core.probe.events().as_fd().try_clone_to_owned(),
+        Err(_) => Err(std::io::Error::other("the core failed")),
+    };
+    let ring_fd = match ring_fd {
+        Ok(fd) => fd,
+        Err(e) => {
+            // nothing would drain the events: stop rather than lose them
+            tracing::error!("cannot poll the ring buffer: {e}; stopping the daemon");
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
+            return;
+        }
+    };
+    let mut last_sweep = Instant::now();
+    loop {
+        let mut fds = [
+            PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+        ];
+        let _ = poll(
+            &mut fds,
+            PollTimeout::from(READ_INTERVAL.as_millis() as u16),
+        );
+        let mut sink = [0u8; 256];
+        while matches!((&wake).read(&mut sink), Ok(n) if n > 0) {}
+        let mut core = match handle.core.lock() {
+            Ok(core) => core,
+            Err(poisoned) => {
+                // a bug panicked while holding the core: stop the daemon
+                // (visibly, so a supervisor restarts it) and let the store
+                // thread finish what it has
+                tracing::error!("the core failed; stopping the daemon");
+                poisoned.into_inner().store_tx = None;
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
+                return;
+            }
+        };
+        // a bounded pass: under an event storm the lock is let go between
+        // passes, so requests are not held up until the ring is empty
+        core.drain_at_most(DRAIN_PASS);
+        core.drain_gvisor();
+        core.update_rate();
+        if last_sweep.elapsed() >= SWEEP_INTERVAL {
+            core.sweep();
+            last_sweep = Instant::now();
+        }
+        if handle.stopping.load(Ordering::Acquire) {
+            // end what is still open, so nothing collected is lost
+            let open: Vec<u64> = core.spans.keys().copied().collect();
+            for span in open {
+                let _ = core.end(span, None, None, false, Words::default());
+            }
+            core.store_tx = None; // lets the store thread finish
+            tracing::info!("core stopped");
+            return;
+        }
+    }
+}
+
+/// Whether process `pid` exists (kill(2) with signal 0: only ESRCH says no).
+fn process_exists(pid: u32) -> bool {
+    i32::try_from(pid).is_ok_and(|p| {
+        p > 0
+            && !matches!(
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
+                Err(nix::errno::Errno::ESRCH)
+            )
+    })
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
+    // the DB first: a locked, full or corrupt DB is reported even without root
+    let store = Store::open(&config.db)?;
+    let next_span = store.next_span_id()?;
+    let probe = Probe::load()?;
+    probe.warn_if_lower_rung();
+    let listener = bind(&config.socket, config.group)?;
+    tracing::info!(socket = %config.socket.display(), db = %config.db.display(), "probe daemon ready");
+
+    let (store_tx, store_rx) = mpsc::sync_channel::<StoredSpan>(4096);
+    let stats = Arc::new(StoreStats {
+        in_db: AtomicU64::new(store.span_count()?),
+        ..Default::default()
+    });
+    let auto_vacuum = store.auto_vacuum()?;
+    if auto_vacuum == "none" {
+        tracing::warn!(
+            "{} was made before incremental auto-vacuum: retention reuses the pages it frees but cannot give them back to the filesystem (docs/RETENTION.md says how to convert it offline)",
+            config.db.display()
+        );
+    }
+    let store_thread = {
+        let stats = stats.clone();
+        let policy = config.retention;
+        std::thread::Builder::new()
+            .name("store".into())
+            .spawn(move || store_loop(store, store_rx, policy, stats))?
+    };
+    let otlp = match &config.otlp {
+        Some(c) => {
+            tracing::info!(endpoint = %c.endpoint, "exporting spans over OTLP/HTTP");
+            Some(Arc::new(Exporter::start(c.clone())?))
+        }
+        None => None,
+    };
+    let gvisor = match &config.gvisor_socket {
+        Some(path) => {
+            let (tx, rx) = mpsc::channel();
+            match crate::gvisor::monitor::Monitor::listen(path, tx) {
+                Ok(monitor) => {
+                    tracing::info!(socket = %path.display(), "listening for gVisor sandboxes");
+                    Some(GvisorSide {
+                        monitor,
+                        rx,
+                        routes: Default::default(),
+                    })
+                }
+                Err(e) if config.gvisor_socket_chosen => {
+                    return Err(e.context(format!("the gVisor socket {}", path.display())));
+                }
+                // the default place beside the control socket: the daemon
+                // serves without it rather than not at all
+                Err(e) => {
+                    tracing::warn!(
+                        "not listening for gVisor sandboxes at {}: {e:#} (--gvisor-socket PATH \
+                         puts it elsewhere)",
+                        path.display()
+                    );
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let (wake_r, wake_w) = StdUnixStream::pair()?;
+    wake_w.set_nonblocking(true)?;
+    let core = Core {
+        probe,
+        spans: HashMap::new(),
+        sessions: Sessions::default(),
+        subscribers: Vec::new(),
+        next_span,
+        store_tx: Some(store_tx),
+        store_stats: stats,
+        config: config.clone(),
+        started: Instant::now(),
+        events_total: 0,
+        late_events: 0,
+        decode_errors: 0,
+        spans_ended: 0,
+        retention_drops_total: 0,
+        auto_vacuum,
+        rate: (Instant::now(), 0, 0.0),
+        otlp: otlp.clone(),
+        invalid_traceparents: 0,
+        gvisor,
+    };
+    let handle = Arc::new(CoreHandle {
+        core: std::sync::Mutex::new(core),
+        stopping: AtomicBool::new(false),
+        clients: ClientCounts::default(),
+        wake: wake_w,
+    });
+    let core_thread = {
+        let handle = handle.clone();
+        std::thread::Builder::new()
+            .name("core".into())
+            .spawn(move || drain_loop(&handle, wake_r))?
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let served = runtime.block_on(serve(listener, handle.clone(), config.clone()));
+    handle.shutdown();
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    drop(handle);
+    if core_thread.join().is_err() {
+        tracing::error!("core thread panicked");
+    }
+    if store_thread.join().is_err() {
+        tracing::error!("store thread panicked");
+    }
+    if let Some(e) = otlp {
+        // what is queued goes out (each request within the timeout)
+        e.shutdown();
+    }
+    let _ = std::fs::remove_file(&config.socket);
+    tracing::info!("probe daemon stopped");
+    served
+}

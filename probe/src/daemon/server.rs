@@ -1,0 +1,610 @@
+//! The control server: the Unix socket, peer checks, bounded NDJSON
+//! lines turned into core commands, `query` on its own DB connection.
+
+use super::*;
+
+/// Binds the control socket: refuses when another daemon answers there,
+/// replaces a stale socket file, sets mode 0600 (0660 with a group).
+pub(super) fn bind(
+    path: &Path,
+    group: Option<nix::unistd::Gid>,
+) -> anyhow::Result<std::os::unix::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if path.exists() {
+        if StdUnixStream::connect(path).is_ok() {
+            bail!(
+                "another probe daemon is listening on {} (use --socket for a second one)",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .with_context(|| format!("cannot listen on {}", path.display()))?;
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if let Some(g) = group {
+        nix::unistd::chown(path, None, Some(g))
+            .with_context(|| format!("cannot chown {} to gid {g}", path.display()))?;
+    }
+    Ok(listener)
+}
+
+pub(super) async fn serve(
+    listener: std::os::unix::net::UnixListener,
+    core: Arc<CoreHandle>,
+    config: DaemonConfig,
+) -> anyhow::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let config = Arc::new(config);
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let core = core.clone();
+                    let config = config.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = connection(stream, core, config).await {
+                            tracing::debug!("connection ended: {e}");
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!("accept: {e}"),
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// Whether process `pid` has `gid` among its supplementary groups.
+pub(super) fn in_group(pid: i32, gid: u32) -> bool {
+    let gid = gid.to_string();
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Groups:"))
+                .map(|g| g.split_whitespace().any(|x| x == gid))
+        })
+        .unwrap_or(false)
+}
+
+/// Result of reading one bounded line.
+pub(super) enum Line {
+    Complete,
+    TooLong,
+    Eof,
+}
+
+/// Reads up to a newline into `buf`, at most `MAX_LINE` bytes.
+pub(super) async fn read_line_bounded(
+    rd: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Line> {
+    loop {
+        let available = rd.fill_buf().await?;
+        if available.is_empty() {
+            // EOF; a half-written line is dropped
+            return Ok(Line::Eof);
+        }
+        match available.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                buf.extend_from_slice(&available[..i]);
+                rd.consume(i + 1);
+                return Ok(if buf.len() > MAX_LINE {
+                    Line::TooLong
+                } else {
+                    Line::Complete
+                });
+            }
+            None => {
+                let n = available.len();
+                buf.extend_from_slice(available);
+                rd.consume(n);
+                if buf.len() > MAX_LINE {
+                    return Ok(Line::TooLong);
+                }
+            }
+        }
+    }
+}
+
+pub(super) async fn connection(
+    stream: UnixStream,
+    core: Arc<CoreHandle>,
+    config: Arc<DaemonConfig>,
+) -> anyhow::Result<()> {
+    let cred = stream.peer_cred()?;
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    let mut buf = Vec::new();
+    let me = nix::unistd::geteuid().as_raw();
+    let allowed = cred.uid() == 0
+        || cred.uid() == me
+        || config.group.is_some_and(|g| {
+            g.as_raw() == cred.gid() || cred.pid().is_some_and(|pid| in_group(pid, g.as_raw()))
+        });
+    if !allowed {
+        let err = ErrorBody::new(
+            ErrorCode::Forbidden,
+            format!(
+                "uid {} may not use the probe (root{} only)",
+                cred.uid(),
+                if config.group.is_some() {
+                    " or its group"
+                } else {
+                    ""
+                }
+            ),
+        );
+        // answer the first request (so the client reads the refusal rather
+        // than a broken pipe), then close
+        let first =
+            tokio::time::timeout(Duration::from_secs(2), read_line_bounded(&mut rd, &mut buf))
+                .await;
+        let id = match first {
+            Ok(Ok(Line::Complete)) => protocol::parse_request(&buf).0,
+            _ => Value::Null,
+        };
+        wr.write_all(protocol::error_line(&id, &err).as_bytes())
+            .await?;
+        return Ok(());
+    }
+    let peer_pid = cred.pid().and_then(|p| u32::try_from(p).ok());
+    let peer = Peer {
+        scope: Scope::of_peer(
+            peer_pid,
+            cred.uid(),
+            peer_pid.and_then(crate::gvisor::routes::sandbox_behind),
+            config.confine,
+        ),
+    };
+    let _sandboxed = SandboxedClient::count(&core.clients, &peer.scope);
+    // spans begun here that end with this connection (`ends_with_connection`)
+    let mut ends_with_us: Vec<u64> = Vec::new();
+    let served: anyhow::Result<()> = async {
+        loop {
+            buf.clear();
+            match read_line_bounded(&mut rd, &mut buf).await? {
+                Line::Eof => return Ok(()),
+                Line::TooLong => {
+                    let err = ErrorBody::new(
+                        ErrorCode::TooLarge,
+                        format!("request line longer than {MAX_LINE} bytes; closing"),
+                    );
+                    wr.write_all(protocol::error_line(&Value::Null, &err).as_bytes())
+                        .await?;
+                    return Ok(());
+                }
+                Line::Complete => {}
+            }
+            if buf.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let (id, req) = protocol::parse_request(&buf);
+            let line = match req {
+                Err(e) => protocol::error_line(&id, &e),
+                Ok(Request::Subscribe { span_id, kind }) => {
+                    let kind = match kind.as_deref().map(|k| Kind::from_id(k).ok_or(k)) {
+                        Some(Err(k)) => {
+                            let e = ErrorBody::new(
+                                ErrorCode::BadRequest,
+                                format!("unknown event kind \"{k}\""),
+                            );
+                            wr.write_all(protocol::error_line(&id, &e).as_bytes())
+                                .await?;
+                            continue;
+                        }
+                        Some(Ok(k)) => Some(k),
+                        None => None,
+                    };
+                    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+                    let subscribed = core
+                        .ask(|reply| Command::Subscribe {
+                            span: span_id,
+                            kind,
+                            caller: peer.scope.sandbox_id().map(str::to_owned),
+                            tx,
+                            reply,
+                        })
+                        .await;
+                    if let Err(e) = subscribed {
+                        let e = core.clients.refused(e);
+                        wr.write_all(protocol::error_line(&id, &e).as_bytes())
+                            .await?;
+                        if e.code == ErrorCode::Forbidden {
+                            continue; // the connection stays usable
+                        }
+                        return Ok(());
+                    }
+                    wr.write_all(protocol::ok_line(&id, json!({"subscribed": true})).as_bytes())
+                        .await?;
+                    // stream until the client hangs up
+                    let mut probe_buf = Vec::new();
+                    loop {
+                        tokio::select! {
+                            line = rx.recv() => match line {
+                                Some(l) => wr.write_all(l.as_bytes()).await?,
+                                None => return Ok(()),
+                            },
+                            r = read_line_bounded(&mut rd, &mut probe_buf) => match r {
+                                Ok(Line::Eof) | Err(_) | Ok(Line::TooLong) => return Ok(()),
+                                Ok(Line::Complete) => probe_buf.clear(),
+                            },
+                        }
+                    }
+                }
+                Ok(req) => {
+                    let ends_with_us_too = matches!(
+                        req,
+                        Request::BeginSpan {
+                            ends_with_connection: true,
+                            ..
+                        }
+                    );
+                    let line = respond(&id, req, &core, &config, &peer).await;
+                    if ends_with_us_too
+                        && let Some(span) = serde_json::from_str::<Value>(&line)
+                            .ok()
+                            .and_then(|v| v["span_id"].as_u64())
+                    {
+                        ends_with_us.push(span);
+                    }
+                    line
+                }
+            };
+            wr.write_all(line.as_bytes()).await?;
+        }
+    }
+    .await;
+    // those its client ended already answer "no such span": nothing to do
+    for span_id in ends_with_us {
+        let end = Request::EndSpan {
+            span_id,
+            exit: None,
+            timed_out_ms: None,
+            is_error: false,
+            words: Default::default(),
+        };
+        respond(&Value::Null, end, &core, &config, &peer).await;
+    }
+    served
+}
+
+/// A gVisor span whose process ended: waits (up to [`GVISOR_EXIT_WAIT`])
+/// for that exit's point, which travels the monitor socket while the
+/// caller's wait returns, holding the core only to look.
+pub(super) async fn await_gvisor_exit(core: &CoreHandle, span: u64) {
+    let deadline = Instant::now() + GVISOR_EXIT_WAIT;
+    loop {
+        let arrived = match core.lock() {
+            Ok(mut c) => c.gvisor_exit_arrived(span),
+            Err(_) => true,
+        };
+        if arrived || Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Who is at the other end of a control connection.
+#[derive(Debug, Clone)]
+pub(super) struct Peer {
+    /// What it may reach: everything, or its own sandbox.
+    pub(super) scope: Scope,
+}
+
+/// A confined client counted as connected while it is.
+pub(super) struct SandboxedClient<'a>(Option<&'a ClientCounts>);
+
+impl<'a> SandboxedClient<'a> {
+    pub(super) fn count(counts: &'a ClientCounts, scope: &Scope) -> Self {
+        if matches!(scope, Scope::Host) {
+            return SandboxedClient(None);
+        }
+        counts.sandboxed_now.fetch_add(1, Ordering::Relaxed);
+        SandboxedClient(Some(counts))
+    }
+}
+
+impl Drop for SandboxedClient<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            c.sandboxed_now.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a `begin_span` asks to trace, as the core takes it: pids and
+/// cgroups of a confined client translated into the daemon's view and
+/// checked to be its sandbox's (see [`crate::peer`]).
+pub(super) struct Admitted {
+    pub(super) pid: Option<u32>,
+    pub(super) cgroup: Option<PathBuf>,
+    pub(super) gvisor: Option<GvisorTarget>,
+    pub(super) sandbox: Option<SandboxView>,
+}
+
+pub(super) fn admit_begin(
+    scope: &Scope,
+    pid: Option<u32>,
+    cgroup: Option<PathBuf>,
+    gvisor_container: Option<String>,
+) -> Result<Admitted, ErrorBody> {
+    let sandbox = match scope {
+        Scope::Host => {
+            return Ok(Admitted {
+                pid,
+                cgroup,
+                gvisor: gvisor_container.map(GvisorTarget::Container),
+                sandbox: None,
+            });
+        }
+        Scope::Sandbox(s) => s,
+    };
+    match &sandbox.kind {
+        SandboxKind::Gvisor(client) => {
+            if let Some(path) = &cgroup {
+                sandbox.cgroup(path)?; // always refused, saying why
+            }
+            let gvisor = match gvisor_container {
+                Some(c) if client.container.as_deref() == Some(c.as_str()) => {
+                    GvisorTarget::Container(c)
+                }
+                Some(c) => {
+                    return Err(crate::peer::forbidden(format!(
+                        "gVisor container {c:?} is not this client's sandbox ({})",
+                        sandbox.id
+                    )));
+                }
+                None => GvisorTarget::Behind(client.clone()),
+            };
+            Ok(Admitted {
+                pid,
+                cgroup: None,
+                gvisor: Some(gvisor),
+                sandbox: Some(SandboxView {
+                    id: sandbox.id.clone(),
+                    pids: PidsIn::Sandbox,
+                    root_pid: None,
+                }),
+            })
+        }
+        SandboxKind::PidNamespace(_) | SandboxKind::Owner(_) => {
+            if let Some(c) = gvisor_container {
+                return Err(crate::peer::forbidden(format!(
+                    "gVisor container {c:?} is not this client's sandbox ({})",
+                    sandbox.id
+                )));
+            }
+            let daemon_pid = pid.map(|p| sandbox.to_daemon_pid(p)).transpose()?;
+            let cgroup = cgroup.map(|c| sandbox.cgroup(&c)).transpose()?;
+            Ok(Admitted {
+                pid: daemon_pid,
+                cgroup,
+                gvisor: None,
+                sandbox: Some(SandboxView {
+                    id: sandbox.id.clone(),
+                    pids: PidsIn::Daemon,
+                    root_pid: pid
+                        .zip(daemon_pid)
+                        .map(|(sandbox, daemon)| RootPid { daemon, sandbox }),
+                }),
+            })
+        }
+    }
+}
+
+/// `pid` as a client of `scope` named it, in the daemon's numbering.
+pub(super) fn admit_pid(scope: &Scope, pid: u32) -> Result<u32, ErrorBody> {
+    match scope {
+        Scope::Sandbox(s) => s.to_daemon_pid(pid),
+        Scope::Host => Ok(pid),
+    }
+}
+
+pub(super) async fn respond(
+    id: &Value,
+    req: Request,
+    core: &CoreHandle,
+    config: &DaemonConfig,
+    peer: &Peer,
+) -> String {
+    let result: Result<Value, ErrorBody> = match req {
+        Request::Hello => Ok(
+            json!({"protocol": protocol::PROTOCOL_VERSION, "version": env!("CARGO_PKG_VERSION")}),
+        ),
+        Request::BeginSpan {
+            session,
+            label,
+            pid,
+            tree,
+            server,
+            seccomp,
+            memory_limited,
+            cgroup,
+            tool,
+            mcp_method,
+            mcp_session,
+            traceparent,
+            tracestate,
+            ends_with_connection: _,
+            keep_events,
+            gvisor_container,
+        } => match admit_begin(&peer.scope, pid, cgroup, gvisor_container) {
+            Err(e) => Err(e),
+            Ok(admitted) => core
+                .ask(|reply| Command::Begin {
+                    gvisor: admitted.gvisor,
+                    sandbox: admitted.sandbox,
+                    session,
+                    label,
+                    pid: admitted.pid,
+                    tree,
+                    server,
+                    seccomp,
+                    memory_limited,
+                    cgroup: admitted.cgroup,
+                    meta: Box::new(BeginMeta {
+                        tool,
+                        mcp_method,
+                        mcp_session,
+                        traceparent,
+                        tracestate,
+                    }),
+                    keep_events,
+                    reply,
+                })
+                .await
+                .map(|(span, tids)| match tids {
+                    Some(n) => json!({"span_id": span, "tids": n}),
+                    None => json!({"span_id": span}),
+                }),
+        },
+        Request::Attach { span_id, pid } => match admit_pid(&peer.scope, pid) {
+            Err(e) => Err(e),
+            Ok(daemon_pid) => core
+                .ask(|reply| Command::Attach {
+                    span: span_id,
+                    pid: daemon_pid,
+                    caller: peer.scope.sandbox_id().map(str::to_owned),
+                    client_pid: pid,
+                    reply,
+                })
+                .await
+                .map(|()| json!({})),
+        },
+        Request::EndSpan {
+            span_id,
+            exit,
+            timed_out_ms,
+            is_error,
+            words,
+        } => {
+            if exit.is_some() {
+                await_gvisor_exit(core, span_id).await;
+            }
+            core.ask(|reply| Command::End {
+                span: span_id,
+                caller: peer.scope.sandbox_id().map(str::to_owned),
+                exit,
+                timed_out: timed_out_ms.map(Duration::from_millis),
+                is_error,
+                words: words.bounded(),
+                reply,
+            })
+            .await
+            .map(|a| json!({"attribution": a}))
+        }
+        Request::Status => {
+            let (tx, rx) = oneshot::channel();
+            match core.send(Command::Status { reply: tx }) {
+                Ok(()) => rx
+                    .await
+                    .map(|mut s| {
+                        s.clients = crate::status::ClientsStatus {
+                            sandboxed: core.clients.sandboxed_now.load(Ordering::Relaxed),
+                            forbidden: core.clients.forbidden.load(Ordering::Relaxed),
+                        };
+                        json!({"status": seen_by(s, &peer.scope)})
+                    })
+                    .map_err(|_| {
+                        ErrorBody::new(ErrorCode::Internal, "the probe daemon is shutting down")
+                    }),
+                Err(e) => Err(e),
+            }
+        }
+        Request::Query {
+            session,
+            failed,
+            since_ms,
+            span_id,
+            limit,
+        } => {
+            // what ended before this query is in its answer, although the
+            // store thread may still be gathering it (STORE_GATHER)
+            if let Ok(stats) = core.lock().map(|c| c.store_stats.clone()) {
+                stored_so_far(&stats).await;
+            }
+            let db = config.db.clone();
+            let sandbox = peer.scope.sandbox_id().map(str::to_owned);
+            tokio::task::spawn_blocking(move || {
+                query(&db, session, failed, since_ms, span_id, limit, sandbox)
+            })
+            .await
+            .unwrap_or_else(|e| Err(ErrorBody::new(ErrorCode::Internal, e.to_string())))
+        }
+        Request::Subscribe { .. } => Err(ErrorBody::new(
+            ErrorCode::Internal,
+            "subscribe is handled by the connection",
+        )),
+    };
+    match result {
+        Ok(v) => protocol::ok_line(id, v),
+        Err(e) => protocol::error_line(id, &core.clients.refused(e)),
+    }
+}
+
+/// Waits (up to 2 s) until every span queued for the store so far is
+/// written (or failed).
+pub(super) async fn stored_so_far(stats: &StoreStats) {
+    let queued = stats.queued.load(Ordering::Acquire);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while stats.written.load(Ordering::Acquire) + stats.errors.load(Ordering::Acquire) < queued
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+pub(super) fn query(
+    db: &Path,
+    session: Option<String>,
+    failed: bool,
+    since_ms: Option<i64>,
+    span_id: Option<u64>,
+    limit: Option<u64>,
+    sandbox: Option<String>,
+) -> Result<Value, ErrorBody> {
+    let internal = |e: crate::store::StoreError| ErrorBody::new(ErrorCode::Internal, e.to_string());
+    let store = Store::open_readonly(db).map_err(internal)?;
+    if let Some(id) = span_id {
+        let shown = store.show(id).map_err(internal)?;
+        return match (shown, &sandbox) {
+            // a confined client: its own stored spans, and nothing said of others'
+            (Some(a), Some(mine)) if a.sandbox.as_ref().map(|v| &v.id) != Some(mine) => {
+                Err(crate::peer::forbidden(format!(
+                    "span {id} is not a stored span of this client's sandbox ({mine})"
+                )))
+            }
+            (None, Some(mine)) => Err(crate::peer::forbidden(format!(
+                "span {id} is not a stored span of this client's sandbox ({mine})"
+            ))),
+            (Some(a), _) => Ok(json!({"span": a})),
+            (None, None) => Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("span {id} is not stored (still open, or never existed)"),
+            )),
+        };
+    }
+    let rows = store
+        .spans(&SpanFilter {
+            session,
+            failed_only: failed,
+            since_ms,
+            limit,
+            sandbox,
+        })
+        .map_err(internal)?;
+    Ok(json!({"spans": rows}))
+}
