@@ -155,7 +155,9 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
             // end what is still open, so nothing collected is lost
             let open: Vec<u64> = core.spans.keys().copied().collect();
             for span in open {
-                let _ = core.end(span, None, None, false, Words::default());
+                if let Ok(closed) = core.close_span(span, None, None, false, Words::default()) {
+                    closed.judge();
+                }
             }
             core.store_tx = None; // lets the store thread finish
             tracing::info!("core stopped");

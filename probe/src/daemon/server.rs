@@ -494,17 +494,25 @@ pub(super) async fn respond(
             if exit.is_some() {
                 await_gvisor_exit(core, span_id).await;
             }
-            core.ask(|reply| Command::End {
-                span: span_id,
-                caller: peer.scope.sandbox_id().map(str::to_owned),
-                exit,
-                timed_out: timed_out_ms.map(Duration::from_millis),
-                is_error,
-                words: words.bounded(),
-                reply,
-            })
-            .await
-            .map(|a| json!({"attribution": a}))
+            match core
+                .ask(|reply| Command::End {
+                    span: span_id,
+                    caller: peer.scope.sandbox_id().map(str::to_owned),
+                    exit,
+                    timed_out: timed_out_ms.map(Duration::from_millis),
+                    is_error,
+                    words: words.bounded(),
+                    reply,
+                })
+                .await
+            {
+                // attributed off the core's lock, on a blocking thread
+                Ok(closed) => tokio::task::spawn_blocking(move || closed.judge())
+                    .await
+                    .map(|a| json!({"attribution": a}))
+                    .map_err(|e| ErrorBody::new(ErrorCode::Internal, e.to_string())),
+                Err(e) => Err(e),
+            }
         }
         Request::Status => {
             let (tx, rx) = oneshot::channel();

@@ -48,7 +48,7 @@ pub(super) enum Command {
         timed_out: Option<Duration>,
         is_error: bool,
         words: Words,
-        reply: Reply<Attribution>,
+        reply: Reply<Closed>,
     },
     Status {
         reply: oneshot::Sender<DaemonStatus>,
@@ -427,7 +427,7 @@ impl Core {
             } => {
                 let ended = self
                     .reachable(span, caller.as_deref())
-                    .and_then(|()| self.end(span, exit, timed_out, is_error, words));
+                    .and_then(|()| self.close_span(span, exit, timed_out, is_error, words));
                 let _ = reply.send(ended);
             }
             Command::Status { reply } => {
@@ -806,14 +806,16 @@ impl Core {
         Ok(())
     }
 
-    pub(super) fn end(
+    /// Takes span `span` out of the core with the sources' last word on
+    /// it; [`Closed::judge`] attributes it, off the core's lock.
+    pub(super) fn close_span(
         &mut self,
         span: u64,
         exit: Option<ExitStatus>,
         timed_out: Option<Duration>,
         is_error: bool,
         words: Words,
-    ) -> Result<Attribution, ErrorBody> {
+    ) -> Result<Closed, ErrorBody> {
         let Some(open) = self.spans.get(&span) else {
             return Err(ErrorBody::new(
                 ErrorCode::NotFound,
@@ -825,7 +827,7 @@ impl Core {
         } else {
             self.close_kernel_span(span);
         }
-        let Some(mut open) = self.spans.remove(&span) else {
+        let Some(open) = self.spans.remove(&span) else {
             return Err(ErrorBody::new(
                 ErrorCode::NotFound,
                 format!("span {span} is not open"),
@@ -839,12 +841,51 @@ impl Core {
             all_events: false,
             words,
         };
+        self.spans_ended += 1;
+        self.retention_drops_total += open.evidence.drops.retention;
+        // counted now: `query` waits until what is queued is written
+        self.store_stats.queued.fetch_add(1, Ordering::Relaxed);
+        Ok(Closed {
+            span,
+            open,
+            outcome,
+            is_error,
+            otlp: self.otlp.clone(),
+            store_tx: self.store_tx.clone(),
+            store_stats: self.store_stats.clone(),
+        })
+    }
+}
+
+/// A span taken out of the core: judged without the core's lock, so other
+/// connections go on while a big span is attributed.
+pub(super) struct Closed {
+    span: u64,
+    open: OpenSpan,
+    outcome: Outcome,
+    is_error: bool,
+    otlp: Option<Arc<Exporter>>,
+    store_tx: Option<mpsc::SyncSender<StoredSpan>>,
+    store_stats: Arc<StoreStats>,
+}
+
+impl Closed {
+    /// Captures the host's facts, attributes the span, and hands it to the
+    /// exporter and the store thread.
+    pub(super) fn judge(self) -> Attribution {
+        let Closed {
+            span,
+            mut open,
+            outcome,
+            is_error,
+            otlp,
+            store_tx,
+            store_stats,
+        } = self;
         crate::facts::capture(&mut open.evidence, &outcome, &crate::facts::LiveHost);
         let mut attribution = attribute(&open.evidence, &outcome);
         attribution.sandbox = open.sandbox.clone();
-        self.spans_ended += 1;
-        self.retention_drops_total += open.evidence.drops.retention;
-        if let (Some(exporter), Some(mut meta)) = (&self.otlp, open.meta.take()) {
+        if let (Some(exporter), Some(mut meta)) = (&otlp, open.meta.take()) {
             // the protobuf is built on the exporter thread, off the core
             meta.is_error = is_error;
             let a = attribution.clone();
@@ -860,8 +901,7 @@ impl Core {
             && stored.drops.retention == 0
             && !stored.events.is_empty())
         .then(|| open.evidence.replay(&outcome));
-        self.store_stats.queued.fetch_add(1, Ordering::Relaxed);
-        let sent = self.store_tx.as_ref().is_some_and(|tx| {
+        let sent = store_tx.as_ref().is_some_and(|tx| {
             tx.send(StoredSpan {
                 started_ms: open.started_ms,
                 ended_ms: crate::clock::now_ms(),
@@ -871,12 +911,14 @@ impl Core {
             .is_ok()
         });
         if !sent {
-            self.store_stats.errors.fetch_add(1, Ordering::Relaxed);
+            store_stats.errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!("store thread is gone; span {span} was not saved");
         }
-        Ok(attribution)
+        attribution
     }
+}
 
+impl Core {
     /// The kernel's last word on an eBPF span: stops following it, takes
     /// what the ring buffer still holds and its drops meanwhile.
     pub(super) fn close_kernel_span(&mut self, span: u64) {
