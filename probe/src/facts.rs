@@ -7,7 +7,6 @@
 
 use std::collections::BTreeSet;
 
-use crate::attribution::Outcome;
 use crate::event::Kind;
 use crate::primitive::{SYMPTOM_SIGNALS, SYMPTOM_WINDOW_NS};
 use crate::spans::{Closing, SpanEvidence};
@@ -37,9 +36,11 @@ impl Host for LiveHost {
     }
 }
 
-/// Reads the facts of a closing span from `host` into `span.closing`.
-pub fn capture(span: &mut SpanEvidence, outcome: &Outcome, host: &dyn Host) {
-    let present_outside = crash_lookups(span, outcome)
+/// Reads the facts of a closing span from `host` into `span.closing`;
+/// `root_signal`: the signal that killed the span's first process, as its
+/// caller saw it.
+pub fn capture(span: &mut SpanEvidence, root_signal: Option<&str>, host: &dyn Host) {
+    let present_outside = crash_lookups(span, root_signal)
         .into_iter()
         .filter(|p| host.path_exists(p))
         .collect();
@@ -54,7 +55,7 @@ pub fn capture(span: &mut SpanEvidence, outcome: &Outcome, host: &dyn Host) {
 /// before it died of one of [`SYMPTOM_SIGNALS`]: the only failures whose
 /// presence outside the sandbox attribution asks about (a crash after
 /// files were hidden from it).
-fn crash_lookups(span: &SpanEvidence, outcome: &Outcome) -> BTreeSet<String> {
+fn crash_lookups(span: &SpanEvidence, root_signal: Option<&str>) -> BTreeSet<String> {
     let symptom = |s: Option<&str>| s.is_some_and(|s| SYMPTOM_SIGNALS.contains(&s));
     let mut crashed: Vec<u32> = span
         .processes
@@ -62,7 +63,7 @@ fn crash_lookups(span: &SpanEvidence, outcome: &Outcome) -> BTreeSet<String> {
         .filter(|(_, p)| symptom(p.signal.as_deref()))
         .map(|(pid, _)| *pid)
         .collect();
-    if symptom(outcome.exit.signal.as_deref()) {
+    if symptom(root_signal) {
         crashed.extend(span.root_pid);
     }
     let mut paths = BTreeSet::new();
@@ -115,7 +116,7 @@ mod tests {
         ];
         let outcome = killed_by("SIGABRT");
         let mut s = span(events.clone());
-        capture(&mut s, &outcome, &LiveHost);
+        capture(&mut s, outcome.exit.signal.as_deref(), &LiveHost);
         assert!(s.closing.present_outside.contains(path));
         assert!(s.closing.closed_ms > 0);
         std::fs::remove_dir_all(&dir).unwrap();
@@ -129,7 +130,7 @@ mod tests {
         // the same evidence closing now, without the file: another verdict,
         // because the host said otherwise
         let mut later = span(events);
-        capture(&mut later, &outcome, &LiveHost);
+        capture(&mut later, outcome.exit.signal.as_deref(), &LiveHost);
         assert!(later.closing.present_outside.is_empty());
         assert_eq!(attribute(&later, &outcome).primitive.id(), "signal");
     }
@@ -144,7 +145,9 @@ mod tests {
             failed(10, 6_500 * MS, "openat", libc::ENOENT, "/c/in-window"),
             signal_from(10, 7_000 * MS, "SIGABRT", (10, "w"), -6),
         ]);
-        let asked: Vec<String> = crash_lookups(&s, &outcome).into_iter().collect();
+        let asked: Vec<String> = crash_lookups(&s, outcome.exit.signal.as_deref())
+            .into_iter()
+            .collect();
         assert_eq!(asked, ["/c/in-window"]);
     }
 }

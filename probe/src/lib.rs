@@ -15,7 +15,10 @@
 //!   monitor socket) for a sandbox whose kernel is gVisor's.
 //! - [`spans`]: collects a span's events and process facts, bounded;
 //!   [`sessions`] remembers what a session wrote (for `fs.persistence`).
-//! - [`attribution`]: picks the decisive event and the [`primitive`].
+//! - [`facts`]: what the host says when a span closes, captured once (the
+//!   last read of the host before attribution).
+//! - [`attribution`]: picks the decisive event and the [`primitive`], a
+//!   function of the span's evidence alone.
 //! - [`report`]: renders an attribution for people.
 //! - [`trace`]: `probe trace`, all of the above for one command; [`tee`]:
 //!   the workload's stderr passed through, its tail kept as a witness.
@@ -24,7 +27,8 @@
 //!   [`status`]; [`peer`]: who a client is and what it may reach, its pids
 //!   translated from its PID namespace), configured by
 //!   [`config`], storing evidence in [`store`] (SQLite) and exporting spans
-//!   over [`otlp`] ([`otlp_receiver`]: a local receiver for tests).
+//!   over [`otlp`] ([`otlp_receiver`]: a local receiver for tests);
+//!   [`replay`]: a stored span attributed again (`probe show --reattribute`).
 //!
 //! - [`env`]: the environment from inside the sandbox (`probe env`), two
 //!   snapshots diffed, and each difference tied to the failures it explains.

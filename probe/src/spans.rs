@@ -104,12 +104,34 @@ impl Sight {
     };
 }
 
+/// What gVisor's points do not show (its points: `crate::gvisor::events`).
+pub const GVISOR_SIGHT: Sight = Sight {
+    lookups_without_paths: Some("gVisor's points for these carry no path"),
+    connect_outcomes_unseen: Some(
+        "gVisor's points do not say which (a non-blocking connect's outcome is read through \
+         getsockopt, which has no point)",
+    ),
+    own_kernel: Some("gVisor's kernel"),
+    seccomp_kill: Some(
+        "gVisor sends no point for the denied syscall itself: the exit by SIGSYS is the only \
+         trace a seccomp kill leaves there",
+    ),
+    oom_kill: Some(
+        "the host's OOM killer killed the whole gVisor sandbox (its Sentry), as the sandbox's \
+         host cgroup and the kernel log say: gVisor sends no point for it",
+    ),
+    blind_spots: Some(GVISOR_BLIND_SPOTS),
+};
+
+pub const GVISOR_BLIND_SPOTS: &str = "not seen either way: under gVisor a seccomp ERRNO denial, a signal that does not kill, \
+     an OOM kill inside the sandbox and a mount error leave no event (gVisor has no point for them)";
+
 impl Source {
     /// What this source cannot see.
     pub fn sight(self) -> &'static Sight {
         match self {
             Source::Ebpf => &Sight::FULL,
-            Source::Gvisor => &crate::gvisor::events::SIGHT,
+            Source::Gvisor => &GVISOR_SIGHT,
         }
     }
 

@@ -151,7 +151,11 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         all_events: opts.all_events,
         words: Words::new(Some(label), stderr.as_ref().map(|t| t.said()).as_deref()),
     };
-    crate::facts::capture(&mut span, &outcome, &crate::facts::LiveHost);
+    crate::facts::capture(
+        &mut span,
+        outcome.exit.signal.as_deref(),
+        &crate::facts::LiveHost,
+    );
     Ok(Traced {
         attribution: attribute(&span, &outcome),
         interrupted,

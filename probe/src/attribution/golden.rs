@@ -473,7 +473,7 @@ const HOST: FixedHost = FixedHost {
 
 /// One line: the case's name and its verdict.
 fn verdict_line(name: &str, mut span: SpanEvidence, outcome: &Outcome) -> String {
-    crate::facts::capture(&mut span, outcome, &HOST);
+    crate::facts::capture(&mut span, outcome.exit.signal.as_deref(), &HOST);
     let span = &span;
     let a = attribute(span, outcome);
     let events: Vec<String> = a
@@ -600,7 +600,7 @@ fn every_generated_case_replays_to_its_verdict() {
     use crate::spans::Replay;
     let mut checked = 0;
     for_each_case(|name, mut span, outcome| {
-        crate::facts::capture(&mut span, &outcome, &HOST);
+        crate::facts::capture(&mut span, outcome.exit.signal.as_deref(), &HOST);
         let mut live = attribute(&span, &outcome);
         // what the store keeps with `keep_events = "all"`
         live.events = span.events.iter().cloned().collect();

@@ -147,6 +147,6 @@ impl Host for FixedHost {
 
 /// `attribute`, after `host` gave the facts at close.
 pub fn attribute_on(host: &FixedHost, mut span: SpanEvidence, outcome: &Outcome) -> Attribution {
-    crate::facts::capture(&mut span, outcome, host);
+    crate::facts::capture(&mut span, outcome.exit.signal.as_deref(), host);
     attribute(&span, outcome)
 }

@@ -882,7 +882,11 @@ impl Closed {
             store_tx,
             store_stats,
         } = self;
-        crate::facts::capture(&mut open.evidence, &outcome, &crate::facts::LiveHost);
+        crate::facts::capture(
+            &mut open.evidence,
+            outcome.exit.signal.as_deref(),
+            &crate::facts::LiveHost,
+        );
         let mut attribution = attribute(&open.evidence, &outcome);
         attribution.sandbox = open.sandbox.clone();
         if let (Some(exporter), Some(mut meta)) = (&otlp, open.meta.take()) {

@@ -181,24 +181,5 @@ fn base(kind: Kind, ctx: &ContextData, clock: &Clock) -> KernelEvent {
 }
 
 /// The sentence a report gives for what gVisor's points cannot show.
-/// What gVisor's points do not show (see [`crate::spans::Sight`]).
-pub const SIGHT: crate::spans::Sight = crate::spans::Sight {
-    lookups_without_paths: Some("gVisor's points for these carry no path"),
-    connect_outcomes_unseen: Some(
-        "gVisor's points do not say which (a non-blocking connect's outcome is read through \
-         getsockopt, which has no point)",
-    ),
-    own_kernel: Some("gVisor's kernel"),
-    seccomp_kill: Some(
-        "gVisor sends no point for the denied syscall itself: the exit by SIGSYS is the only \
-         trace a seccomp kill leaves there",
-    ),
-    oom_kill: Some(
-        "the host's OOM killer killed the whole gVisor sandbox (its Sentry), as the sandbox's \
-         host cgroup and the kernel log say: gVisor sends no point for it",
-    ),
-    blind_spots: Some(BLIND_SPOTS),
-};
-
-pub const BLIND_SPOTS: &str = "not seen either way: under gVisor a seccomp ERRNO denial, a signal that does not kill, \
-     an OOM kill inside the sandbox and a mount error leave no event (gVisor has no point for them)";
+/// What gVisor's points leave unseen, said where nothing explains a failure.
+pub use crate::spans::GVISOR_BLIND_SPOTS as BLIND_SPOTS;

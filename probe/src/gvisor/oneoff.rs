@@ -175,7 +175,11 @@ pub fn trace_gvisor(opts: &TraceOptions) -> anyhow::Result<Traced> {
              runsc has no runtime monitoring (it needs release-20220905 or later)"
         );
     }
-    crate::facts::capture(&mut span, &outcome, &crate::facts::LiveHost);
+    crate::facts::capture(
+        &mut span,
+        outcome.exit.signal.as_deref(),
+        &crate::facts::LiveHost,
+    );
     Ok(Traced {
         attribution: attribute(&span, &outcome),
         interrupted,
