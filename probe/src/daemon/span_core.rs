@@ -428,7 +428,11 @@ impl Core {
                 let ended = self
                     .reachable(span, caller.as_deref())
                     .and_then(|()| self.close_span(span, exit, timed_out, is_error, words));
-                let _ = reply.send(ended);
+                // the asker gone (its connection dropped): judged here, so
+                // the span is stored all the same
+                if let Err(Ok(closed)) = reply.send(ended) {
+                    closed.judge();
+                }
             }
             Command::Status { reply } => {
                 self.drain(); // counts up to date, as of this request
