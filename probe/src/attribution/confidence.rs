@@ -205,30 +205,23 @@ mod tests {
     /// the host was captured when the span closed (`crate::facts`).
     #[test]
     fn attribution_reads_no_host() {
-        let mut found = Vec::new();
-        for (name, text) in attribution_sources() {
-            let code = text.split("\nmod tests").next().unwrap();
-            for (n, line) in code.lines().enumerate() {
-                let line = line.split("//").next().unwrap();
-                for read in [
-                    "std::fs",
-                    "Path::new",
-                    "\"/proc",
-                    "\"/sys",
-                    "clock::",
-                    "psi_memory",
-                    "SystemTime",
-                    "Instant::now",
-                    "procfs::",
-                    "crate::mounts",
-                    "crate::cgroup",
-                ] {
-                    if line.contains(read) {
-                        found.push(format!("{name}:{}: {read}: {}", n + 1, line.trim()));
-                    }
-                }
-            }
-        }
+        let found = code_lines_where(|line| {
+            [
+                "std::fs",
+                "Path::new",
+                "\"/proc",
+                "\"/sys",
+                "clock::",
+                "psi_memory",
+                "SystemTime",
+                "Instant::now",
+                "procfs::",
+                "crate::mounts",
+                "crate::cgroup",
+            ]
+            .iter()
+            .any(|read| line.contains(read))
+        });
         assert!(
             found.is_empty(),
             "attribution reads the host:\n{}",
@@ -241,18 +234,11 @@ mod tests {
     /// own, not a branch here.
     #[test]
     fn attribution_names_no_source() {
-        let mut found = Vec::new();
-        for (name, text) in attribution_sources() {
-            let code = text.split("\nmod tests").next().unwrap();
-            for (n, line) in code.lines().enumerate() {
-                let line = line.split("//").next().unwrap();
-                for source in ["gvisor::", "Source::Gvisor", "Source::Ebpf", "loader::"] {
-                    if line.contains(source) {
-                        found.push(format!("{name}:{}: {}", n + 1, line.trim()));
-                    }
-                }
-            }
-        }
+        let found = code_lines_where(|line| {
+            ["gvisor::", "Source::Gvisor", "Source::Ebpf", "loader::"]
+                .iter()
+                .any(|source| line.contains(source))
+        });
         assert!(
             found.is_empty(),
             "attribution names a source:\n{}",
@@ -260,45 +246,53 @@ mod tests {
         );
     }
 
-    fn attribution_sources() -> [(&'static str, &'static str); 6] {
-        [
-            ("mod.rs", include_str!("mod.rs")),
-            ("rank.rs", include_str!("rank.rs")),
-            ("failures.rs", include_str!("failures.rs")),
-            ("grade.rs", include_str!("grade.rs")),
-            ("lineage.rs", include_str!("lineage.rs")),
-            ("confidence.rs", include_str!("confidence.rs")),
-        ]
-    }
-
     /// No number in attribution's code outside this table: a confidence
     /// written anywhere else is a second vocabulary.
     #[test]
     fn no_confidence_literal_outside_the_table() {
-        let mut found = Vec::new();
-        for (name, text) in attribution_sources()
-            .into_iter()
-            .filter(|(n, _)| *n != "confidence.rs")
-        {
-            let code = text.split("\nmod tests").next().unwrap();
-            for (n, line) in code.lines().enumerate() {
-                let line = line.split("//").next().unwrap();
-                let bytes = line.as_bytes();
-                let literal = (1..bytes.len().saturating_sub(1)).any(|i| {
-                    bytes[i] == b'.'
-                        && bytes[i - 1] == b'0'
-                        && (b'1'..=b'9').contains(&bytes[i + 1])
-                        && (i < 2 || !bytes[i - 2].is_ascii_alphanumeric() && bytes[i - 2] != b'.')
-                });
-                if literal {
-                    found.push(format!("{name}:{}: {}", n + 1, line.trim()));
-                }
-            }
-        }
+        let found = code_lines_where(|line| {
+            let bytes = line.as_bytes();
+            (1..bytes.len().saturating_sub(1)).any(|i| {
+                bytes[i] == b'.'
+                    && bytes[i - 1] == b'0'
+                    && (b'1'..=b'9').contains(&bytes[i + 1])
+                    && (i < 2 || !bytes[i - 2].is_ascii_alphanumeric() && bytes[i - 2] != b'.')
+            })
+        })
+        .into_iter()
+        .filter(|l| !l.starts_with("confidence.rs:"))
+        .collect::<Vec<_>>();
         assert!(
             found.is_empty(),
             "confidences written outside confidence.rs:\n{}",
             found.join("\n")
         );
+    }
+
+    /// `file:line: code` of every line of attribution's code (its files
+    /// up to their tests, comments cut off) that `hit` accepts. The
+    /// test-only modules (golden.rs, testing.rs) build spans and bless
+    /// files: they are not attribution.
+    fn code_lines_where(hit: impl Fn(&str) -> bool) -> Vec<String> {
+        let files = [
+            ("mod.rs", include_str!("mod.rs")),
+            ("rank.rs", include_str!("rank.rs")),
+            ("failures.rs", include_str!("failures.rs")),
+            ("grade.rs", include_str!("grade.rs")),
+            ("lineage.rs", include_str!("lineage.rs")),
+            ("steps.rs", include_str!("steps.rs")),
+            ("confidence.rs", include_str!("confidence.rs")),
+        ];
+        let mut found = Vec::new();
+        for (name, text) in files {
+            let code = text.split("\nmod tests").next().unwrap();
+            for (n, line) in code.lines().enumerate() {
+                let line = line.split("//").next().unwrap();
+                if hit(line) {
+                    found.push(format!("{name}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+        found
     }
 }
