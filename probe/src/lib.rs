@@ -11,8 +11,10 @@
 //!   [`proctree`] and [`cgroup`] let a span follow a running tree or a cgroup.
 //! - [`event`]: decodes ring-buffer records into [`event::KernelEvent`]s;
 //!   [`gvisor`], the second source, turns gVisor's runtime-monitoring
-//!   points into the same events (`probe trace --gvisor`, the daemon's
-//!   monitor socket) for a sandbox whose kernel is gVisor's.
+//!   points into the same events for a sandbox whose kernel is gVisor's.
+//! - [`source`]: the one interface of evidence sources (follow a workload,
+//!   drain its events into spans, the last word at a span's end), with the
+//!   eBPF programs and gVisor's points as its two implementations.
 //! - [`spans`]: collects a span's events and process facts, bounded;
 //!   [`sessions`] remembers what a session wrote (for `fs.persistence`).
 //! - [`facts`]: what the host says when a span closes, captured once (the
@@ -61,6 +63,7 @@ pub mod protocol;
 pub mod replay;
 pub mod report;
 pub mod sessions;
+pub mod source;
 pub mod spans;
 pub mod spawn;
 pub mod status;

@@ -488,14 +488,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let traced = if gvisor {
                 // no eBPF: gVisor's own monitoring is the source
-                probe::gvisor::oneoff::trace_gvisor(&opts)?
+                let mut source = probe::gvisor::source::GvisorSource::for_trace()?;
+                trace(&mut source, &opts)?
             } else {
-                let mut probe = Probe::load()?;
+                let probe = Probe::load()?;
                 probe.warn_if_lower_rung();
-                let traced = trace(&mut probe, &opts)?;
+                let mut source = probe::source::ebpf::EbpfSource::sole(probe)?;
+                let traced = trace(&mut source, &opts)?;
                 // the report first: detaching takes grace periods
                 print_attribution(&traced.attribution, json)?;
-                probe.detach_after_exit();
+                source.into_probe().detach_after_exit();
                 if traced.interrupted {
                     eprintln!("probe: interrupted; the workload was stopped");
                 }

@@ -135,6 +135,17 @@ impl Source {
         }
     }
 
+    /// Why a daemon that did not open this source cannot begin a span on it.
+    pub fn not_listening(self) -> &'static str {
+        match self {
+            Source::Ebpf => "this daemon has not loaded its eBPF programs",
+            Source::Gvisor => {
+                "this daemon does not listen for gVisor sandboxes (it was started without a \
+                 gVisor socket)"
+            }
+        }
+    }
+
     pub fn id(self) -> &'static str {
         match self {
             Source::Ebpf => "ebpf",

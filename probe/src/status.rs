@@ -90,7 +90,7 @@ pub struct PidNamespaceId {
     pub inode: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Features {
     pub btf: bool,
     pub ring_buffer: bool,
@@ -106,7 +106,7 @@ pub struct Features {
     pub jit: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatusDrops {
     /// Records the ring buffer had no room for.
     pub kernel_total: u64,

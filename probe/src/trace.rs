@@ -1,6 +1,8 @@
 //! `probe trace`: run one command as a span, without a daemon, and attribute
-//! its outcome. One thread polls the ring buffer, the child's pidfd and a
-//! signal pipe, so events are read (and enriched) as they happen.
+//! its outcome, on either evidence source ([`crate::source::TraceSource`]).
+//! One thread polls the child's pidfd, a signal pipe and the source (its
+//! ring buffer, where it has one), so events are read (and enriched) as
+//! they happen.
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd as _, FromRawFd as _, OwnedFd};
@@ -10,14 +12,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 
 use crate::attribution::{Attribution, ExitStatus, Outcome, Words, attribute};
-use crate::event::{decode, read_raw};
-use crate::loader::Probe;
+use crate::source::{Follow, SpanSink, Stop, TraceSource};
 use crate::spans::SpanEvidence;
-use crate::spawn::{SpawnError, spawn_attached};
 use crate::tee::{StderrTee, command_line};
 
 /// What to run and how to report it.
@@ -48,28 +46,19 @@ pub struct Traced {
 /// How often the ring buffer is read when no urgent event wakes us.
 pub const READ_INTERVAL: Duration = Duration::from_millis(10);
 
-/// Span id used by `probe trace` (it owns its programs, so any non-zero id works).
+/// Span id used by `probe trace` (it owns its source, so any non-zero id works).
 const TRACE_SPAN: u64 = 1;
 
-/// Drains everything the ring buffer holds into `span`. Returns records read.
-pub fn drain(probe: &mut Probe, span: &mut SpanEvidence) -> usize {
-    let mut n = 0;
-    let ring = probe.events();
-    while let Some(item) = ring.next() {
-        n += 1;
-        match read_raw(&item).and_then(|raw| decode(&raw, span.start_ns).map(|ev| (raw.span, ev))) {
-            Ok((id, ev)) if id == span.id => span.add(ev),
-            Ok(_) => {}
-            Err(e) => tracing::warn!("undecodable ring buffer record: {e}"),
-        }
-    }
-    n
-}
+/// How long a workload asked to stop (SIGTERM) has before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(3);
 
-/// Runs `opts.command` under `probe` and attributes the outcome.
-pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
-    let (program, args) = opts.command.split_first().context("no command given")?;
+/// Runs `opts.command` on `source` and attributes the outcome: the one
+/// path of `probe trace`, whichever source sees the workload.
+pub fn trace(source: &mut dyn TraceSource, opts: &TraceOptions) -> anyhow::Result<Traced> {
+    anyhow::ensure!(!opts.command.is_empty(), "no command given");
     let label = command_line(&opts.command);
+    let command = source.command(&opts.command)?;
+    let (program, args) = command.split_first().context("no command given")?;
 
     let signals = StopSignals::register()?;
 
@@ -80,38 +69,35 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
     }
     StderrTee::pipe(&mut cmd);
 
-    let drops_before = probe.drops();
-    let start_ns = crate::clock::monotonic_ns();
     let started = Instant::now();
-    let mut span = SpanEvidence::new(TRACE_SPAN, None, label.clone(), start_ns);
+    let mut span = SpanEvidence::new(
+        TRACE_SPAN,
+        None,
+        label.clone(),
+        crate::clock::monotonic_ns(),
+    );
     if let Some(cap) = opts.event_cap {
         span.cap = cap;
     }
-
-    if let Some(cg) = &opts.cgroup {
-        follow_cgroup(probe, cg)?;
-    }
-    let spawned = spawn_attached(&mut cmd, |pid| probe.track(pid, TRACE_SPAN));
-    let (child, pid) = match spawned {
-        Ok((child, pid)) => (child, pid),
-        Err(SpawnError::Attach(e)) => anyhow::bail!("cannot attach the workload to the probe: {e}"),
-        Err(SpawnError::Spawn(e)) => {
-            anyhow::bail!("cannot start {}: {e}", program.to_string_lossy())
-        }
+    let follow = Follow {
+        cgroup: opts.cgroup.as_ref().map(|cg| cg.path.clone()),
+        ..Follow::default()
     };
-    span.root_pid = Some(pid);
+    source
+        .begin(&mut span, &follow, &mut NoOtherSpans)
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
 
     let mut interrupted = false;
     let mut timed_out = None;
     let mut stderr = None;
-    let exit = match child {
+    let exit = match source.spawn(&mut cmd, &mut span)? {
         Ok(mut child) => {
             stderr = child.stderr.take().map(StderrTee::start);
             let (status, intr, tmo) =
-                wait_collecting(probe, &mut span, child, signals.pipe(), opts.timeout)?;
+                wait_collecting(source, &mut span, child, signals.pipe(), opts.timeout)?;
             interrupted = intr;
             timed_out = tmo;
-            settle_leftovers(probe, &mut span, LEFTOVERS_SETTLE);
+            source.settle(&mut span);
             status
         }
         // exec failed (ENOENT, EACCES…): the kernel saw it; report like a shell
@@ -128,20 +114,7 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
             }
         }
     };
-    drain(probe, &mut span);
-    if let Some(cg) = &opts.cgroup {
-        probe.unfollow_cgroup(cg.id, TRACE_SPAN);
-    }
-    let pending = probe.untrack_span(TRACE_SPAN);
-    drain(probe, &mut span);
-    span.add_pending(&pending);
-    let drops_after = probe.drops();
-    span.drops.kernel = drops_after
-        .iter()
-        .zip(drops_before.iter())
-        .map(|(a, b)| a - b)
-        .sum();
-
+    source.close(TRACE_SPAN, &mut span);
     drop(signals);
 
     let outcome = Outcome {
@@ -160,6 +133,17 @@ pub fn trace(probe: &mut Probe, opts: &TraceOptions) -> anyhow::Result<Traced> {
         attribution: attribute(&span, &outcome),
         interrupted,
     })
+}
+
+/// `probe trace` has no span besides its own to deliver to when it begins.
+struct NoOtherSpans;
+
+impl SpanSink for NoOtherSpans {
+    fn evidence(&mut self, _span: u64) -> Option<&mut SpanEvidence> {
+        None
+    }
+
+    fn deliver(&mut self, _span: u64, _ev: crate::event::KernelEvent) {}
 }
 
 /// SIGINT/SIGTERM/SIGHUP sent to the probe, noted on a pipe that can be
@@ -186,12 +170,6 @@ impl StopSignals {
     pub(crate) fn pipe(&self) -> &UnixStream {
         &self.read
     }
-
-    /// Whether a signal arrived since the last call.
-    pub(crate) fn caught(&self) -> bool {
-        let mut buf = [0u8; 64];
-        matches!(std::io::Read::read(&mut &self.read, &mut buf), Ok(n) if n > 0)
-    }
 }
 
 impl Drop for StopSignals {
@@ -200,24 +178,6 @@ impl Drop for StopSignals {
             signal_hook::low_level::unregister(id);
         }
     }
-}
-
-/// Follows `cg` from now on and attaches the threads already in it.
-fn follow_cgroup(probe: &mut Probe, cg: &crate::cgroup::Cgroup) -> anyhow::Result<()> {
-    if probe.pid_namespace().is_some() {
-        anyhow::bail!(
-            "--cgroup needs the host's PID namespace (this probe runs in another): \
-             run it on the host, or trace the workload's process tree instead"
-        );
-    }
-    probe
-        .follow_cgroup(cg.id, TRACE_SPAN)
-        .context("following the cgroup in the kernel")?;
-    for tid in cg.threads()? {
-        // one that exited meanwhile is simply not traced
-        let _ = probe.track(tid, TRACE_SPAN);
-    }
-    Ok(())
 }
 
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
@@ -233,7 +193,7 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
 /// Waits for `child` while reading events; handles our own signals and the
 /// timeout by stopping the child. Returns (exit, interrupted, timed out).
 fn wait_collecting(
-    probe: &mut Probe,
+    source: &mut dyn TraceSource,
     span: &mut SpanEvidence,
     mut child: Child,
     sig_r: &UnixStream,
@@ -247,17 +207,22 @@ fn wait_collecting(
             return Err(e).context("pidfd_open");
         }
     };
-    let ring_fd = probe.events().as_fd().try_clone_to_owned()?;
+    let source_fd = source
+        .poll_fd()
+        .map(|fd| fd.try_clone_to_owned())
+        .transpose()?;
     let started = Instant::now();
     let mut interrupted = false;
     let mut timed_out = None;
     let mut kill_at: Option<Instant> = None;
     loop {
-        let mut fds = [
-            PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN),
+        let mut fds = vec![
             PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
             PollFd::new(sig_r.as_fd(), PollFlags::POLLIN),
         ];
+        if let Some(fd) = &source_fd {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+        }
         let wait = match (timeout.filter(|_| timed_out.is_none()), kill_at) {
             (_, Some(at)) => at.saturating_duration_since(Instant::now()),
             (Some(t), None) => t.saturating_sub(started.elapsed()),
@@ -270,20 +235,21 @@ fn wait_collecting(
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(e).context("poll"),
         }
-        let child_done = fds[1]
+        let child_done = fds[0]
             .revents()
             .is_some_and(|r| r.contains(PollFlags::POLLIN));
-        let got_signal = fds[2]
+        let got_signal = fds[1]
             .revents()
             .is_some_and(|r| r.contains(PollFlags::POLLIN));
-        drain(probe, span);
+        drop(fds);
+        source.drain(usize::MAX, span);
 
         if got_signal {
             let mut buf = [0u8; 64];
             let _ = std::io::Read::read(&mut &*sig_r, &mut buf);
             interrupted = true;
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            kill_at.get_or_insert(Instant::now() + Duration::from_secs(3));
+            source.stop(span, child.id(), Stop::Ask);
+            kill_at.get_or_insert(Instant::now() + STOP_GRACE);
         }
         if let Some(t) = timeout
             && timed_out.is_none()
@@ -291,48 +257,19 @@ fn wait_collecting(
             && !child_done
         {
             timed_out = Some(t);
-            kill_span(span, child.id());
+            let how = source.on_timeout();
+            source.stop(span, child.id(), how);
+            if how == Stop::Ask {
+                kill_at.get_or_insert(Instant::now() + STOP_GRACE);
+            }
         }
         if kill_at.is_some_and(|at| Instant::now() >= at) {
-            kill_span(span, child.id());
+            source.stop(span, child.id(), Stop::Kill);
             kill_at = None;
         }
         if child_done {
             let status = child.wait().context("wait for the workload")?;
             return Ok((status.into(), interrupted, timed_out));
-        }
-    }
-}
-
-/// How long the command's leftovers may take to die after it: the kernel
-/// tears down a PID namespace whose init went (bwrap's), a PDEATHSIG fires,
-/// a wrapper kills its helpers, each a moment after the command's exit.
-/// Their deaths belong in the explanation ("stopped on the way out, not a
-/// cause"); a leftover that lives on is not waited for longer than this.
-const LEFTOVERS_SETTLE: Duration = Duration::from_millis(250);
-
-/// Reads events until no process of the span is alive, or for `limit`.
-fn settle_leftovers(probe: &mut Probe, span: &mut SpanEvidence, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
-        drain(probe, span);
-        let alive = span
-            .processes
-            .iter()
-            .any(|(pid, p)| !p.exited && std::path::Path::new(&format!("/proc/{pid}")).exists());
-        if !alive || Instant::now() >= deadline {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// SIGKILL to the span's root and every process it started that we saw.
-fn kill_span(span: &SpanEvidence, root: u32) {
-    let _ = kill(Pid::from_raw(root as i32), Signal::SIGKILL);
-    for (pid, p) in &span.processes {
-        if !p.exited {
-            let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
         }
     }
 }

@@ -509,7 +509,7 @@ fn a_sandbox_killed_mid_stream_still_gets_its_attribution() {
         }
     }
     let sandbox =
-        probe::gvisor::oneoff::sandbox_process(child.id()).expect("the runsc sandbox process");
+        probe::gvisor::memory::sandbox_process(child.id()).expect("the runsc sandbox process");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sandbox as i32),
         nix::sys::signal::Signal::SIGKILL,

@@ -1,10 +1,11 @@
 //! `probe run`: the long-running daemon.
 //!
 //! Layout (data flows one way):
-//! - the **core** ([`Core`], behind one mutex) holds the loaded programs
-//!   ([`Probe`]), the open spans and the session write memory. The core
-//!   thread drains the ring buffer into it and routes each event to its
-//!   span; connections execute their commands (begin, attach, end, status,
+//! - the **core** ([`Core`], behind one mutex) holds the evidence sources
+//!   ([`crate::source`]: the loaded eBPF programs, and gVisor's monitor when
+//!   it listens), the open spans and the session write memory. The core
+//!   thread drains the sources into it, each event to its span;
+//!   connections execute their commands (begin, attach, end, status,
 //!   subscribe) on it directly, so a request costs no thread hand-off (two
 //!   wake-ups per call on a small VM were a third of a span's cost).
 //! - the **store** thread owns the only write connection to SQLite and
@@ -39,16 +40,17 @@ use tokio::sync::oneshot;
 use crate::attribution::{
     Attribution, ExitStatus, Outcome, PidsIn, RootPid, SandboxView, Words, attribute,
 };
-use crate::event::{Kind, decode, read_raw};
+use crate::event::Kind;
+use crate::gvisor::source::GvisorSource;
 use crate::loader::Probe;
 use crate::otlp::{CallMeta, Exporter, OtlpConfig, TraceParent};
 use crate::peer::{SandboxKind, Scope};
 use crate::protocol::{self, ErrorBody, ErrorCode, MAX_LINE, Request};
 use crate::sessions::Sessions;
-use crate::spans::SpanEvidence;
-use crate::status::{
-    DaemonStatus, DbStatus, Features, OtlpStatus, PidNamespaceId, RetentionRemoved, StatusDrops,
-};
+use crate::source::ebpf::EbpfSource;
+use crate::source::{EvidenceSource, Follow, SpanSink, Within};
+use crate::spans::{Source, SpanEvidence};
+use crate::status::{DaemonStatus, DbStatus, Features, OtlpStatus, RetentionRemoved, StatusDrops};
 use crate::store::{KeepEvents, RetentionPolicy, RetentionTotals, SpanFilter, Store, StoredSpan};
 use crate::trace::READ_INTERVAL;
 
@@ -101,29 +103,35 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 type Reply<T> = oneshot::Sender<Result<T, ErrorBody>>;
 
-/// The drain thread: waits for the ring buffer (or the read interval, or
-/// shutdown) and drains it into the core, until the daemon stops.
+/// The drain thread: waits for a source (or the read interval, or
+/// shutdown) and drains the sources into the core, until the daemon stops.
 fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
     wake.set_nonblocking(true).ok();
-    let ring_fd = match handle.core.lock() {
-        Ok(mut core) => core.probe.events().as_fd().try_clone_to_owned(),
+    let source_fds: std::io::Result<Vec<std::os::fd::OwnedFd>> = match handle.core.lock() {
+        Ok(core) => core
+            .sources
+            .iter()
+            .filter_map(|s| s.poll_fd())
+            .map(|fd| fd.try_clone_to_owned())
+            .collect(),
         Err(_) => Err(std::io::Error::other("the core failed")),
     };
-    let ring_fd = match ring_fd {
-        Ok(fd) => fd,
+    let source_fds = match source_fds {
+        Ok(fds) => fds,
         Err(e) => {
             // nothing would drain the events: stop rather than lose them
-            tracing::error!("cannot poll the ring buffer: {e}; stopping the daemon");
+            tracing::error!("cannot poll the evidence sources: {e}; stopping the daemon");
             let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
             return;
         }
     };
     let mut last_sweep = Instant::now();
     loop {
-        let mut fds = [
-            PollFd::new(ring_fd.as_fd(), PollFlags::POLLIN),
-            PollFd::new(wake.as_fd(), PollFlags::POLLIN),
-        ];
+        let mut fds: Vec<PollFd> = source_fds
+            .iter()
+            .map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+            .collect();
+        fds.push(PollFd::new(wake.as_fd(), PollFlags::POLLIN));
         let _ = poll(
             &mut fds,
             PollTimeout::from(READ_INTERVAL.as_millis() as u16),
@@ -145,7 +153,6 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
         // a bounded pass: under an event storm the lock is let go between
         // passes, so requests are not held up until the ring is empty
         core.drain_at_most(DRAIN_PASS);
-        core.drain_gvisor();
         core.update_rate();
         if last_sweep.elapsed() >= SWEEP_INTERVAL {
             core.sweep();
@@ -164,17 +171,6 @@ fn drain_loop(handle: &CoreHandle, wake: StdUnixStream) {
             return;
         }
     }
-}
-
-/// Whether process `pid` exists (kill(2) with signal 0: only ESRCH says no).
-fn process_exists(pid: u32) -> bool {
-    i32::try_from(pid).is_ok_and(|p| {
-        p > 0
-            && !matches!(
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
-                Err(nix::errno::Errno::ESRCH)
-            )
-    })
 }
 
 /// Runs the daemon until SIGTERM/SIGINT.
@@ -213,39 +209,32 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let gvisor = match &config.gvisor_socket {
-        Some(path) => {
-            let (tx, rx) = mpsc::channel();
-            match crate::gvisor::monitor::Monitor::listen(path, tx) {
-                Ok(monitor) => {
-                    tracing::info!(socket = %path.display(), "listening for gVisor sandboxes");
-                    Some(GvisorSide {
-                        monitor,
-                        rx,
-                        routes: Default::default(),
-                    })
-                }
-                Err(e) if config.gvisor_socket_chosen => {
-                    return Err(e.context(format!("the gVisor socket {}", path.display())));
-                }
-                // the default place beside the control socket: the daemon
-                // serves without it rather than not at all
-                Err(e) => {
-                    tracing::warn!(
-                        "not listening for gVisor sandboxes at {}: {e:#} (--gvisor-socket PATH \
-                         puts it elsewhere)",
-                        path.display()
-                    );
-                    None
-                }
+    // the sources: the eBPF programs, and gVisor's monitor when it listens
+    let mut sources: Vec<Box<dyn EvidenceSource>> = vec![Box::new(EbpfSource::new(probe)?)];
+    if let Some(path) = &config.gvisor_socket {
+        match GvisorSource::listen(path) {
+            Ok(source) => {
+                tracing::info!(socket = %path.display(), "listening for gVisor sandboxes");
+                sources.push(Box::new(source));
+            }
+            Err(e) if config.gvisor_socket_chosen => {
+                return Err(e.context(format!("the gVisor socket {}", path.display())));
+            }
+            // the default place beside the control socket: the daemon
+            // serves without it rather than not at all
+            Err(e) => {
+                tracing::warn!(
+                    "not listening for gVisor sandboxes at {}: {e:#} (--gvisor-socket PATH \
+                     puts it elsewhere)",
+                    path.display()
+                );
             }
         }
-        None => None,
-    };
+    }
     let (wake_r, wake_w) = StdUnixStream::pair()?;
     wake_w.set_nonblocking(true)?;
     let core = Core {
-        probe,
+        sources,
         spans: HashMap::new(),
         sessions: Sessions::default(),
         subscribers: Vec::new(),
@@ -263,7 +252,6 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         rate: (Instant::now(), 0, 0.0),
         otlp: otlp.clone(),
         invalid_traceparents: 0,
-        gvisor,
     };
     let handle = Arc::new(CoreHandle {
         core: std::sync::Mutex::new(core),

@@ -280,14 +280,14 @@ pub(super) async fn connection(
     served
 }
 
-/// A gVisor span whose process ended: waits (up to [`GVISOR_EXIT_WAIT`])
-/// for that exit's point, which travels the monitor socket while the
-/// caller's wait returns, holding the core only to look.
-pub(super) async fn await_gvisor_exit(core: &CoreHandle, span: u64) {
-    let deadline = Instant::now() + GVISOR_EXIT_WAIT;
+/// A span whose process ended: waits (up to [`SETTLE_WAIT`]) for its
+/// source to settle (gVisor's exit point travels the monitor socket while
+/// the caller's wait returns), holding the core only to look.
+pub(super) async fn await_settled(core: &CoreHandle, span: u64) {
+    let deadline = Instant::now() + SETTLE_WAIT;
     loop {
         let arrived = match core.lock() {
-            Ok(mut c) => c.gvisor_exit_arrived(span),
+            Ok(mut c) => c.settled(span),
             Err(_) => true,
         };
         if arrived || Instant::now() >= deadline {
@@ -331,7 +331,8 @@ impl Drop for SandboxedClient<'_> {
 pub(super) struct Admitted {
     pub(super) pid: Option<u32>,
     pub(super) cgroup: Option<PathBuf>,
-    pub(super) gvisor: Option<GvisorTarget>,
+    /// A container of a sandbox with its own kernel (gVisor's).
+    pub(super) within: Option<Within>,
     pub(super) sandbox: Option<SandboxView>,
 }
 
@@ -346,7 +347,7 @@ pub(super) fn admit_begin(
             return Ok(Admitted {
                 pid,
                 cgroup,
-                gvisor: gvisor_container.map(GvisorTarget::Container),
+                within: gvisor_container.map(Within::Container),
                 sandbox: None,
             });
         }
@@ -357,22 +358,23 @@ pub(super) fn admit_begin(
             if let Some(path) = &cgroup {
                 sandbox.cgroup(path)?; // always refused, saying why
             }
-            let gvisor = match gvisor_container {
-                Some(c) if client.container.as_deref() == Some(c.as_str()) => {
-                    GvisorTarget::Container(c)
-                }
+            let within = match gvisor_container {
+                Some(c) if client.container.as_deref() == Some(c.as_str()) => Within::Container(c),
                 Some(c) => {
                     return Err(crate::peer::forbidden(format!(
                         "gVisor container {c:?} is not this client's sandbox ({})",
                         sandbox.id
                     )));
                 }
-                None => GvisorTarget::Behind(client.clone()),
+                None => Within::Behind {
+                    container: client.container.clone(),
+                    runsc: client.runsc,
+                },
             };
             Ok(Admitted {
                 pid,
                 cgroup: None,
-                gvisor: Some(gvisor),
+                within: Some(within),
                 sandbox: Some(SandboxView {
                     id: sandbox.id.clone(),
                     pids: PidsIn::Sandbox,
@@ -392,7 +394,7 @@ pub(super) fn admit_begin(
             Ok(Admitted {
                 pid: daemon_pid,
                 cgroup,
-                gvisor: None,
+                within: None,
                 sandbox: Some(SandboxView {
                     id: sandbox.id.clone(),
                     pids: PidsIn::Daemon,
@@ -445,16 +447,24 @@ pub(super) async fn respond(
             Err(e) => Err(e),
             Ok(admitted) => core
                 .ask(|reply| Command::Begin {
-                    gvisor: admitted.gvisor,
+                    // a container of a sandbox whose own kernel runs it:
+                    // gVisor's points; else this kernel's
+                    source: match admitted.within {
+                        Some(_) => Source::Gvisor,
+                        None => Source::Ebpf,
+                    },
+                    follow: Follow {
+                        pid: admitted.pid,
+                        tree,
+                        seccomp,
+                        memory_limited,
+                        cgroup: admitted.cgroup,
+                        within: admitted.within,
+                    },
                     sandbox: admitted.sandbox,
                     session,
                     label,
-                    pid: admitted.pid,
-                    tree,
                     server,
-                    seccomp,
-                    memory_limited,
-                    cgroup: admitted.cgroup,
                     meta: Box::new(BeginMeta {
                         tool,
                         mcp_method,
@@ -492,7 +502,7 @@ pub(super) async fn respond(
             words,
         } => {
             if exit.is_some() {
-                await_gvisor_exit(core, span_id).await;
+                await_settled(core, span_id).await;
             }
             match core
                 .ask(|reply| Command::End {

@@ -1,6 +1,8 @@
-//! The span core: the open spans, the sessions' write memory, the two
-//! evidence sources (the eBPF programs, gVisor's points) and the commands
-//! connections run on it.
+//! The span core: the open spans, the sessions' write memory, the evidence
+//! sources (see [`crate::source`]) and the commands connections run on it.
+//! Every span, whichever source sees it, goes one path: `begin` on its
+//! source, events drained into it, `close_span` with the source's last
+//! word, then [`Closed::judge`].
 
 use super::*;
 
@@ -9,24 +11,17 @@ pub(super) enum Command {
     Begin {
         session: Option<String>,
         label: String,
-        /// Attach this process at once (saves the caller a round trip).
-        pid: Option<u32>,
-        /// With `pid`: every thread of it and of its descendants too.
-        tree: bool,
-        /// With `pid`: a server already running, which outlives the span.
+        /// What to follow (attached at once: saves the caller a round trip).
+        follow: Follow,
+        /// Which source sees it.
+        source: Source,
+        /// With `follow.pid`: a server already running, which outlives the
+        /// span.
         server: bool,
-        /// With `pid`: its seccomp mode, as the caller knows it.
-        seccomp: Option<u32>,
-        /// With `pid`: note its memory cgroup and limit now.
-        memory_limited: bool,
-        /// A cgroup to follow for the span's whole life.
-        cgroup: Option<std::path::PathBuf>,
         /// For OpenTelemetry export: tool, MCP session, trace context.
         meta: Box<BeginMeta>,
         /// What the store keeps of it, when the client said.
         keep_events: Option<KeepEvents>,
-        /// With `pid`: a process of a gVisor sandbox, not of this kernel.
-        gvisor: Option<GvisorTarget>,
         /// The sandbox of the client that opens it (None: the host's).
         sandbox: Option<SandboxView>,
         /// The span, and with `tree` how many threads were attached.
@@ -136,27 +131,10 @@ impl CoreHandle {
 
 use std::io::Write as _;
 
-/// Which gVisor sandbox a `begin_span` pid lives in.
-#[derive(Debug, Clone)]
-pub(super) enum GvisorTarget {
-    /// The client said (`gvisor_container`).
-    Container(String),
-    /// The client reached us from inside a sandbox, through its gofer.
-    Behind(crate::gvisor::routes::SandboxClient),
-}
-
-/// The daemon as gVisor's monitor: the points its sandboxes send, and
-/// which span each belongs to.
-pub(super) struct GvisorSide {
-    pub(super) monitor: crate::gvisor::monitor::Monitor,
-    pub(super) rx: mpsc::Receiver<crate::gvisor::monitor::Delivery>,
-    pub(super) routes: crate::gvisor::routes::Routes,
-}
-
-/// How long `end_span` of a gVisor span whose process ended waits for
-/// that exit's point (it travels the monitor socket while the caller's
-/// wait returns).
-pub(super) const GVISOR_EXIT_WAIT: Duration = Duration::from_millis(500);
+/// How long `end_span` of a span whose process ended waits for its source
+/// to settle (gVisor's exit point travels the monitor socket while the
+/// caller's wait returns).
+pub(super) const SETTLE_WAIT: Duration = Duration::from_millis(500);
 
 /// `begin_span`'s fields for OpenTelemetry, as the client sent them.
 #[derive(Default)]
@@ -175,13 +153,10 @@ pub(super) struct OpenSpan {
     pub(super) started_unix_ns: u64,
     pub(super) started_ms: i64,
     pub(super) started: Instant,
-    pub(super) drops_before: u64,
-    /// The id of the cgroup it follows, to stop following at its end.
-    pub(super) cgroup: Option<u64>,
     /// What the store keeps of its events.
     pub(super) keep_events: KeepEvents,
-    /// A gVisor span: the container its processes are in.
-    pub(super) gvisor_container: Option<String>,
+    /// Which of the core's sources sees it.
+    pub(super) source: usize,
     /// The sandbox whose client opened it (None: a host client).
     pub(super) sandbox: Option<SandboxView>,
 }
@@ -202,7 +177,8 @@ pub(super) struct Subscriber {
 }
 
 pub(super) struct Core {
-    pub(super) probe: Probe,
+    /// The evidence sources, the eBPF programs first.
+    pub(super) sources: Vec<Box<dyn EvidenceSource>>,
     pub(super) spans: HashMap<u64, OpenSpan>,
     pub(super) sessions: Sessions,
     pub(super) subscribers: Vec<Subscriber>,
@@ -224,40 +200,57 @@ pub(super) struct Core {
     pub(super) otlp: Option<Arc<Exporter>>,
     /// `begin_span` traceparents that were not valid W3C trace context.
     pub(super) invalid_traceparents: u64,
-    pub(super) gvisor: Option<GvisorSide>,
+}
+
+/// The open spans as a source's sink: each event is noted in its
+/// session's write memory, published to subscribers, and added.
+pub(super) struct OpenSpans<'a> {
+    spans: &'a mut HashMap<u64, OpenSpan>,
+    sessions: &'a mut Sessions,
+    subscribers: &'a mut Vec<Subscriber>,
+    events_total: &'a mut u64,
+    late_events: &'a mut u64,
+    decode_errors: &'a mut u64,
+}
+
+impl SpanSink for OpenSpans<'_> {
+    fn evidence(&mut self, span: u64) -> Option<&mut SpanEvidence> {
+        self.spans.get_mut(&span).map(|o| &mut o.evidence)
+    }
+
+    fn deliver(&mut self, span: u64, mut ev: crate::event::KernelEvent) {
+        let Some(open) = self.spans.get_mut(&span) else {
+            *self.late_events += 1;
+            return;
+        };
+        if let Some(session) = open.evidence.session.as_deref() {
+            self.sessions.observe(session, span, &mut ev);
+        }
+        if !self.subscribers.is_empty() {
+            publish(self.subscribers, span, open.owner(), &ev);
+        }
+        open.evidence.add(ev);
+    }
+
+    fn read(&mut self) {
+        *self.events_total += 1;
+    }
+
+    fn late(&mut self) {
+        // a descendant outliving its ended span: counted, not hidden
+        *self.late_events += 1;
+    }
+
+    fn undecodable(&mut self) {
+        *self.decode_errors += 1;
+    }
 }
 
 impl Core {
-    /// Stops tracing threads of spans that are no longer open: ones whose
-    /// fork event was lost, so `end` could not name them.
-    pub(super) fn sweep(&mut self) {
-        for (span, _) in self.probe.tracked_spans() {
-            if !self.spans.contains_key(&span) {
-                let pending = self.probe.untrack_span(span);
-                let lost: u64 = pending.iter().map(|p| p.repeats).sum();
-                // the span is stored already: its late repeats are counted, like late events
-                self.late_events += lost;
-                tracing::debug!("swept stale threads of ended span {span}; {lost} late repeats");
-            }
-        }
-        let spans = &self.spans;
-        let forgotten = self
-            .probe
-            .forget_uring_requests(|span| spans.contains_key(&span));
-        if forgotten > 0 {
-            tracing::debug!("forgot {forgotten} io_uring requests of ended spans");
-        }
-    }
-
-    /// Drains the ring buffer until it is empty.
-    pub(super) fn drain(&mut self) {
-        self.drain_at_most(usize::MAX);
-    }
-
-    /// Drains at most `max` records.
-    pub(super) fn drain_at_most(&mut self, max: usize) {
+    /// The sources, and the open spans as their sink.
+    pub(super) fn parts(&mut self) -> (&mut [Box<dyn EvidenceSource>], OpenSpans<'_>) {
         let Core {
-            probe,
+            sources,
             spans,
             sessions,
             subscribers,
@@ -266,40 +259,39 @@ impl Core {
             decode_errors,
             ..
         } = self;
-        let ring = probe.events();
-        for _ in 0..max {
-            let Some(item) = ring.next() else { break };
-            *events_total += 1;
-            let raw = match read_raw(&item) {
-                Ok(raw) => raw,
-                Err(e) => {
-                    *decode_errors += 1;
-                    tracing::warn!("undecodable ring buffer record: {e}");
-                    continue;
-                }
-            };
-            drop(item);
-            let Some(open) = spans.get_mut(&raw.span) else {
-                // a descendant outliving its ended span: counted, not hidden
-                *late_events += 1;
-                continue;
-            };
-            let mut ev = match decode(&raw, open.evidence.start_ns) {
-                Ok(ev) => ev,
-                Err(e) => {
-                    *decode_errors += 1;
-                    tracing::warn!("{e}");
-                    continue;
-                }
-            };
-            open.evidence.name(&mut ev);
-            if let Some(session) = open.evidence.session.as_deref() {
-                sessions.observe(session, raw.span, &mut ev);
-            }
-            if !subscribers.is_empty() {
-                publish(subscribers, raw.span, open.owner(), &ev);
-            }
-            open.evidence.add(ev);
+        let sink = OpenSpans {
+            spans,
+            sessions,
+            subscribers,
+            events_total,
+            late_events,
+            decode_errors,
+        };
+        (sources, sink)
+    }
+
+    /// Lets the sources forget what they keep for spans no longer open
+    /// (ones whose end could not name every thread).
+    pub(super) fn sweep(&mut self) {
+        let spans = &self.spans;
+        let mut lost = 0;
+        for source in &mut self.sources {
+            lost += source.sweep(&|span| spans.contains_key(&span));
+        }
+        // the spans are stored already: what they lose is counted, like late events
+        self.late_events += lost;
+    }
+
+    /// Drains every source until it is empty.
+    pub(super) fn drain(&mut self) {
+        self.drain_at_most(usize::MAX);
+    }
+
+    /// Drains at most `max` records of each source.
+    pub(super) fn drain_at_most(&mut self, max: usize) {
+        let (sources, mut sink) = self.parts();
+        for source in sources {
+            source.drain(max, &mut sink);
         }
     }
 
@@ -308,75 +300,24 @@ impl Core {
             Command::Begin {
                 session,
                 label,
-                pid,
-                tree,
+                follow,
+                source,
                 server,
-                seccomp,
-                memory_limited,
-                cgroup,
                 meta,
                 keep_events,
-                gvisor,
                 sandbox,
                 reply,
             } => {
-                if let Some(target) = gvisor {
-                    let begun = self.begin_gvisor(
-                        session,
-                        label,
-                        pid,
-                        tree,
-                        target,
-                        *meta,
-                        keep_events,
-                        sandbox,
-                    );
-                    if let Ok((span, _)) = &begun
-                        && let Some(open) = self.spans.get_mut(span)
-                    {
-                        open.evidence.root_serves = tree || server;
-                    }
-                    let _ = reply.send(begun);
-                    return;
-                }
-                let begun = self
-                    .begin(session, label, *meta, keep_events, sandbox)
-                    .and_then(|span| {
-                        let attached =
-                            self.follow_cgroup(span, cgroup.as_deref())
-                                .and_then(|in_cgroup| {
-                                    let in_tree = match pid {
-                                        None => None,
-                                        Some(pid) => tree
-                                            .then_some(self.attach_pid(span, pid, tree, seccomp)?),
-                                    };
-                                    // `tids`: how many threads were attached by walking
-                                    let tids = match (in_tree, in_cgroup) {
-                                        (None, None) => None,
-                                        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-                                    };
-                                    if memory_limited
-                                        && let (Some(pid), Some(open)) =
-                                            (pid, self.spans.get_mut(&span))
-                                    {
-                                        open.evidence.memory_cgroup = crate::cgroup::memory_of(pid);
-                                    }
-                                    if let (Some(_), Some(open)) = (pid, self.spans.get_mut(&span))
-                                    {
-                                        open.evidence.root_serves = tree || server;
-                                    }
-                                    Ok((span, tids))
-                                });
-                        if attached.is_err() {
-                            // nothing was traced: the span never existed
-                            if let Some(open) = self.spans.remove(&span)
-                                && let Some(id) = open.cgroup
-                            {
-                                self.probe.unfollow_cgroup(id, span);
-                            }
-                        }
-                        attached
-                    });
+                let begun = self.begin(
+                    session,
+                    label,
+                    &follow,
+                    source,
+                    server,
+                    *meta,
+                    keep_events,
+                    sandbox,
+                );
                 let _ = reply.send(begun);
             }
             Command::Attach {
@@ -400,19 +341,12 @@ impl Core {
                         sandbox: client_pid,
                     });
                 }
-                let container = self
-                    .spans
-                    .get(&span)
-                    .and_then(|o| o.gvisor_container.clone());
-                let attached = match (container, self.gvisor.as_mut()) {
-                    (Some(c), Some(g)) => {
-                        g.routes.attach(span, &c, pid, false);
-                        if let Some(open) = self.spans.get_mut(&span) {
-                            open.evidence.root_pid.get_or_insert(pid);
-                        }
-                        Ok(())
-                    }
-                    _ => self.attach(span, pid, None),
+                let attached = match self.spans.get_mut(&span) {
+                    Some(open) => self.sources[open.source].attach(&mut open.evidence, pid),
+                    None => Err(ErrorBody::new(
+                        ErrorCode::NotFound,
+                        format!("span {span} is not open"),
+                    )),
                 };
                 let _ = reply.send(attached);
             }
@@ -479,14 +413,21 @@ impl Core {
         }
     }
 
+    /// Opens a span on the source of kind `source`, following `follow`.
+    /// Answers the span and, with `tree`, how many threads or processes a
+    /// walk attached.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn begin(
         &mut self,
         session: Option<String>,
         label: String,
+        follow: &Follow,
+        source: Source,
+        server: bool,
         meta: BeginMeta,
         keep_events: Option<KeepEvents>,
         sandbox: Option<SandboxView>,
-    ) -> Result<u64, ErrorBody> {
+    ) -> Result<(u64, Option<usize>), ErrorBody> {
         if self.spans.len() >= self.config.max_open_spans {
             return Err(ErrorBody::new(
                 ErrorCode::Unavailable,
@@ -496,6 +437,12 @@ impl Core {
                 ),
             ));
         }
+        let Some(index) = self.sources.iter().position(|s| s.kind() == source) else {
+            return Err(ErrorBody::new(
+                ErrorCode::Unavailable,
+                source.not_listening(),
+            ));
+        };
         let id = self.next_span;
         if id > u32::MAX as u64 {
             return Err(ErrorBody::new(
@@ -503,10 +450,19 @@ impl Core {
                 "span ids exhausted (2^32): start a new database",
             ));
         }
-        self.next_span += 1;
+        let (started, started_ms, started_unix_ns) = (
+            Instant::now(),
+            crate::clock::now_ms(),
+            crate::otlp::now_unix_ns(),
+        );
         let mut evidence = SpanEvidence::new(id, session, label, crate::clock::monotonic_ns());
         evidence.cap = self.config.event_cap;
-        let drops_before = self.probe.drops().iter().sum();
+        evidence.source = source;
+        let (sources, mut sink) = self.parts();
+        let attached = sources[index].begin(&mut evidence, follow, &mut sink)?;
+        // nothing is followed on an error: the span never existed
+        self.next_span += 1;
+        evidence.root_serves = follow.tree || server;
         let meta = self.otlp.is_some().then(|| {
             let parent = meta.traceparent.as_deref().and_then(|t| {
                 let parsed = TraceParent::parse(t);
@@ -530,284 +486,26 @@ impl Core {
             OpenSpan {
                 evidence,
                 meta,
-                started_unix_ns: crate::otlp::now_unix_ns(),
-                started_ms: crate::clock::now_ms(),
-                started: Instant::now(),
-                drops_before,
-                cgroup: None,
+                started_unix_ns,
+                started_ms,
+                started,
                 keep_events: keep_events.unwrap_or(self.config.retention.keep_events),
-                gvisor_container: None,
+                source: index,
                 sandbox,
             },
         );
-        Ok(id)
+        Ok((id, attached))
     }
 
-    /// A span over a process of a gVisor sandbox (`pid` as the sandbox
-    /// sees it, or one `attach` names later): its events come from the
-    /// sandbox's points, not from the kernel. Answers the span and, with
-    /// `tree`, how many processes.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn begin_gvisor(
-        &mut self,
-        session: Option<String>,
-        label: String,
-        pid: Option<u32>,
-        tree: bool,
-        target: GvisorTarget,
-        meta: BeginMeta,
-        keep_events: Option<KeepEvents>,
-        sandbox: Option<SandboxView>,
-    ) -> Result<(u64, Option<usize>), ErrorBody> {
-        // what the sandbox said so far names its container
-        self.drain_gvisor();
-        let Some(g) = self.gvisor.as_mut() else {
-            return Err(ErrorBody::new(
-                ErrorCode::Unavailable,
-                "this daemon does not listen for gVisor sandboxes (it was started without a \
-                 gVisor socket)",
-            ));
-        };
-        let container = match target {
-            GvisorTarget::Container(c) => c,
-            GvisorTarget::Behind(client) => match client.container {
-                Some(c) if g.routes.is_connected(&c) => c,
-                // a sandbox process not found: its runsc's connection
-                _ => client
-                    .runsc
-                    .ok_or(crate::gvisor::routes::RouteError::NoSandbox)
-                    .and_then(|r| g.routes.container_of(r))
-                    .map_err(|e| ErrorBody::new(ErrorCode::Unavailable, e.to_string()))?,
-            },
-        };
-        let span = self.begin(session, label, meta, keep_events, sandbox)?;
-        let g = self.gvisor.as_mut().expect("checked above");
-        // without a pid, `attach` names the span's process later
-        let n = pid.map(|pid| g.routes.attach(span, &container, pid, tree));
-        if let Some(open) = self.spans.get_mut(&span) {
-            open.evidence.source = crate::spans::Source::Gvisor;
-            open.evidence.root_pid = pid;
-            open.gvisor_container = Some(container);
-        }
-        Ok((span, n.filter(|_| tree)))
-    }
-
-    /// Takes what the gVisor monitor delivered so far.
-    pub(super) fn drain_gvisor(&mut self) {
-        while let Some(d) = self.gvisor.as_ref().and_then(|g| g.rx.try_recv().ok()) {
-            self.take_gvisor(d);
-        }
-    }
-
-    /// Routes one delivery of the gVisor monitor to its spans.
-    pub(super) fn take_gvisor(&mut self, delivery: crate::gvisor::monitor::Delivery) {
-        use crate::gvisor::monitor::Delivery;
-        let Core {
-            gvisor,
-            spans,
-            sessions,
-            subscribers,
-            events_total,
-            late_events,
-            ..
-        } = self;
-        let Some(g) = gvisor.as_mut() else { return };
-        let (conn, dropped) = match &delivery {
-            Delivery::Connected { conn, peer_pid } => {
-                g.routes.connected(*conn, *peer_pid);
-                return;
-            }
-            Delivery::Closed { conn } => {
-                g.routes.closed(*conn);
-                return;
-            }
-            Delivery::Container { conn, container } => {
-                g.routes.container(*conn, container);
-                return;
-            }
-            Delivery::Dropped { conn, dropped } => (*conn, *dropped),
-            Delivery::Point { conn, dropped, .. } => {
-                g.routes.counts.points += 1;
-                (*conn, *dropped)
-            }
-        };
-        if dropped > 0 {
-            // runsc counts per sandbox: every span of it may have lost them
-            g.routes.counts.dropped += dropped;
-            for span in g.routes.spans_of(conn) {
-                if let Some(open) = spans.get_mut(&span) {
-                    open.evidence.drops.kernel += dropped;
-                }
-            }
-        }
-        let Delivery::Point { converted, .. } = delivery else {
-            return;
-        };
-        for mut ev in converted.events {
-            *events_total += 1;
-            let Some(span) = g.routes.route(&converted.container, &ev) else {
-                continue;
-            };
-            let Some(open) = spans.get_mut(&span) else {
-                *late_events += 1;
-                continue;
-            };
-            ev.ts_ns = ev.ts_ns.saturating_sub(open.evidence.start_ns);
-            if let Some(session) = open.evidence.session.as_deref() {
-                sessions.observe(session, span, &mut ev);
-            }
-            if !subscribers.is_empty() {
-                publish(subscribers, span, open.owner(), &ev);
-            }
-            open.evidence.add(ev);
-        }
-    }
-
-    /// Whether `end_span` may go on: not a gVisor span, no process named,
-    /// or its root's exit point has arrived (drained first). Asked in
-    /// short turns of the lock while the connection waits.
-    pub(super) fn gvisor_exit_arrived(&mut self, span: u64) -> bool {
-        let Some(open) = self.spans.get(&span) else {
+    /// Whether `end_span` may go on: the span's source has settled (its
+    /// root's exit has arrived where its events trail the caller's wait).
+    /// Asked in short turns of the lock while the connection waits.
+    pub(super) fn settled(&mut self, span: u64) -> bool {
+        let Some(index) = self.spans.get(&span).map(|o| o.source) else {
             return true;
         };
-        if open.gvisor_container.is_none() {
-            return true;
-        }
-        self.drain_gvisor();
-        self.spans.get(&span).is_none_or(|o| {
-            o.evidence
-                .root_pid
-                .is_none_or(|p| o.evidence.processes.get(&p).is_some_and(|p| p.exited))
-        })
-    }
-
-    /// Follows `path` for `span` (when given): the threads in it now are
-    /// attached, the kernel adds what forks or execs in it. How many.
-    pub(super) fn follow_cgroup(
-        &mut self,
-        span: u64,
-        path: Option<&std::path::Path>,
-    ) -> Result<Option<usize>, ErrorBody> {
-        let Some(path) = path else { return Ok(None) };
-        let bad =
-            |e: crate::cgroup::CgroupError| ErrorBody::new(ErrorCode::BadRequest, e.to_string());
-        let cg = crate::cgroup::Cgroup::open(path).map_err(bad)?;
-        if self.probe.pid_namespace().is_some() {
-            return Err(ErrorBody::new(
-                ErrorCode::Unavailable,
-                "following a cgroup needs a probe in the host's PID namespace",
-            ));
-        }
-        self.probe.follow_cgroup(cg.id, span).map_err(|e| {
-            ErrorBody::new(
-                ErrorCode::Unavailable,
-                format!("cannot follow {}: {e}", path.display()),
-            )
-        })?;
-        if let Some(open) = self.spans.get_mut(&span) {
-            open.cgroup = Some(cg.id);
-        }
-        let threads = cg.threads().map_err(bad)?;
-        let mut attached = 0;
-        for tid in threads {
-            // one that exited meanwhile is simply not traced. Its seccomp
-            // mode is not read (a /proc read per thread, most of a walk's
-            // cost): a denial it meets is confirmed when its event arrives
-            if self.probe.track_with_seccomp(tid, span, 0).is_ok() {
-                attached += 1;
-                if let Some(open) = self.spans.get_mut(&span) {
-                    open.evidence.tids.insert(tid);
-                }
-            }
-        }
-        Ok(Some(attached))
-    }
-
-    /// `attach`, or with `tree` [`Core::attach_tree`]: how many threads.
-    pub(super) fn attach_pid(
-        &mut self,
-        span: u64,
-        pid: u32,
-        tree: bool,
-        seccomp: Option<u32>,
-    ) -> Result<usize, ErrorBody> {
-        if tree {
-            self.attach_tree(span, pid)
-        } else {
-            self.attach(span, pid, seccomp).map(|()| 1)
-        }
-    }
-
-    /// Attaches a running process as it is now: every thread of `pid` and
-    /// of each descendant (forks and clones after this inherit the span in
-    /// the kernel). A thread that another span tracked moves to this one.
-    /// Threads started while the tree is walked are caught by walking it
-    /// again, until a walk finds nothing new.
-    pub(super) fn attach_tree(&mut self, span: u64, pid: u32) -> Result<usize, ErrorBody> {
-        self.attach(span, pid, None)?;
-        let mut attached: std::collections::HashSet<u32> = [pid].into();
-        for _ in 0..4 {
-            let new: Vec<u32> = crate::proctree::threads(pid)
-                .into_iter()
-                .filter(|t| !attached.contains(t))
-                .collect();
-            if new.is_empty() {
-                break;
-            }
-            for tid in new {
-                // a thread that exited since the walk is simply gone
-                if self.probe.track(tid, span).is_ok()
-                    && let Some(open) = self.spans.get_mut(&span)
-                {
-                    open.evidence.tids.insert(tid);
-                }
-                attached.insert(tid);
-            }
-        }
-        Ok(attached.len())
-    }
-
-    /// Traces `pid` in `span`. `seccomp` is its seccomp mode when the
-    /// caller knows it; else it is read from the process's status.
-    pub(super) fn attach(
-        &mut self,
-        span: u64,
-        pid: u32,
-        seccomp: Option<u32>,
-    ) -> Result<(), ErrorBody> {
-        let Some(open) = self.spans.get_mut(&span) else {
-            return Err(ErrorBody::new(
-                ErrorCode::NotFound,
-                format!("span {span} is not open"),
-            ));
-        };
-        let no_process = || ErrorBody::new(ErrorCode::NotFound, format!("no process {pid}"));
-        let seccomp = match seccomp {
-            // the caller knows the mode: only whether it exists is left
-            // (a signal-0 kill: ~1 µs, where the status read is ~12)
-            Some(mode) if process_exists(pid) => mode,
-            Some(_) => return Err(no_process()),
-            // one procfs read answers both whether it exists and its seccomp
-            // mode (a lookup under /proc costs about as much as the read)
-            None => {
-                let status = (pid != 0)
-                    .then(|| crate::loader::read_proc(format!("/proc/{pid}/status")))
-                    .flatten()
-                    .ok_or_else(no_process)?;
-                crate::loader::seccomp_mode_in(&status).unwrap_or(0)
-            }
-        };
-        self.probe
-            .track_with_seccomp(pid, span, seccomp)
-            .map_err(|e| {
-                ErrorBody::new(
-                    ErrorCode::Unavailable,
-                    format!("cannot trace pid {pid}: {e}"),
-                )
-            })?;
-        open.evidence.root_pid.get_or_insert(pid);
-        open.evidence.tids.insert(pid);
-        Ok(())
+        let (sources, mut sink) = self.parts();
+        sources[index].settled(span, &mut sink)
     }
 
     /// Takes span `span` out of the core with the sources' last word on
@@ -826,11 +524,9 @@ impl Core {
                 format!("span {span} is not open (never begun, or already ended)"),
             ));
         };
-        if open.gvisor_container.is_some() {
-            self.close_gvisor_span(span);
-        } else {
-            self.close_kernel_span(span);
-        }
+        let index = open.source;
+        let (sources, mut sink) = self.parts();
+        sources[index].close(span, &mut sink);
         let Some(open) = self.spans.remove(&span) else {
             return Err(ErrorBody::new(
                 ErrorCode::NotFound,
@@ -927,40 +623,6 @@ impl Closed {
 }
 
 impl Core {
-    /// The kernel's last word on an eBPF span: stops following it, takes
-    /// what the ring buffer still holds and its drops meanwhile.
-    pub(super) fn close_kernel_span(&mut self, span: u64) {
-        if let Some(id) = self.spans.get(&span).and_then(|o| o.cgroup) {
-            self.probe.unfollow_cgroup(id, span);
-        }
-        self.drain();
-        let pending = match self.spans.get(&span) {
-            Some(open) => {
-                let tids: Vec<u32> = open.evidence.tids.iter().copied().collect();
-                // threads that a later span took over (overlapping calls
-                // into one server) stay traced for that span
-                self.probe.untrack_own(span, tids)
-            }
-            None => Vec::new(),
-        };
-        self.drain();
-        let drops_after: u64 = self.probe.drops().iter().sum();
-        if let Some(open) = self.spans.get_mut(&span) {
-            open.evidence.add_pending(&pending);
-            open.evidence.drops.kernel = drops_after.saturating_sub(open.drops_before);
-        }
-    }
-
-    /// The sandbox's last word on a gVisor span: its points so far (the
-    /// connection waited for the exit's, see `respond`). Its drops are
-    /// runsc's own count, added as its points arrived.
-    pub(super) fn close_gvisor_span(&mut self, span: u64) {
-        self.drain_gvisor();
-        if let Some(g) = self.gvisor.as_mut() {
-            g.routes.end(span);
-        }
-    }
-
     pub(super) fn update_rate(&mut self) {
         let (at, total, _) = self.rate;
         let elapsed = at.elapsed();

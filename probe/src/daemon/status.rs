@@ -5,12 +5,6 @@ use super::*;
 
 impl Core {
     pub(super) fn status(&self) -> DaemonStatus {
-        let drops = self.probe.drops();
-        let untracked = drops[probe_abi::EventKind::TaskUntracked as usize];
-        let kernel_by_kind = probe_abi::EventKind::ALL
-            .iter()
-            .map(|k| (format!("{k:?}"), drops[*k as usize]))
-            .collect();
         let rss_kib = std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|s| {
@@ -27,70 +21,36 @@ impl Core {
                 .unwrap_or(0);
         let s = &self.store_stats;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        DaemonStatus {
+        let mut status = DaemonStatus {
             protocol: protocol::PROTOCOL_VERSION,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             pid: std::process::id(),
-            pid_namespace: self.probe.pid_namespace().map(|ns| PidNamespaceId {
-                dev: ns.dev,
-                inode: ns.ino,
-            }),
+            pid_namespace: None,
             uptime_s: self.started.elapsed().as_secs(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .unwrap_or_default()
                 .trim()
                 .to_owned(),
-            features: Features {
-                btf: self.probe.rung == crate::loader::Rung::Btf,
-                ring_buffer: true,
-                raw_tracepoints: true,
-                kprobes: Path::new("/sys/kernel/tracing/kprobe_events").exists(),
-                rung: self.probe.rung.name().to_owned(),
-                jit: crate::preflight::jit(),
-            },
-            programs: self.probe.attached.clone(),
-            missing_optional: self.probe.missing.clone(),
+            features: Features::default(),
+            programs: Vec::new(),
+            missing_optional: Vec::new(),
             events_total: self.events_total,
             events_per_sec: (self.rate.2 * 10.0).round() / 10.0,
             late_events: self.late_events,
             decode_errors: self.decode_errors,
             drops: StatusDrops {
-                kernel_total: drops.iter().sum::<u64>() - untracked,
-                untracked_children: untracked,
-                kernel_by_kind,
                 retention_events_total: self.retention_drops_total,
+                ..StatusDrops::default()
             },
             open_spans: self.spans.len(),
             spans_ended: self.spans_ended,
-            tracked_tasks: self.probe.tracked_tasks(),
+            tracked_tasks: 0,
             sessions_remembered: self.sessions.len(),
             otlp: self.otlp.as_ref().map(|e| OtlpStatus {
                 invalid_traceparents: self.invalid_traceparents,
                 ..e.status()
             }),
-            gvisor: self.gvisor.as_ref().map(|g| {
-                let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
-                let stats = &g.monitor.stats;
-                crate::status::GvisorStatus {
-                    socket: g.monitor.path().to_path_buf(),
-                    sandboxes: g
-                        .routes
-                        .sandboxes()
-                        .into_iter()
-                        .map(|(runsc_pid, containers)| crate::status::GvisorSandbox {
-                            runsc_pid,
-                            containers,
-                        })
-                        .collect(),
-                    connections: load(&stats.connections),
-                    datagrams: load(&stats.datagrams),
-                    points: g.routes.counts.points,
-                    unrouted: g.routes.counts.unrouted,
-                    dropped: g.routes.counts.dropped,
-                    malformed: load(&stats.malformed),
-                    refused: load(&stats.refused),
-                }
-            }),
+            gvisor: None,
             rss_kib,
             db: DbStatus {
                 path: self.config.db.clone(),
@@ -115,7 +75,12 @@ impl Core {
             // filled by the connection, which holds the client counts
             clients: Default::default(),
             client_sandbox: None,
+        };
+        // what each source says of itself
+        for source in &self.sources {
+            source.describe(&mut status);
         }
+        status
     }
 }
 

@@ -5,12 +5,14 @@
 //! task exits) to a Unix socket on the host. [`wire`] reads them,
 //! [`events`] turns them into the probe's events, [`monitor`] listens,
 //! [`session`] writes the configuration runsc is started with,
-//! [`oneoff`] is `probe trace --gvisor`, and [`routes`] tells the daemon
-//! which span a point belongs to.
+//! [`routes`] tells which span a point belongs to, [`memory`] watches the
+//! sandbox's memory from the host, and [`source`] is all of it behind the
+//! evidence-source interface (`probe trace --gvisor`, the daemon).
 
 pub mod events;
+pub mod memory;
 pub mod monitor;
-pub mod oneoff;
 pub mod routes;
 pub mod session;
+pub mod source;
 pub mod wire;
