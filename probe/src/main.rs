@@ -797,7 +797,9 @@ fn span(socket: &Path, args: SpanArgs, command: Vec<OsString>) -> anyhow::Result
     let mut client = Client::connect(socket)?;
     let line = command_line(&command);
     let label = label.as_deref().unwrap_or(&line);
-    let mut begin = serde_json::json!({"op": "begin_span", "session": session, "label": label});
+    // killed (or its sandbox gone) before it ends the span: the daemon
+    // ends it when this connection closes, rather than keep it open
+    let mut begin = serde_json::json!({"op": "begin_span", "session": session, "label": label, "ends_with_connection": true});
     if let Some(path) = &cgroup {
         begin["cgroup"] = serde_json::json!(path);
     }

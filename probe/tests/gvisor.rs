@@ -742,3 +742,102 @@ fn a_detached_sandbox_gets_spans_from_the_host_daemon() {
         "/nonexistent/detached.csv",
     );
 }
+
+/// The daemon watches a gVisor sandbox's memory from the host, as `probe
+/// trace --gvisor` does: a detached sandbox over its memory limit is
+/// killed whole by the host's OOM killer (gVisor sends no point for it),
+/// the `probe span` inside dies with it, and the span its connection
+/// leaves open is ended and stored as `mem.oom`.
+#[test]
+fn a_detached_sandbox_over_its_memory_limit_is_mem_oom_from_the_host_daemon() {
+    if !runsc_available() {
+        return;
+    }
+    let scratch = Scratch::new("detached-oom");
+    let dir = &scratch.0;
+    let socket = dir.join("probe.sock");
+    let db = dir.join("evidence.db");
+    let _daemon = Daemon(
+        Command::new(PROBE)
+            .args(["run", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(&db)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    probe::client::wait_until_ready(&socket, Duration::from_secs(30)).unwrap();
+    let session = Command::new(PROBE)
+        .args(["gvisor-session", "--socket"])
+        .arg(socket.with_extension("gvisor.sock"))
+        .output()
+        .unwrap();
+    assert!(session.status.success(), "{session:?}");
+    let config = dir.join("gvisor.json");
+    std::fs::write(&config, &session.stdout).unwrap();
+    let bundle = oci_bundle(dir, &["sleep", "120"], |config| {
+        config["linux"]["resources"]["memory"] = serde_json::json!({"limit": 64u64 << 20});
+    });
+    let id = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let runsc = |args: &[&str]| {
+        let mut cmd = Command::new("runsc");
+        cmd.arg(format!("--root={}", dir.join("state").display()));
+        cmd.args(args);
+        cmd
+    };
+    let started = runsc(&["--host-uds=open", "--network=none"])
+        .arg(format!("--pod-init-config={}", config.display()))
+        .args(["run", "--detach", "--bundle"])
+        .arg(&bundle)
+        .arg(&id)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(started.success(), "runsc run --detach: {started}");
+    let script = "x = bytearray(10**9); print(len(x))";
+    let out = runsc(&["exec", &id, PROBE, "span", "--json", "--socket"])
+        .arg(&socket)
+        .args(["--", "python3", "-c", script])
+        .output()
+        .unwrap();
+    let _ = runsc(&["kill", &id, "KILL"]).output();
+    let _ = runsc(&["delete", "-force", &id]).output();
+    // the span is stored once the daemon saw the connection close
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let span = loop {
+        let listed = Command::new(PROBE)
+            .args(["spans", "--json", "--db"])
+            .arg(&db)
+            .output()
+            .unwrap();
+        let rows: serde_json::Value =
+            serde_json::from_slice(&listed.stdout).unwrap_or(serde_json::Value::Null);
+        if let Some(row) = rows.as_array().and_then(|r| r.first()) {
+            break row.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no span stored; runsc exec said: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let id = span["span"].as_u64().expect("a span id");
+    let shown = Command::new(PROBE)
+        .args(["show", &id.to_string(), "--json", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let a: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let context = format!(
+        "{a:#}\nspan inside said: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(a["source"], "gvisor", "{context}");
+    assert_eq!(a["primitive"], "mem.oom", "{context}");
+    assert_eq!(a["decisive"]["kind"], "oom_victim", "{context}");
+    assert_eq!(a["decisive"]["memory_max_kb"], 64 * 1024, "{context}");
+}

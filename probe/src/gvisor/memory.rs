@@ -70,14 +70,22 @@ impl SandboxMemory {
             }
             return;
         }
-        if self.looked.is_some_and(|at| at.elapsed() < LOOK_AGAIN) {
-            return;
-        }
-        self.looked = Some(Instant::now());
-        let Some(sandbox) = self.sandbox.or_else(|| match self.finder.as_ref()? {
-            Finder::Runsc(runsc) => sandbox_process(*runsc),
-            Finder::Container(id) => sandbox_running(id),
-        }) else {
+        let found = match (self.sandbox, &self.finder) {
+            (Some(pid), _) => Some(pid),
+            (None, None) => return,
+            // its runsc runs in the foreground: a walk of its descendants,
+            // every pass (a sandbox killed soon after it starts is found)
+            (None, Some(Finder::Runsc(runsc))) => sandbox_process(*runsc),
+            // a walk of all of /proc: not on every pass
+            (None, Some(Finder::Container(id))) => {
+                if self.looked.is_some_and(|at| at.elapsed() < LOOK_AGAIN) {
+                    return;
+                }
+                self.looked = Some(Instant::now());
+                sandbox_running(id)
+            }
+        };
+        let Some(sandbox) = found else {
             return;
         };
         self.sandbox = Some(sandbox);
