@@ -9,6 +9,7 @@ use probe::attribution::{ExitStatus, Words};
 use std::os::fd::RawFd;
 
 use probe::client::{AsyncClient, Client, PidRequest};
+use probe::protocol::{BeginSpan, Query, Request};
 use serde_json::{Value, json};
 
 /// How long ending a span may take before the call reports the probe as
@@ -76,20 +77,12 @@ impl CallTrace {
 
     /// Adds `begin_span`'s OpenTelemetry fields to `request` (an empty
     /// `tool`: a call without a name, named by its label).
-    fn add_to(&self, request: &mut Value) {
-        if !self.tool.is_empty() {
-            request["tool"] = self.tool.clone().into();
-        }
-        request["mcp_method"] = "tools/call".into();
-        for (key, v) in [
-            ("mcp_session", &self.mcp_session),
-            ("traceparent", &self.traceparent),
-            ("tracestate", &self.tracestate),
-        ] {
-            if let Some(v) = v {
-                request[key] = v.clone().into();
-            }
-        }
+    fn add_to(&self, request: &mut BeginSpan) {
+        request.tool = Some(self.tool.clone()).filter(|t| !t.is_empty());
+        request.mcp_method = Some("tools/call".into());
+        request.mcp_session = self.mcp_session.clone();
+        request.traceparent = self.traceparent.clone();
+        request.tracestate = self.tracestate.clone();
     }
 }
 
@@ -167,21 +160,17 @@ impl Kernel {
             }
         }
         let client = guard.as_mut().expect("just connected");
-        let mut request = json!({"op": "begin_span", "session": self.session, "label": label});
+        let mut request = self.begin_request(label);
         if let Some(call) = call {
             call.add_to(&mut request);
         }
-        if memory_limited {
-            request["memory_limited"] = true.into();
-        }
+        request.memory_limited = memory_limited;
         // the child's seccomp mode when it attaches is this thread's (the
         // profile's filter comes after): said here, the daemon need not
         // read it from the child's /proc status
         // SAFETY: prctl(2) PR_GET_SECCOMP reads the calling thread's mode.
         let seccomp = unsafe { libc::prctl(libc::PR_GET_SECCOMP) };
-        if seccomp >= 0 {
-            request["seccomp"] = seccomp.into();
-        }
+        request.seccomp = u32::try_from(seccomp).ok();
         let request = client.pid_request(request);
         let id = request.id;
         let (spawned, answer) = spawn(Some((client.socket_fd(), request)));
@@ -254,14 +243,13 @@ impl Kernel {
         let Span::Open(id) = span else {
             return self.end_blocking(span, exit, timed_out_ms); // nothing to ask
         };
-        let mut request =
-            json!({"op": "end_span", "span_id": id, "exit": exit, "timed_out_ms": timed_out_ms});
-        if is_error {
-            request["is_error"] = true.into();
-        }
-        if words.command.is_some() || words.output.is_some() {
-            request["words"] = json!(words);
-        }
+        let request = Request::EndSpan {
+            span_id: *id,
+            exit: exit.cloned(),
+            timed_out_ms,
+            is_error,
+            words: words.clone(),
+        };
         let answer = self.ask(request).await.and_then(|mut r| {
             serde_json::from_value(r["attribution"].take())
                 .map_err(|e| format!("the probe daemon answered nonsense: attribution: {e}"))
@@ -280,16 +268,7 @@ impl Kernel {
         cgroup: Option<&std::path::Path>,
         call: Option<&CallTrace>,
     ) -> Span {
-        let mut request = match cgroup {
-            // the server's own cgroup: its threads are one file away, where
-            // the tree is a walk of /proc (twice) and a status read a thread
-            Some(cg) => {
-                json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "cgroup": cg, "server": true})
-            }
-            None => {
-                json!({"op": "begin_span", "session": self.session, "label": label, "pid": pid, "tree": true})
-            }
-        };
+        let mut request = self.server_request(label, pid, cgroup);
         if let Some(call) = call {
             call.add_to(&mut request);
         }
@@ -300,15 +279,10 @@ impl Kernel {
     /// flight, so what dies meanwhile is not lost; the daemon ends it if
     /// this connection goes first (a keeper killed between calls).
     pub async fn begin_between(&self, pid: u32, cgroup: Option<&std::path::Path>) -> Span {
-        let mut request = match cgroup {
-            Some(cg) => {
-                json!({"op": "begin_span", "session": self.session, "label": "between calls", "pid": pid, "cgroup": cg, "server": true})
-            }
-            None => {
-                json!({"op": "begin_span", "session": self.session, "label": "between calls", "pid": pid, "tree": true})
-            }
+        let request = BeginSpan {
+            ends_with_connection: true,
+            ..self.server_request("between calls", pid, cgroup)
         };
-        request["ends_with_connection"] = true.into();
         self.open(request).await
     }
 
@@ -337,8 +311,30 @@ impl Kernel {
         }
     }
 
-    async fn open(&self, request: Value) -> Span {
-        match self.ask(request).await {
+    /// A `begin_span` of this bridge's session.
+    fn begin_request(&self, label: &str) -> BeginSpan {
+        BeginSpan {
+            session: Some(self.session.clone()),
+            label: label.to_owned(),
+            ..BeginSpan::default()
+        }
+    }
+
+    /// A `begin_span` over a running server's tree: with `cgroup`, the
+    /// server's own cgroup, whose threads are one file away, where the tree
+    /// is a walk of /proc (twice) and a status read a thread.
+    fn server_request(&self, label: &str, pid: u32, cgroup: Option<&std::path::Path>) -> BeginSpan {
+        BeginSpan {
+            pid: Some(pid),
+            tree: cgroup.is_none(),
+            server: cgroup.is_some(),
+            cgroup: cgroup.map(std::path::Path::to_path_buf),
+            ..self.begin_request(label)
+        }
+    }
+
+    async fn open(&self, request: BeginSpan) -> Span {
+        match self.ask(Request::BeginSpan(request)).await {
             Ok(r) => match r["span_id"].as_u64() {
                 Some(id) => Span::Open(id),
                 None => Span::Unavailable(format!("the probe daemon answered nonsense: {r}")),
@@ -349,7 +345,7 @@ impl Kernel {
 
     /// One request on the runtime's connection (connecting, or connecting
     /// again to a daemon that restarted), within [`END_TIMEOUT`].
-    async fn ask(&self, request: Value) -> Result<Value, String> {
+    async fn ask(&self, request: Request) -> Result<Value, String> {
         let Some(socket) = &self.socket else {
             return Err("the probe is switched off (--no-probe)".into());
         };
@@ -367,12 +363,12 @@ impl Kernel {
             let broken = |r: &Result<_, probe::client::ClientError>| {
                 r.as_ref().is_err_and(|e| e.code().is_none())
             };
-            let mut result = client.call(request.clone()).await;
+            let mut result = client.send(&request).await;
             if reused && broken(&result) {
                 // a connection to a daemon that has since restarted (the span
                 // was begun on the other connection, which reconnected)
                 client = AsyncClient::connect(socket).await?;
-                result = client.call(request).await;
+                result = client.send(&request).await;
             }
             if !broken(&result) {
                 *guard = Some(client); // broken connections are not kept
@@ -395,13 +391,15 @@ impl Kernel {
     /// Blocking. The `kernel_evidence` tool: one span in full, or a
     /// session's spans (this session's by default).
     pub fn evidence(&self, span: Option<u64>, session: Option<&str>) -> Value {
-        let query = match span {
-            Some(id) => json!({"op": "query", "span_id": id}),
-            None => {
-                json!({"op": "query", "session": session.unwrap_or(&self.session), "limit": 200})
-            }
-        };
-        match self.with_client(|c| c.call(query)) {
+        let query = Request::Query(Query {
+            session: span
+                .is_none()
+                .then(|| session.unwrap_or(&self.session).to_owned()),
+            span_id: span,
+            limit: span.is_none().then_some(200),
+            ..Query::default()
+        });
+        match self.with_client(|c| c.send(&query)) {
             Ok(mut r) => {
                 let mut v = json!({"available": true, "session": session.unwrap_or(&self.session)});
                 for key in ["span", "spans"] {

@@ -9,9 +9,10 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use probe::attribution::ExitStatus;
 use probe::client::Client;
 use probe::otlp_receiver::{Mode, Receiver};
-use serde_json::json;
+use probe::protocol::BeginSpan;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_probe");
 const CLIENTS: usize = 4;
@@ -29,14 +30,26 @@ fn drive(socket: &std::path::Path, spans: usize) {
                 let mut c = Client::connect(&socket).unwrap();
                 for i in 0..spans / CLIENTS {
                     let tp = format!("00-{:032x}-{:016x}-01", (w * SPANS + i + 1) as u128, i + 1);
-                    let r = c
-                        .call(json!({"op": "begin_span", "session": format!("bench-{w}"),
-                            "label": "exec: true", "tool": "exec", "mcp_method": "tools/call",
-                            "mcp_session": "bench", "traceparent": tp}))
+                    let span = c
+                        .begin_span_with(BeginSpan {
+                            session: Some(format!("bench-{w}")),
+                            label: "exec: true".into(),
+                            tool: Some("exec".into()),
+                            mcp_method: Some("tools/call".into()),
+                            mcp_session: Some("bench".into()),
+                            traceparent: Some(tp),
+                            ..BeginSpan::default()
+                        })
                         .unwrap();
-                    let span = r["span_id"].as_u64().unwrap();
-                    c.call(json!({"op": "end_span", "span_id": span, "exit": {"code": 0, "signal": null}}))
-                        .unwrap();
+                    c.end_span(
+                        span,
+                        Some(&ExitStatus {
+                            code: Some(0),
+                            signal: None,
+                        }),
+                        None,
+                    )
+                    .unwrap();
                 }
             })
         })

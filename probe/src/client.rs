@@ -8,10 +8,10 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::attribution::{Attribution, ExitStatus, Words};
-use crate::protocol::{ErrorBody, ErrorCode};
+use crate::protocol::{BeginSpan, ErrorBody, ErrorCode, Query, Request};
 use crate::store::SpanRow;
 
 /// Why a call to the daemon failed.
@@ -97,7 +97,14 @@ impl Client {
         })
     }
 
-    /// Sends one request object (an `id` is added) and reads its response.
+    /// Sends `request` and reads its response.
+    pub fn send(&mut self, request: &Request) -> Result<Value, ClientError> {
+        self.call(request.to_value())
+    }
+
+    /// Sends one request object as it is (an `id` is added) and reads its
+    /// response: for tests of the protocol itself; clients send
+    /// [`Request`]s.
     pub fn call(&mut self, request: Value) -> Result<Value, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
@@ -108,13 +115,17 @@ impl Client {
         check_response(response, id)
     }
 
-    /// `request` (an object) with a fresh id and without its `pid`, for a
-    /// child process that sends it itself, naming its own pid, between fork
-    /// and exec (where it may not allocate): see [`PidRequest`].
-    pub fn pid_request(&mut self, request: Value) -> PidRequest {
+    /// `request` with a fresh id and without its `pid`, for a child
+    /// process that sends it itself, naming its own pid, between fork and
+    /// exec (where it may not allocate): see [`PidRequest`].
+    pub fn pid_request(&mut self, request: BeginSpan) -> PidRequest {
         let id = self.next_id;
         self.next_id += 1;
-        let mut head = request_line(request, id).into_bytes();
+        let request = Request::BeginSpan(BeginSpan {
+            pid: None,
+            ..request
+        });
+        let mut head = request_line(request.to_value(), id).into_bytes();
         // `{…}\n` becomes `{…,"pid":` and the child adds `<pid>}\n`
         head.truncate(head.len() - 2);
         head.extend_from_slice(br#","pid":"#);
@@ -165,17 +176,21 @@ impl Client {
     }
 
     pub fn hello(&mut self) -> Result<Value, ClientError> {
-        self.call(json!({"op": "hello"}))
+        self.send(&Request::Hello)
     }
 
     pub fn begin_span(&mut self, session: Option<&str>, label: &str) -> Result<u64, ClientError> {
-        self.begin_span_with(json!({"op": "begin_span", "session": session, "label": label}))
+        self.begin_span_with(BeginSpan {
+            session: session.map(str::to_owned),
+            label: label.to_owned(),
+            ..BeginSpan::default()
+        })
     }
 
     /// Sends a `begin_span` request built by the caller (a cgroup to
     /// follow, `keep_events`…); answers the span.
-    pub fn begin_span_with(&mut self, request: Value) -> Result<u64, ClientError> {
-        let r = self.call(request)?;
+    pub fn begin_span_with(&mut self, request: BeginSpan) -> Result<u64, ClientError> {
+        let r = self.send(&Request::BeginSpan(request))?;
         r["span_id"]
             .as_u64()
             .ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
@@ -187,11 +202,12 @@ impl Client {
         label: &str,
         pid: u32,
     ) -> Result<u64, ClientError> {
-        let r =
-            self.call(json!({"op": "begin_span", "session": session, "label": label, "pid": pid}))?;
-        r["span_id"]
-            .as_u64()
-            .ok_or_else(|| ClientError::Protocol(format!("no span_id: {r}")))
+        self.begin_span_with(BeginSpan {
+            session: session.map(str::to_owned),
+            label: label.to_owned(),
+            pid: Some(pid),
+            ..BeginSpan::default()
+        })
     }
 
     /// Opens a span and attaches a running process tree to it in one round
@@ -203,12 +219,11 @@ impl Client {
         label: &str,
         pid: u32,
     ) -> Result<(u64, u64), ClientError> {
-        span_and_tids(self.call(tree_request(session, label, pid))?)
+        span_and_tids(self.send(&tree_request(session, label, pid))?)
     }
 
     pub fn attach(&mut self, span_id: u64, pid: u32) -> Result<(), ClientError> {
-        self.call(json!({"op": "attach", "span_id": span_id, "pid": pid}))
-            .map(drop)
+        self.send(&Request::Attach { span_id, pid }).map(drop)
     }
 
     pub fn end_span(
@@ -229,12 +244,12 @@ impl Client {
         timed_out_ms: Option<u64>,
         words: &Words,
     ) -> Result<Attribution, ClientError> {
-        attribution(self.call(end_request(span_id, exit, timed_out_ms, words))?)
+        attribution(self.send(&end_request(span_id, exit, timed_out_ms, words))?)
     }
 
     /// The daemon's status as it sent it (JSON), for callers that pass it on.
     pub fn status(&mut self) -> Result<Value, ClientError> {
-        Ok(self.call(json!({"op": "status"}))?["status"].take())
+        Ok(self.send(&Request::Status)?["status"].take())
     }
 
     /// The daemon's status, typed.
@@ -243,10 +258,9 @@ impl Client {
             .map_err(|e| ClientError::Protocol(format!("status: {e}")))
     }
 
-    pub fn query(&mut self, filter: Value) -> Result<Vec<SpanRow>, ClientError> {
-        let mut req = filter;
-        req["op"] = "query".into();
-        let r = self.call(req)?;
+    /// Stored spans, as `filter` asks.
+    pub fn query(&mut self, filter: Query) -> Result<Vec<SpanRow>, ClientError> {
+        let r = self.send(&Request::Query(filter))?;
         serde_json::from_value(r["spans"].clone())
             .map_err(|e| ClientError::Protocol(format!("spans: {e}")))
     }
@@ -257,8 +271,11 @@ impl Client {
         span_id: Option<u64>,
         kind: Option<&str>,
     ) -> Result<(), ClientError> {
-        self.call(json!({"op": "subscribe", "span_id": span_id, "kind": kind}))
-            .map(drop)
+        self.send(&Request::Subscribe {
+            span_id,
+            kind: kind.map(str::to_owned),
+        })
+        .map(drop)
     }
 }
 
@@ -295,7 +312,13 @@ impl AsyncClient {
         })
     }
 
-    /// Sends one request object (an `id` is added) and reads its response.
+    /// Sends `request` and reads its response.
+    pub async fn send(&mut self, request: &Request) -> Result<Value, ClientError> {
+        self.call(request.to_value()).await
+    }
+
+    /// Sends one request object as it is (an `id` is added) and reads its
+    /// response (tests of the protocol itself).
     pub async fn call(&mut self, request: Value) -> Result<Value, ClientError> {
         use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
         let id = self.next_id;
@@ -315,7 +338,7 @@ impl AsyncClient {
         label: &str,
         pid: u32,
     ) -> Result<(u64, u64), ClientError> {
-        span_and_tids(self.call(tree_request(session, label, pid)).await?)
+        span_and_tids(self.send(&tree_request(session, label, pid)).await?)
     }
 
     pub async fn end_span(
@@ -326,7 +349,7 @@ impl AsyncClient {
         words: &Words,
     ) -> Result<Attribution, ClientError> {
         attribution(
-            self.call(end_request(span_id, exit, timed_out_ms, words))
+            self.send(&end_request(span_id, exit, timed_out_ms, words))
                 .await?,
         )
     }
@@ -370,8 +393,14 @@ fn check_response(response: Value, id: u64) -> Result<Value, ClientError> {
     Err(ClientError::Daemon(err))
 }
 
-fn tree_request(session: Option<&str>, label: &str, pid: u32) -> Value {
-    json!({"op": "begin_span", "session": session, "label": label, "pid": pid, "tree": true})
+fn tree_request(session: Option<&str>, label: &str, pid: u32) -> Request {
+    Request::BeginSpan(BeginSpan {
+        session: session.map(str::to_owned),
+        label: label.to_owned(),
+        pid: Some(pid),
+        tree: true,
+        ..BeginSpan::default()
+    })
 }
 
 fn span_and_tids(r: Value) -> Result<(u64, u64), ClientError> {
@@ -388,13 +417,14 @@ fn end_request(
     exit: Option<&ExitStatus>,
     timed_out_ms: Option<u64>,
     words: &Words,
-) -> Value {
-    let mut r =
-        json!({"op": "end_span", "span_id": span_id, "exit": exit, "timed_out_ms": timed_out_ms});
-    if words.command.is_some() || words.output.is_some() {
-        r["words"] = json!(words);
+) -> Request {
+    Request::EndSpan {
+        span_id,
+        exit: exit.cloned(),
+        timed_out_ms,
+        is_error: false,
+        words: words.clone(),
     }
-    r
 }
 
 fn attribution(mut response: Value) -> Result<Attribution, ClientError> {
@@ -411,7 +441,10 @@ mod tests {
         let (a, _b) = UnixStream::pair().unwrap();
         let mut client = Client::over(a).unwrap();
         client.next_id = 7;
-        let req = client.pid_request(json!({"op": "begin_span", "label": "exec: a}b"}));
+        let req = client.pid_request(BeginSpan {
+            label: "exec: a}b".into(),
+            ..BeginSpan::default()
+        });
         assert_eq!(req.id, 7);
         let mut line = req.head.clone();
         line.extend_from_slice(b"4242");
@@ -420,10 +453,10 @@ mod tests {
         let sent: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(
             sent,
-            json!({"op": "begin_span", "label": "exec: a}b", "id": 7, "pid": 4242})
+            serde_json::json!({"op": "begin_span", "label": "exec: a}b", "id": 7, "pid": 4242})
         );
         // the next request gets the next id; answers are checked against theirs
-        assert_eq!(client.pid_request(json!({"op": "x"})).id, 8);
+        assert_eq!(client.pid_request(BeginSpan::default()).id, 8);
         let answer = br#"{"id":7,"ok":true,"span_id":3}"#;
         assert_eq!(client.pid_answer(7, answer).unwrap()["span_id"], 3);
         assert!(matches!(

@@ -797,15 +797,16 @@ fn span(socket: &Path, args: SpanArgs, command: Vec<OsString>) -> anyhow::Result
     let mut client = Client::connect(socket)?;
     let line = command_line(&command);
     let label = label.as_deref().unwrap_or(&line);
-    // killed (or its sandbox gone) before it ends the span: the daemon
-    // ends it when this connection closes, rather than keep it open
-    let mut begin = serde_json::json!({"op": "begin_span", "session": session, "label": label, "ends_with_connection": true});
-    if let Some(path) = &cgroup {
-        begin["cgroup"] = serde_json::json!(path);
-    }
-    if keep_all_events {
-        begin["keep_events"] = serde_json::json!(probe::store::KeepEvents::All);
-    }
+    let begin = probe::protocol::BeginSpan {
+        session,
+        label: label.to_owned(),
+        cgroup,
+        keep_events: keep_all_events.then_some(probe::store::KeepEvents::All),
+        // killed (or its sandbox gone) before it ends the span: the daemon
+        // ends it when this connection closes, rather than keep it open
+        ends_with_connection: true,
+        ..Default::default()
+    };
     let span = client.begin_span_with(begin)?;
     let (program, args) = command.split_first().context("no command")?;
     let mut cmd = Command::new(program);

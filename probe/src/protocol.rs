@@ -29,78 +29,8 @@ fn words_empty(w: &Words) -> bool {
 pub enum Request {
     /// Protocol version and daemon identity.
     Hello,
-    /// Opens a span; answers `span_id`. With `pid`, also attaches it
-    /// (as `attach` would), in one round trip. With `tree` too, attaches
-    /// every thread of `pid` and every thread of its descendants as they
-    /// are now (a running server); answers `tids`, how many were attached.
-    /// With `cgroup`, follows that cgroup (and answers `tids` too).
-    BeginSpan {
-        #[serde(default)]
-        session: Option<String>,
-        #[serde(default)]
-        label: String,
-        #[serde(default)]
-        pid: Option<u32>,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        tree: bool,
-        /// With `pid`: a server already running that outlives the span
-        /// (implied by `tree`): the span covers one of its calls, judged
-        /// by the call's own work and words (docs/PROTOCOL.md).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        server: bool,
-        /// With `pid` (not `tree`): its seccomp mode (0 none, 1 strict, 2
-        /// filter), when the caller knows it (a child it started, before
-        /// the child installs a filter of its own). The daemon then only
-        /// checks that the process exists instead of reading its
-        /// /proc status, which is most of an attach's time.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        seccomp: Option<u32>,
-        /// With `pid`: it is in a memory cgroup with a limit. The daemon
-        /// notes that cgroup and its limit at once, so an OOM kill can
-        /// name them after every process of the call has gone (the kill
-        /// is read from the ring buffer later, under load much later).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        memory_limited: bool,
-        /// A cgroup (v2 directory) the span follows: the threads in it now
-        /// are attached, and whatever forks or execs in it until the span
-        /// ends joins the span, whoever started it (a container).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        cgroup: Option<std::path::PathBuf>,
-        /// For OpenTelemetry export: the MCP tool the span runs for.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tool: Option<String>,
-        /// The MCP method (`tools/call`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mcp_method: Option<String>,
-        /// The MCP session id (transports with sessions).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mcp_session: Option<String>,
-        /// The caller's W3C trace context: the exported span is its child.
-        /// An invalid one is ignored (and counted).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        traceparent: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tracestate: Option<String>,
-        /// Ended by the daemon (exit unknown) if still open when the
-        /// connection that began it closes: a span kept between a server's
-        /// calls, whose keeper may be killed at any time, would otherwise
-        /// hold one of `max_open_spans` for the daemon's life.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        ends_with_connection: bool,
-        /// `"all"`: the store keeps every event of this span even if it
-        /// explains nothing (someone debugging one workload); `"failed"`:
-        /// as `[retention] keep_events` says by default. Absent: the
-        /// daemon's setting.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        keep_events: Option<crate::store::KeepEvents>,
-        /// With `pid`: the process is in this gVisor sandbox container
-        /// (its pid as the sandbox sees it), and the span's events come
-        /// from the sandbox's runtime monitoring. A client inside a gVisor
-        /// sandbox (through `--host-uds=open`) need not say: the daemon
-        /// knows its sandbox from the connection.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        gvisor_container: Option<String>,
-    },
+    /// Opens a span ([`BeginSpan`]); answers `span_id`.
+    BeginSpan(BeginSpan),
     /// Traces `pid` (and everything it starts) in the span. Send it while
     /// the child is blocked before exec.
     Attach { span_id: u64, pid: u32 },
@@ -126,18 +56,7 @@ pub enum Request {
     /// Daemon health: kernel, programs, rates, drops, open spans, DB.
     Status,
     /// Stored spans (newest first), or one span with its events.
-    Query {
-        #[serde(default)]
-        session: Option<String>,
-        #[serde(default)]
-        failed: bool,
-        #[serde(default)]
-        since_ms: Option<i64>,
-        #[serde(default)]
-        span_id: Option<u64>,
-        #[serde(default)]
-        limit: Option<u64>,
-    },
+    Query(Query),
     /// Streams live decoded events (`{"span": N, "event": {...}}` lines).
     Subscribe {
         #[serde(default)]
@@ -145,6 +64,102 @@ pub enum Request {
         #[serde(default)]
         kind: Option<String>,
     },
+}
+
+/// `begin_span`: opens a span; answers `span_id`. With `pid`, also
+/// attaches it (as `attach` would), in one round trip. With `tree` too,
+/// attaches every thread of `pid` and every thread of its descendants as
+/// they are now (a running server); answers `tids`, how many were
+/// attached. With `cgroup`, follows that cgroup (and answers `tids` too).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BeginSpan {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(default)]
+    pub label: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tree: bool,
+    /// With `pid`: a server already running that outlives the span
+    /// (implied by `tree`): the span covers one of its calls, judged
+    /// by the call's own work and words (docs/PROTOCOL.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub server: bool,
+    /// With `pid` (not `tree`): its seccomp mode (0 none, 1 strict, 2
+    /// filter), when the caller knows it (a child it started, before
+    /// the child installs a filter of its own). The daemon then only
+    /// checks that the process exists instead of reading its
+    /// /proc status, which is most of an attach's time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp: Option<u32>,
+    /// With `pid`: it is in a memory cgroup with a limit. The daemon
+    /// notes that cgroup and its limit at once, so an OOM kill can
+    /// name them after every process of the call has gone (the kill
+    /// is read from the ring buffer later, under load much later).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_limited: bool,
+    /// A cgroup (v2 directory) the span follows: the threads in it now
+    /// are attached, and whatever forks or execs in it until the span
+    /// ends joins the span, whoever started it (a container).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<std::path::PathBuf>,
+    /// For OpenTelemetry export: the MCP tool the span runs for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The MCP method (`tools/call`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_method: Option<String>,
+    /// The MCP session id (transports with sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_session: Option<String>,
+    /// The caller's W3C trace context: the exported span is its child.
+    /// An invalid one is ignored (and counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
+    /// Ended by the daemon (exit unknown) if still open when the
+    /// connection that began it closes: a span kept between a server's
+    /// calls, whose keeper may be killed at any time, would otherwise
+    /// hold one of `max_open_spans` for the daemon's life.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ends_with_connection: bool,
+    /// `"all"`: the store keeps every event of this span even if it
+    /// explains nothing (someone debugging one workload); `"failed"`:
+    /// as `[retention] keep_events` says by default. Absent: the
+    /// daemon's setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_events: Option<crate::store::KeepEvents>,
+    /// With `pid`: the process is in this gVisor sandbox container
+    /// (its pid as the sandbox sees it), and the span's events come
+    /// from the sandbox's runtime monitoring. A client inside a gVisor
+    /// sandbox (through `--host-uds=open`) need not say: the daemon
+    /// knows its sandbox from the connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gvisor_container: Option<String>,
+}
+
+/// `query`: stored spans (newest first), or one span with its events.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Query {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+impl Request {
+    /// The request as JSON, to send (a client adds its `id`).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("a request is plain data")
+    }
 }
 
 pub const OPS: &str = "hello, begin_span, attach, end_span, status, query, subscribe";
@@ -278,6 +293,53 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_request_a_client_builds_parses_back_to_itself() {
+        let requests = [
+            Request::Hello,
+            Request::BeginSpan(BeginSpan {
+                session: Some("t-1".into()),
+                label: "exec: ls".into(),
+                pid: Some(42),
+                tree: true,
+                cgroup: Some("/sys/fs/cgroup/c".into()),
+                keep_events: Some(crate::store::KeepEvents::All),
+                ends_with_connection: true,
+                traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+                ..BeginSpan::default()
+            }),
+            Request::BeginSpan(BeginSpan::default()),
+            Request::Attach { span_id: 3, pid: 9 },
+            Request::EndSpan {
+                span_id: 3,
+                exit: Some(ExitStatus {
+                    code: Some(1),
+                    signal: None,
+                }),
+                timed_out_ms: Some(5),
+                is_error: true,
+                words: Words::new(Some("ls".into()), Some(b"ls: no such file".as_slice())),
+            },
+            Request::Status,
+            Request::Query(Query {
+                session: Some("t-1".into()),
+                limit: Some(200),
+                ..Query::default()
+            }),
+            Request::Subscribe {
+                span_id: None,
+                kind: Some("exec".into()),
+            },
+        ];
+        for (id, request) in requests.into_iter().enumerate() {
+            let mut value = request.to_value();
+            value["id"] = id.into();
+            let (echoed, parsed) = parse_request(value.to_string().as_bytes());
+            assert_eq!(echoed, id);
+            assert_eq!(parsed, Ok(request), "{value}");
+        }
+    }
+
+    #[test]
     fn parses_requests_and_echoes_ids() {
         let (id, r) = parse_request(
             br#"{"id": 7, "op": "begin_span", "session": "t-1", "label": "exec: ls"}"#,
@@ -285,7 +347,7 @@ mod tests {
         assert_eq!(id, 7);
         assert_eq!(
             r.unwrap(),
-            Request::BeginSpan {
+            Request::BeginSpan(BeginSpan {
                 session: Some("t-1".into()),
                 label: "exec: ls".into(),
                 pid: None,
@@ -302,15 +364,15 @@ mod tests {
                 ends_with_connection: false,
                 gvisor_container: None,
                 keep_events: None,
-            }
+            })
         );
         let (_, r) = parse_request(br#"{"op": "begin_span", "keep_events": "all"}"#);
         assert!(matches!(
             r.unwrap(),
-            Request::BeginSpan {
+            Request::BeginSpan(BeginSpan {
                 keep_events: Some(crate::store::KeepEvents::All),
                 ..
-            }
+            })
         ));
         let (_, r) = parse_request(br#"{"op": "begin_span", "keep_events": "some"}"#);
         assert!(
@@ -320,54 +382,54 @@ mod tests {
         let (_, r) = parse_request(br#"{"op": "begin_span", "label": "x", "pid": 42}"#);
         assert!(matches!(
             r.unwrap(),
-            Request::BeginSpan {
+            Request::BeginSpan(BeginSpan {
                 pid: Some(42),
                 tree: false,
                 ..
-            }
+            })
         ));
         let (_, r) = parse_request(br#"{"op": "begin_span", "seccomp": 2, "pid": 42}"#);
         assert!(matches!(
             r.unwrap(),
-            Request::BeginSpan {
+            Request::BeginSpan(BeginSpan {
                 pid: Some(42),
                 seccomp: Some(2),
                 tree: false,
                 ..
-            }
+            })
         ));
         let (_, r) = parse_request(br#"{"op": "begin_span", "pid": 42, "memory_limited": true}"#);
         assert!(matches!(
             r.unwrap(),
-            Request::BeginSpan {
+            Request::BeginSpan(BeginSpan {
                 memory_limited: true,
                 ..
-            }
+            })
         ));
         let (_, r) = parse_request(br#"{"op": "begin_span", "cgroup": "/sys/fs/cgroup/c"}"#);
         assert!(matches!(
             r.unwrap(),
-            Request::BeginSpan { cgroup: Some(c), pid: None, .. } if c.as_os_str() == "/sys/fs/cgroup/c"
+            Request::BeginSpan(BeginSpan { cgroup: Some(c), pid: None, .. }) if c.as_os_str() == "/sys/fs/cgroup/c"
         ));
         let (_, r) = parse_request(br#"{"op": "begin_span", "pid": 42, "tree": true}"#);
         assert!(matches!(
             r.unwrap(),
-            Request::BeginSpan {
+            Request::BeginSpan(BeginSpan {
                 pid: Some(42),
                 tree: true,
                 ..
-            }
+            })
         ));
         let (_, r) = parse_request(
             br#"{"op": "begin_span", "label": "x", "tool": "exec", "mcp_method": "tools/call", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#,
         );
         assert!(matches!(
             r.unwrap(),
-            Request::BeginSpan {
+            Request::BeginSpan(BeginSpan {
                 tool: Some(t),
                 traceparent: Some(_),
                 ..
-            } if t == "exec"
+            }) if t == "exec"
         ));
         let (_, r) = parse_request(br#"{"op": "end_span", "span_id": 3, "is_error": true}"#);
         assert!(matches!(

@@ -1277,7 +1277,12 @@ fn a_span_that_explains_nothing_keeps_its_figures_not_its_lookups() {
         "each lookup kept or counted: {}",
         f["drops"]
     );
-    let rows = c.query(json!({"session": "keep"})).unwrap();
+    let rows = c
+        .query(probe::protocol::Query {
+            session: Some("keep".into()),
+            ..Default::default()
+        })
+        .unwrap();
     let row = rows.iter().find(|r| r.span == plain).unwrap();
     assert!(row.events_not_kept >= 40 && row.events == 0, "{row:?}");
     let show = Command::new(PROBE)
@@ -1346,7 +1351,11 @@ fn a_small_cap_keeps_failed_spans_stays_under_it_and_never_stalls() {
     assert!(db.retention_removed.spans > 0, "{db:?}");
     assert_eq!(db.retention_removed.explaining_spans, 0, "{db:?}");
     let kept: Vec<u64> = c
-        .query(json!({"session": "cap", "failed": true}))
+        .query(probe::protocol::Query {
+            session: Some("cap".into()),
+            failed: true,
+            ..Default::default()
+        })
         .unwrap()
         .iter()
         .map(|r| r.span)

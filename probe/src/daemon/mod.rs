@@ -45,7 +45,7 @@ use crate::gvisor::source::GvisorSource;
 use crate::loader::Probe;
 use crate::otlp::{CallMeta, Exporter, OtlpConfig, TraceParent};
 use crate::peer::{SandboxKind, Scope};
-use crate::protocol::{self, ErrorBody, ErrorCode, MAX_LINE, Request};
+use crate::protocol::{self, BeginSpan, ErrorBody, ErrorCode, MAX_LINE, Query, Request};
 use crate::sessions::Sessions;
 use crate::source::ebpf::EbpfSource;
 use crate::source::{EvidenceSource, Follow, SpanSink, Within};

@@ -246,10 +246,10 @@ pub(super) async fn connection(
                 Ok(req) => {
                     let ends_with_us_too = matches!(
                         req,
-                        Request::BeginSpan {
+                        Request::BeginSpan(BeginSpan {
                             ends_with_connection: true,
                             ..
-                        }
+                        })
                     );
                     let line = respond(&id, req, &core, &config, &peer).await;
                     if ends_with_us_too
@@ -266,16 +266,24 @@ pub(super) async fn connection(
         }
     }
     .await;
-    // those its client ended already answer "no such span": nothing to do
-    for span_id in ends_with_us {
-        let end = Request::EndSpan {
-            span_id,
-            exit: None,
-            timed_out_ms: None,
-            is_error: false,
-            words: Default::default(),
-        };
-        respond(&Value::Null, end, &core, &config, &peer).await;
+    // the daemon ends them (they were begun here, by this client): those
+    // its client ended already are not open, which is nothing to do (and
+    // no refusal to count)
+    for span in ends_with_us {
+        let closed = core
+            .ask(|reply| Command::End {
+                span,
+                caller: None,
+                exit: None,
+                timed_out: None,
+                is_error: false,
+                words: Words::default(),
+                reply,
+            })
+            .await;
+        if let Ok(closed) = closed {
+            let _ = tokio::task::spawn_blocking(move || closed.judge()).await;
+        }
     }
     served
 }
@@ -426,7 +434,7 @@ pub(super) async fn respond(
         Request::Hello => Ok(
             json!({"protocol": protocol::PROTOCOL_VERSION, "version": env!("CARGO_PKG_VERSION")}),
         ),
-        Request::BeginSpan {
+        Request::BeginSpan(BeginSpan {
             session,
             label,
             pid,
@@ -443,7 +451,7 @@ pub(super) async fn respond(
             ends_with_connection: _,
             keep_events,
             gvisor_container,
-        } => match admit_begin(&peer.scope, pid, cgroup, gvisor_container) {
+        }) => match admit_begin(&peer.scope, pid, cgroup, gvisor_container) {
             Err(e) => Err(e),
             Ok(admitted) => core
                 .ask(|reply| Command::Begin {
@@ -542,13 +550,13 @@ pub(super) async fn respond(
                 Err(e) => Err(e),
             }
         }
-        Request::Query {
+        Request::Query(Query {
             session,
             failed,
             since_ms,
             span_id,
             limit,
-        } => {
+        }) => {
             // what ended before this query is in its answer, although the
             // store thread may still be gathering it (STORE_GATHER)
             if let Ok(stats) = core.lock().map(|c| c.store_stats.clone()) {

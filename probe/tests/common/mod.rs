@@ -136,7 +136,9 @@ pub fn run_attached(
     for (k, v) in begin.as_object().expect("begin_span fields") {
         request[k] = v.clone();
     }
-    let span = client.begin_span_with(request).unwrap();
+    let span = client.call(request).unwrap()["span_id"]
+        .as_u64()
+        .expect("a span id");
     let mut c = Command::new(cmd[0]);
     c.args(&cmd[1..])
         .stdout(Stdio::null())
