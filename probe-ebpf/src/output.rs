@@ -95,7 +95,13 @@ pub(crate) fn reserve(
 /// # Safety
 /// `ev` points at writable memory sized for one Event.
 #[inline(always)]
-pub(crate) unsafe fn write_header(ev: *mut Event, kind: EventKind, span: u64, ts: u64, with_comm: bool) {
+pub(crate) unsafe fn write_header(
+    ev: *mut Event,
+    kind: EventKind,
+    span: u64,
+    ts: u64,
+    with_comm: bool,
+) {
     // SAFETY: the caller's promise.
     unsafe { write_header_as(ev, kind, span, ts, with_comm, None) }
 }

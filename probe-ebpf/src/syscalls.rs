@@ -57,7 +57,6 @@ pub(crate) fn role(nr: i64) -> ArgRole {
     }
 }
 
-
 /// Where `struct pt_regs` keeps a syscall's number and arguments (the
 /// ptrace ABI of each architecture; stable). The argument registers still
 /// hold the arguments at `sys_exit`, except arm64's x0, which holds the
@@ -426,7 +425,14 @@ pub(crate) fn report_fork(tid: u32, span: u64) {
 /// Otherwise the count so far goes out as a Repeated event, then the
 /// failure as a SyscallFailed event.
 #[inline(always)]
-pub(crate) fn on_failure<A: SyscallArgs>(ids: u64, args: A, span: u64, entered: i64, ret: i64, tflags: u32) {
+pub(crate) fn on_failure<A: SyscallArgs>(
+    ids: u64,
+    args: A,
+    span: u64,
+    entered: i64,
+    ret: i64,
+    tflags: u32,
+) {
     // SAFETY: no preconditions (inlined by the verifier).
     let cpu = unsafe { helper::bpf_get_smp_processor_id() };
     let Some(ev) = RECORD.get_ptr_mut(cpu) else {
@@ -628,7 +634,13 @@ pub(crate) fn copy_data(dst: &mut [u8; DATA_LEN], src: &[u8; DATA_LEN]) {
 /// A syscall succeeded: record file writes, mounts, fd dups and seccomp
 /// filters installed. Everything else costs nothing more.
 #[inline(always)]
-pub(crate) fn on_success<A: SyscallArgs>(ptr: *mut u64, args: A, span: u64, entered: i64, ret: i64) {
+pub(crate) fn on_success<A: SyscallArgs>(
+    ptr: *mut u64,
+    args: A,
+    span: u64,
+    entered: i64,
+    ret: i64,
+) {
     let set_seccomp = || {
         // SAFETY: this thread's own slot, see sys_enter.
         unsafe { *ptr |= (task::SECCOMP_ON as u64) << slot::FLAGS_SHIFT };

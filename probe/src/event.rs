@@ -4,6 +4,8 @@
 use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+pub use nix::errno::Errno;
+pub use nix::sys::signal::Signal;
 use probe_abi::{
     ArgRole, DATA_LEN, EVENT_HEADER_LEN, Event, EventKind, flags, is_fd_syscall, syscall_arg_role,
 };
@@ -216,6 +218,23 @@ impl KernelEvent {
             cgroup: None,
             memory_max_kb: None,
         }
+    }
+
+    /// Whether it failed with `errno` (rules name errnos by their
+    /// constant, never by a string: a misspelling does not compile).
+    pub fn errno_is(&self, errno: Errno) -> bool {
+        self.errno.as_deref() == Some(errno_name(errno as i32).as_ref())
+    }
+
+    /// Whether it is syscall `sysno` (by the kernel's name on this
+    /// architecture, which the event carries).
+    pub fn syscall_is(&self, sysno: syscalls::Sysno) -> bool {
+        self.syscall.as_deref() == Some(crate::syscalls::name(sysno as i64).as_ref())
+    }
+
+    /// Whether it is (or was caused by) signal `signal`.
+    pub fn signal_is(&self, signal: Signal) -> bool {
+        is_signal(self.signal.as_deref(), signal)
     }
 
     /// The errno number of a failed syscall or seccomp denial, if any.
@@ -547,6 +566,12 @@ pub fn errno_desc(name: &str) -> &'static str {
         .find(|e| e.name() == Some(name))
         .and_then(|e| e.description())
         .unwrap_or("unknown error")
+}
+
+/// Whether a signal carried by name (`SIGKILL`, as events, processes and
+/// exits store it) is `signal`.
+pub fn is_signal(name: Option<&str>, signal: Signal) -> bool {
+    name == Some(signal.as_str())
 }
 
 /// `SIGKILL` for 9.

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::attribution::Attribution;
-use crate::event::{KernelEvent, Kind};
+use crate::event::{KernelEvent, Kind, Signal};
 
 /// One event as a timeline line: `+1.204ms  mkdir[812]  syscall_failed mkdir("/x") EROFS`.
 pub fn event_line(e: &KernelEvent) -> String {
@@ -38,8 +38,7 @@ pub fn event_line(e: &KernelEvent) -> String {
             if let (Some(p), Some(c)) = (e.sender_pid, &e.sender_comm) {
                 let _ = write!(s, " from {c}[{p}]");
             }
-            if e.si_code == Some(crate::event::SYS_SECCOMP) && e.signal.as_deref() == Some("SIGSYS")
-            {
+            if e.si_code == Some(crate::event::SYS_SECCOMP) && e.signal_is(Signal::SIGSYS) {
                 s.push_str(" (seccomp)");
             }
         }

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::event::{KernelEvent, Kind, WrittenEarlier};
+use crate::event::{Errno, KernelEvent, Kind, WrittenEarlier};
 
 /// Paths remembered per session; the oldest are forgotten first.
 pub const MAX_PATHS_PER_SESSION: usize = 10_000;
@@ -93,7 +93,7 @@ impl Sessions {
                     }
                 }
             }
-            k if k.is_failure() && matches!(ev.errno.as_deref(), Some("ENOENT" | "ENOTDIR")) => {
+            k if k.is_failure() && (ev.errno_is(Errno::ENOENT) || ev.errno_is(Errno::ENOTDIR)) => {
                 let Some(s) = self.sessions.get(session) else {
                     return;
                 };

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{KernelEvent, Kind};
+use crate::event::{Errno, KernelEvent, Kind};
 
 /// Events kept per span by default; older ones are evicted and counted.
 pub const DEFAULT_EVENT_CAP: usize = 20_000;
@@ -506,8 +506,8 @@ impl SpanEvidence {
         if ev.via.is_some()
             && let Some(connect) = self.events.iter().rev().find(|c| {
                 c.kind == Kind::SyscallFailed
-                    && c.syscall.as_deref() == Some("connect")
-                    && c.errno.as_deref() == Some("EINPROGRESS")
+                    && c.syscall_is(syscalls::Sysno::connect)
+                    && c.errno_is(Errno::EINPROGRESS)
                     && c.pid == ev.pid
                     && c.fd == ev.fd
             })
@@ -533,7 +533,7 @@ impl SpanEvidence {
             .is_some_and(|s| crate::syscalls::EXEC.contains(&s))
             && self.source == Source::Ebpf
             && self.reads_host
-            && ev.errno.as_deref() == Some("EACCES")
+            && ev.errno_is(Errno::EACCES)
             && let Some(path) = &ev.path
         {
             let root = self.root_pid;

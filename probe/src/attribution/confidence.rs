@@ -269,6 +269,30 @@ mod tests {
         );
     }
 
+    /// Errnos and signals are compared as constants (`errno_is(Errno::
+    /// ENOENT)`, `is_signal(…, Signal::SIGKILL)`), never as strings: a
+    /// misspelled name would match nothing, silently.
+    #[test]
+    fn no_errno_or_signal_compared_as_a_string() {
+        let found = code_lines_where(|line| {
+            ["\"E", "\"SIG"].iter().any(|quote| {
+                line.match_indices(quote).any(|(i, _)| {
+                    let name: String = line[i + 1..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+                        .collect();
+                    // a whole quoted name, not a sentence that starts so
+                    name.len() >= 4 && line[i + 1 + name.len()..].starts_with('"')
+                })
+            })
+        });
+        assert!(
+            found.is_empty(),
+            "errnos or signals compared as strings:\n{}",
+            found.join("\n")
+        );
+    }
+
     /// `file:line: code` of every line of attribution's code (its files
     /// up to their tests, comments cut off) that `hit` accepts. The
     /// test-only modules (golden.rs, testing.rs) build spans and bless

@@ -2,7 +2,7 @@
 //! a crash's refusal, a shell's missing command, the strongest among a
 //! chosen set, and the sentence that names it.
 
-use crate::event::{KernelEvent, Kind, errno_desc};
+use crate::event::{Errno, KernelEvent, Kind, Signal, errno_desc, is_signal};
 use crate::primitive::{Primitive, SYMPTOM_SIGNALS, SYMPTOM_WINDOW_NS, classify};
 use crate::spans::SpanEvidence;
 
@@ -84,7 +84,7 @@ pub(super) fn resource_failure_behind_crash(
     // (the sandbox hid it: that corroborates it too).
     let mut basis = Basis::RefusalBehindCrash;
     let mut hidden_from_it = false;
-    if refusals.is_empty() && matches!(sig, "SIGABRT" | "SIGTRAP") {
+    if refusals.is_empty() && aborted(sig) {
         refusals = in_window
             .into_iter()
             .filter(|&(_, p)| p == Primitive::FsMissing)
@@ -132,11 +132,7 @@ pub(super) fn resource_failure_behind_crash(
         1 => ", after 1 other refused resource request".to_string(),
         n => format!(", after {n} other refused resource requests"),
     };
-    let verb = if matches!(sig, "SIGABRT" | "SIGTRAP") {
-        "aborted"
-    } else {
-        "crashed"
-    };
+    let verb = if aborted(sig) { "aborted" } else { "crashed" };
     Some(Verdict::new(
         primitive,
         basis,
@@ -184,7 +180,7 @@ fn present_outside(span: &SpanEvidence, ev: &KernelEvent) -> bool {
 pub(super) fn reported_failure(ev: &KernelEvent, primitive: Primitive) -> bool {
     match primitive {
         Primitive::NetEgress => {
-            ev.errno.as_deref() != Some("EINPROGRESS")
+            !ev.errno_is(Errno::EINPROGRESS)
                 && ev
                     .addr
                     .as_deref()
@@ -257,7 +253,7 @@ pub(super) fn command_not_found(
         .filter(|e| !survived(e))
         .filter(|e| {
             e.kind.is_failure()
-                && e.errno.as_deref() == Some("ENOENT")
+                && e.errno_is(Errno::ENOENT)
                 && e
                     .syscall
                     .as_deref()
@@ -349,7 +345,7 @@ pub(super) fn command_not_found_said(span: &SpanEvidence, outcome: &Outcome) -> 
             .filter(|e| {
                 e.pid == shell
                     && e.kind == Kind::SyscallFailed
-                    && e.errno.as_deref() == Some("ENOENT")
+                    && e.errno_is(Errno::ENOENT)
                     && e.path.is_none()
                     // a PATH search stats each directory's candidate
                     && e.syscall.as_deref().is_some_and(|s| crate::syscalls::STATS.contains(&s))
@@ -495,7 +491,7 @@ fn explain_failure(
                 .filter(|e| {
                     e.pid == ev.pid
                         && e.syscall_nr == ev.syscall_nr
-                        && e.errno.as_deref() == Some("ENOENT")
+                        && e.errno_is(Errno::ENOENT)
                         && e.path
                             .as_deref()
                             .is_some_and(|p| p.rsplit('/').next() == Some(name))
@@ -554,7 +550,7 @@ fn explain_failure(
         }
         // gVisor shows the EINPROGRESS, never how the connect ended (its
         // outcome is read through getsockopt, which has no point)
-        Primitive::NetEgress if errno == "EINPROGRESS" && unseen_connects.is_some() => {
+        Primitive::NetEgress if ev.errno_is(Errno::EINPROGRESS) && unseen_connects.is_some() => {
             format!(
                 "{} was still in progress (EINPROGRESS) when {proc_desc} gave up on it: refused, \
                  unreachable or unanswered, {}: {}",
@@ -565,7 +561,7 @@ fn explain_failure(
         }
         // a non-blocking connect that never completed: the failure is the
         // silence after it, not the EINPROGRESS its call returned
-        Primitive::NetEgress if errno == "EINPROGRESS" => format!(
+        Primitive::NetEgress if ev.errno_is(Errno::EINPROGRESS) => format!(
             "{} got no answer: it was still pending (EINPROGRESS) when {proc_desc} gave up on it \
              (its own timeout): {}",
             ev.call(),
@@ -605,6 +601,12 @@ fn explain_failure(
         Some(basis) => Verdict::new(primitive, basis, explanation, Some(ev.clone())),
         None => Verdict::of_grade(grade, explanation, ev.clone()),
     }
+}
+
+/// Whether `sig` is how a program stops itself on purpose (abort(3), a
+/// trap), not a crash it suffered.
+fn aborted(sig: &str) -> bool {
+    is_signal(Some(sig), Signal::SIGABRT) || is_signal(Some(sig), Signal::SIGTRAP)
 }
 
 #[cfg(test)]

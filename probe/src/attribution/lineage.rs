@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::event::{KernelEvent, Kind};
+use crate::event::{KernelEvent, Kind, Signal, is_signal};
 use crate::spans::SpanEvidence;
 
 use super::ExitStatus;
@@ -21,7 +21,13 @@ use super::ExitStatus;
 pub const SI_KERNEL: i32 = 0x80;
 
 /// Signals a runtime (or the kernel) uses to stop what it started.
-const STOP_SIGNALS: [&str; 5] = ["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"];
+const STOP_SIGNALS: [Signal; 5] = [
+    Signal::SIGKILL,
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
 
 /// Where a process's fatal signal came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,7 +87,7 @@ impl Lineage {
                 || !p
                     .signal
                     .as_deref()
-                    .is_some_and(|s| STOP_SIGNALS.contains(&s))
+                    .is_some_and(|s| STOP_SIGNALS.iter().any(|&stop| is_signal(Some(s), stop)))
             {
                 continue;
             }
@@ -306,7 +312,7 @@ pub fn signal_origin(span: &SpanEvidence, pid: u32) -> SignalOrigin {
         .iter()
         .any(|e| e.kind == Kind::Exit && e.pid == sender && sent_at.is_none_or(|at| e.ts_ns <= at));
     if p.signal_code == Some(SI_KERNEL) && !p.oom_killed && sender_exited {
-        return if p.signal.as_deref() == Some("SIGKILL") {
+        return if is_signal(p.signal.as_deref(), Signal::SIGKILL) {
             SignalOrigin::NamespaceTeardown {
                 init: sender,
                 init_comm: comm,

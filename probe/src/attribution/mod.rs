@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{KernelEvent, Kind};
+use crate::event::{Errno, KernelEvent, Kind};
 use crate::primitive::{Layer, Primitive};
 use crate::spans::{Drops, Replay, SpanEvidence};
 
@@ -704,9 +704,10 @@ fn noticed(case: &Case, decisive: Option<&KernelEvent>) -> Vec<String> {
         .filter_map(|(_, e)| {
             let path = e.path.as_deref()?;
             seen.insert(path).then(|| {
-                let what = match e.errno.as_deref() {
-                    Some("EACCES" | "EPERM") => "could not be read",
-                    _ => "was missing",
+                let what = if e.errno_is(Errno::EACCES) || e.errno_is(Errno::EPERM) {
+                    "could not be read"
+                } else {
+                    "was missing"
                 };
                 format!(
                     "`{path}` {what} ({} {} in {} (pid {})); nothing the workload said or was \

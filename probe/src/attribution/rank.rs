@@ -37,7 +37,7 @@
 //! the container); a check whose failure its parent looked at before
 //! starting the next program (srt's `rg` scan).
 
-use crate::event::{KernelEvent, Kind, SYS_SECCOMP};
+use crate::event::{Errno, KernelEvent, Kind, SYS_SECCOMP, Signal, is_signal};
 use crate::primitive::Primitive;
 use crate::spans::SpanEvidence;
 
@@ -131,19 +131,19 @@ fn caller_timeout(outcome: &Outcome) -> Option<Verdict> {
 /// SIGSYS from a filter (RET_TRAP, RET_KILL_*), wherever it landed.
 fn seccomp_kill(span: &SpanEvidence, outcome: &Outcome) -> Option<Verdict> {
     let sigsys = span.events.iter().find(|e| {
-        e.kind == Kind::Signal
-            && e.signal.as_deref() == Some("SIGSYS")
-            && e.si_code == Some(SYS_SECCOMP)
+        e.kind == Kind::Signal && e.signal_is(Signal::SIGSYS) && e.si_code == Some(SYS_SECCOMP)
     });
     let killed_by_sigsys = span
         .processes
         .iter()
-        .filter(|(_, p)| p.exited && p.exit_code.is_none() && p.signal.as_deref() == Some("SIGSYS"))
+        .filter(|(_, p)| {
+            p.exited && p.exit_code.is_none() && is_signal(p.signal.as_deref(), Signal::SIGSYS)
+        })
         .map(|(pid, _)| *pid)
         .min();
     if sigsys.is_none()
         && killed_by_sigsys.is_none()
-        && outcome.exit.signal.as_deref() != Some("SIGSYS")
+        && !is_signal(outcome.exit.signal.as_deref(), Signal::SIGSYS)
     {
         return None;
     }
@@ -221,7 +221,7 @@ fn failure_reported_before(case: &Case, then: &Verdict) -> Option<Verdict> {
 /// exited (`echo x | sed 's/(/'`), whose exit is the story.
 fn signal_off_path(case: &Case) -> Option<Verdict> {
     let (span, lineage) = (case.span, &case.lineage);
-    let sigpipe = |pid: u32| span.processes[&pid].signal.as_deref() == Some("SIGPIPE");
+    let sigpipe = |pid: u32| is_signal(span.processes[&pid].signal.as_deref(), Signal::SIGPIPE);
     let (_, pid) = span
         .processes
         .keys()
@@ -254,7 +254,7 @@ fn explain_signal(case: &Case, pid: u32, sig: &str) -> Verdict {
         .find(|e| e.kind == Kind::Signal && e.pid == pid && e.signal.as_deref() == Some(sig))
         .cloned();
     let whom = who(span, pid);
-    if sig == "SIGXFSZ" {
+    if is_signal(Some(sig), Signal::SIGXFSZ) {
         return Verdict::new(
             Primitive::FsSpace,
             Basis::FileSizeSignal,
@@ -269,9 +269,15 @@ fn explain_signal(case: &Case, pid: u32, sig: &str) -> Verdict {
         return v;
     }
     let crash = [
-        "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP",
+        Signal::SIGSEGV,
+        Signal::SIGBUS,
+        Signal::SIGILL,
+        Signal::SIGFPE,
+        Signal::SIGABRT,
+        Signal::SIGTRAP,
     ]
-    .contains(&sig);
+    .into_iter()
+    .any(|s| is_signal(Some(sig), s));
     let explanation = if crash {
         format!("{whom} crashed with {sig}")
     } else {
@@ -476,7 +482,9 @@ fn unsupported_by_sandbox_kernel(case: &Case) -> Option<Verdict> {
     })?;
     let errno = ev.errno.as_deref().unwrap_or("");
     let why = match ev.flags {
-        Some(f) if errno == "EINVAL" => format!("whose flags ({f:#x}) are all valid on Linux"),
+        Some(f) if ev.errno_is(Errno::EINVAL) => {
+            format!("whose flags ({f:#x}) are all valid on Linux")
+        }
         _ => "that Linux implements".to_string(),
     };
     Some(Verdict::new(
@@ -504,9 +512,14 @@ fn linux_accepts(ev: &KernelEvent) -> bool {
     const AT_EMPTY_PATH: u64 = 0x1000;
     const AT_STATX_SYNC_TYPE: u64 = 0x6000;
     const RENAME_ALL: u64 = 0x7;
-    match ev.errno.as_deref() {
-        Some("ENOSYS") => true,
-        Some("EINVAL") => {
+    if ev.errno_is(Errno::ENOSYS) {
+        return true;
+    }
+    if !ev.errno_is(Errno::EINVAL) {
+        return false;
+    }
+    {
+        {
             let valid = match ev.syscall.as_deref() {
                 Some("statx") => {
                     AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH | AT_STATX_SYNC_TYPE
@@ -519,7 +532,6 @@ fn linux_accepts(ev: &KernelEvent) -> bool {
             };
             ev.flags.is_some_and(|f| f & !valid == 0)
         }
-        _ => false,
     }
 }
 
