@@ -28,9 +28,11 @@
 //! it) does not corroborate it, nor does any word for a bare name (no
 //! directory, no extension: `test_sum`), which any text may say.
 //!
-//! A failure followed by a successful exec in the same process is
-//! **superseded**: its program image was replaced (a PATH search or a
-//! wrapper coped with it), and it is no evidence at all.
+//! A failure is **superseded**, and no evidence at all, when its process
+//! got past it: a successful exec in the same process replaced its
+//! program image (a PATH search or a wrapper coped with it), or the same
+//! process later opened the same path for writing (it made the directory,
+//! or waited for the mount, and tried again).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -236,8 +238,9 @@ fn weigh(
         return Some(graded(Primitive::Seccomp, basis, Role::Seccomp));
     }
     // its program image was replaced: it coped, as a PATH search or a
-    // wrapper does
-    let superseded = execs.get(&ev.pid).is_some_and(|&x| x > i);
+    // wrapper does; or it tried again and wrote the same path
+    let superseded =
+        execs.get(&ev.pid).is_some_and(|&x| x > i) || written_later_by_itself(events, i);
     if superseded {
         let rule = classify(syscall, errno, ev.flags.unwrap_or(0))?;
         return Some(Grade {
@@ -305,6 +308,21 @@ fn made_again_later(events: &VecDeque<KernelEvent>, i: usize) -> bool {
                 p == path || (p.starts_with(path) && p[path.len()..].starts_with('/'))
             })
     })
+}
+
+/// Whether the process of failure `i` later opened the same path for
+/// writing: it got past the failure on that object.
+fn written_later_by_itself(events: &VecDeque<KernelEvent>, i: usize) -> bool {
+    let ev = &events[i];
+    // what the session wrote before and is gone: its loss is read by the
+    // persistence rule, which a later write does not undo
+    let Some(path) = ev.path.as_deref().filter(|_| ev.written_earlier.is_none()) else {
+        return false;
+    };
+    events
+        .iter()
+        .skip(i + 1)
+        .any(|w| w.kind == Kind::FileWrite && w.pid == ev.pid && w.path.as_deref() == Some(path))
 }
 
 /// The path-like words of a text, for [`Names::names`].
@@ -399,6 +417,32 @@ mod tests {
     fn grade_of(ev: KernelEvent, w: &Words) -> Grade {
         let s = span(vec![ev, exit(10, 9 * MS, 1)]);
         Grades::of(&s, w).get(0).expect("graded")
+    }
+
+    #[test]
+    fn a_failure_its_own_process_got_past_on_the_same_path_is_superseded() {
+        let words = Words::default();
+        let write = |pid, path: &str| {
+            let mut w = super::super::testing::ev(Kind::FileWrite, pid, 2 * MS);
+            w.path = Some(path.into());
+            w
+        };
+        let refused = || failed(10, MS, "openat", libc::EACCES, "/out/result.csv");
+        // it tried again and wrote the file: no evidence at all
+        let s = span(vec![
+            refused(),
+            write(10, "/out/result.csv"),
+            exit(10, 9 * MS, 1),
+        ]);
+        let grades = Grades::of(&s, &words);
+        assert_eq!(grades.get(0), None);
+        assert_eq!(grades.evidence(0), None);
+        // another process's write, or another path, is not its own
+        for other in [write(11, "/out/result.csv"), write(10, "/out/other.csv")] {
+            let s = span(vec![refused(), other, exit(10, 9 * MS, 1)]);
+            let g = Grades::of(&s, &words).get(0).expect("still graded");
+            assert!(!g.superseded, "{g:?}");
+        }
     }
 
     #[test]
