@@ -144,7 +144,16 @@ fn main() {
     let mut end_lat = Vec::new();
     let mut events_seen = 0;
     for _ in 0..300 {
-        let span = c.begin_span(Some("e100"), "storm open 100").unwrap();
+        // its events stored (they explain nothing: by default only its
+        // counts would be), for the ingestion measure below
+        let span = c
+            .begin_span_with(probe::protocol::BeginSpan {
+                session: Some("e100".into()),
+                label: "storm open 100".into(),
+                keep_events: Some(probe::store::KeepEvents::All),
+                ..Default::default()
+            })
+            .unwrap();
         let exit = run_in(&mut c, span, &[&storm, "open", "100", &out_file]);
         let t = Instant::now();
         let a = c.end_span(span, Some(&exit), None).unwrap();
