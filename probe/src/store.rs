@@ -91,6 +91,21 @@ fn free_bytes(path: &Path) -> Option<u64> {
     Some(s.blocks_available().saturating_mul(s.fragment_size()))
 }
 
+/// What [`Store::convert_to_incremental`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Conversion {
+    /// The DB already gives freed pages back (or is in `full` mode).
+    NotNeeded,
+    /// Rewritten with incremental auto-vacuum.
+    Converted {
+        before: u64,
+        after: u64,
+        took: std::time::Duration,
+    },
+    /// Not enough free disk for the rewrite: left as it was.
+    NoRoom { need: u64, free: u64 },
+}
+
 /// One finished span, as stored.
 #[derive(Debug, Clone)]
 pub struct StoredSpan {
@@ -1234,6 +1249,36 @@ mod tests {
         let half = st.live_bytes().unwrap() / 2;
         let removed = fit(&mut st, half);
         assert!(removed.spans_removed > 0 && st.span_count().unwrap() < 20);
+    }
+
+    #[test]
+    fn a_db_made_before_incremental_auto_vacuum_is_converted_with_every_span() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let mut st = Store::open(&path).unwrap();
+        let spans: Vec<StoredSpan> = (1..=40).map(|i| span_of(i, 0, 50, i as i64)).collect();
+        st.insert(&spans).unwrap();
+        st.connection()
+            .execute_batch("PRAGMA auto_vacuum = NONE; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+        st.connection()
+            .execute_batch("DELETE FROM spans WHERE id <= 20")
+            .unwrap();
+        let before = st.size_bytes().unwrap();
+        let converted = st.convert_to_incremental().unwrap();
+        assert!(
+            matches!(converted, Conversion::Converted { after, .. } if after < before),
+            "{converted:?} (from {before} bytes)"
+        );
+        assert_eq!(st.auto_vacuum().unwrap(), "incremental");
+        assert_eq!(st.span_count().unwrap(), 20);
+        let check: String = st
+            .connection()
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        // once is enough
+        assert_eq!(st.convert_to_incremental().unwrap(), Conversion::NotNeeded);
     }
 
     #[test]

@@ -1437,3 +1437,41 @@ fn stored_spans_attribute_again_identically_in_another_process() {
         "the spans exercise the rules: {primitives:?}"
     );
 }
+
+/// A DB an earlier version made (no auto-vacuum) is converted when the
+/// daemon starts, so retention can give pages back; nothing in it is lost.
+#[test]
+fn a_db_made_before_incremental_auto_vacuum_is_converted_at_start() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("probe-dt-")
+        .tempdir()
+        .unwrap();
+    let db = dir.path().join("evidence.db");
+    {
+        let st = probe::store::Store::open(&db).unwrap();
+        st.connection()
+            .execute_batch("PRAGMA auto_vacuum = NONE; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+        assert_eq!(st.auto_vacuum().unwrap(), "none");
+    }
+    let mut d = Daemon { child: None, dir };
+    d.spawn(&[]);
+    let mut c = d.client();
+    let span = c
+        .begin_span(Some("old-db"), "after the conversion")
+        .unwrap();
+    c.end_span(span, None, None).unwrap();
+    let status = c.status().unwrap();
+    assert_eq!(status["db"]["auto_vacuum"], "incremental", "{status}");
+    // a query waits for what ended before it to be stored
+    let rows = c
+        .query(probe::protocol::Query {
+            session: Some("old-db".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+}

@@ -51,7 +51,9 @@ use crate::source::ebpf::EbpfSource;
 use crate::source::{EvidenceSource, Follow, SpanSink, Within};
 use crate::spans::{Source, SpanEvidence};
 use crate::status::{DaemonStatus, DbStatus, Features, OtlpStatus, RetentionRemoved, StatusDrops};
-use crate::store::{KeepEvents, RetentionPolicy, RetentionTotals, SpanFilter, Store, StoredSpan};
+use crate::store::{
+    Conversion, KeepEvents, RetentionPolicy, RetentionTotals, SpanFilter, Store, StoredSpan,
+};
 use crate::trace::READ_INTERVAL;
 
 mod server;
@@ -188,13 +190,31 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         in_db: AtomicU64::new(store.span_count()?),
         ..Default::default()
     });
-    let auto_vacuum = store.auto_vacuum()?;
-    if auto_vacuum == "none" {
-        tracing::warn!(
-            "{} was made before incremental auto-vacuum: retention reuses the pages it frees but cannot give them back to the filesystem (docs/RETENTION.md says how to convert it offline)",
-            config.db.display()
-        );
+    // a DB an earlier version made: converted once, so retention can give
+    // the pages it frees back to the filesystem
+    let mut store = store;
+    match store.convert_to_incremental()? {
+        Conversion::NotNeeded => {}
+        Conversion::Converted {
+            before,
+            after,
+            took,
+        } => tracing::info!(
+            "converted {} to incremental auto-vacuum ({before} → {after} bytes, {:.1} s)",
+            config.db.display(),
+            took.as_secs_f64()
+        ),
+        Conversion::NoRoom { need, free } => tracing::warn!(
+            "{} was made before incremental auto-vacuum and converting it needs {} MiB free \
+             ({} MiB are): retention reuses the pages it frees but cannot give them back to \
+             the filesystem until it is converted (at the next start with room, or offline: \
+             docs/RETENTION.md)",
+            config.db.display(),
+            need >> 20,
+            free >> 20
+        ),
     }
+    let auto_vacuum = store.auto_vacuum()?;
     let store_thread = {
         let stats = stats.clone();
         let policy = config.retention;

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 use rusqlite::params;
 use serde::{Deserialize, Serialize};
 
+use super::Conversion;
+
 use super::{Store, StoreError};
 
 /// Which events a finished span keeps in the DB.
@@ -410,6 +412,33 @@ impl Store {
             1 => "full",
             2 => "incremental",
             _ => "none",
+        })
+    }
+
+    /// Converts a DB an earlier version made (`auto_vacuum = NONE`) to
+    /// incremental auto-vacuum, so retention can give freed pages back:
+    /// one whole-file VACUUM, which needs about the file's size free on
+    /// its filesystem again. Without that room it converts nothing and
+    /// says so; a DB in another mode is left as it is.
+    pub fn convert_to_incremental(&mut self) -> Result<Conversion, StoreError> {
+        if self.auto_vacuum()? != "none" {
+            return Ok(Conversion::NotNeeded);
+        }
+        let size = self.size_bytes()?;
+        // the rewritten copy, and the WAL the copy goes through
+        let need = size.saturating_mul(2) + (16 << 20);
+        let free = super::free_bytes(&self.path).unwrap_or(0);
+        if free < need {
+            return Ok(Conversion::NoRoom { need, free });
+        }
+        let started = std::time::Instant::now();
+        self.conn.execute_batch(
+            "PRAGMA auto_vacuum = INCREMENTAL; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
+        )?;
+        Ok(Conversion::Converted {
+            before: size,
+            after: self.size_bytes()?,
+            took: started.elapsed(),
         })
     }
 
