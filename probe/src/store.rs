@@ -1222,18 +1222,22 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_db_made_before_incremental_auto_vacuum_loses_nothing_for_no_disk_gain() {
+    /// 40 spans in a DB as an earlier version made it: no auto-vacuum.
+    fn old_db() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("old.db");
-        let mut st = Store::open(&path).unwrap();
+        let mut st = Store::open(&dir.path().join("old.db")).unwrap();
         let spans: Vec<StoredSpan> = (1..=40).map(|i| span_of(i, 0, 50, i as i64)).collect();
         st.insert(&spans).unwrap();
-        // as an earlier version made it: no auto-vacuum
         st.connection()
             .execute_batch("PRAGMA auto_vacuum = NONE; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
             .unwrap();
         assert_eq!(st.auto_vacuum().unwrap(), "none");
+        (dir, st)
+    }
+
+    #[test]
+    fn a_db_made_before_incremental_auto_vacuum_loses_nothing_for_no_disk_gain() {
+        let (_dir, mut st) = old_db();
         st.connection()
             .execute_batch("DELETE FROM spans WHERE id <= 20")
             .unwrap();
@@ -1253,14 +1257,7 @@ mod tests {
 
     #[test]
     fn a_db_made_before_incremental_auto_vacuum_is_converted_with_every_span() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("old.db");
-        let mut st = Store::open(&path).unwrap();
-        let spans: Vec<StoredSpan> = (1..=40).map(|i| span_of(i, 0, 50, i as i64)).collect();
-        st.insert(&spans).unwrap();
-        st.connection()
-            .execute_batch("PRAGMA auto_vacuum = NONE; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
-            .unwrap();
+        let (_dir, mut st) = old_db();
         st.connection()
             .execute_batch("DELETE FROM spans WHERE id <= 20")
             .unwrap();
