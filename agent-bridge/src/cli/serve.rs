@@ -69,6 +69,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if swept > 0 {
         tracing::info!("removed {swept} call cgroup(s) left by bridges that died");
     }
+    let profiles = agent_bridge::session::remove_orphan_profiles(&std::env::temp_dir());
+    if profiles > 0 {
+        tracing::info!("removed {profiles} browser profile(s) left by bridges that died");
+    }
     // kept to the end: when this process goes, so does every workload it started
     let _reaper = agent_bridge::reaper::start()
         .map_err(|e| tracing::warn!("no reaper: workloads may outlive this bridge: {e}"));

@@ -730,3 +730,67 @@ async fn page_done(b: &Browser) -> Result<Done, String> {
     );
     Ok(Done::text(summary, p))
 }
+/// The name a browser's profile directory starts with (in the temp dir):
+/// `agent-bridge-browser-mcp-PID-…`, PID the bridge's.
+const PROFILE_PREFIX: &str = "agent-bridge-browser-mcp-";
+
+/// Removes the browser profiles in `dir` of bridges that are gone: one
+/// killed (or stopped before its browser exited) cannot remove its own.
+/// Only in the host's PID namespace, where the pids in the names are ones
+/// this process can look up. Answers how many went.
+pub fn remove_orphan_profiles(dir: &std::path::Path) -> usize {
+    if !matches!(probe::loader::PidNamespace::current(), Ok(None)) {
+        return 0;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let owner = name
+            .strip_prefix(PROFILE_PREFIX)
+            .and_then(|r| r.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        let Some(owner) = owner else { continue };
+        if std::path::Path::new("/proc")
+            .join(owner.to_string())
+            .exists()
+        {
+            continue;
+        }
+        if std::fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_of_bridges_that_are_gone_are_removed_and_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let profile = |pid: u32| {
+            dir.path()
+                .join(format!("{PROFILE_PREFIX}{pid}-1796480254094-0-0"))
+        };
+        for pid in [gone_pid, std::process::id()] {
+            std::fs::create_dir_all(profile(pid).join("Default")).unwrap();
+        }
+        let unrelated = dir.path().join("agent-bridge-browser-someone-else");
+        std::fs::create_dir(&unrelated).unwrap();
+        assert_eq!(remove_orphan_profiles(dir.path()), 1);
+        assert!(!profile(gone_pid).exists());
+        assert!(
+            profile(std::process::id()).exists(),
+            "a live bridge's is kept"
+        );
+        assert!(unrelated.exists());
+    }
+}

@@ -4,6 +4,7 @@
 //! [`files`], the background-process tools in [`processes`].
 
 mod browser;
+pub use browser::remove_orphan_profiles;
 mod files;
 mod processes;
 
