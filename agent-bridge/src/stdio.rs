@@ -11,6 +11,7 @@
 use std::io::{BufRead as _, Read as _};
 
 use rmcp::RoleServer;
+use rmcp::model::RequestId;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use serde_json::{Value, json};
@@ -41,6 +42,61 @@ pub struct Closed;
 pub struct StdioTransport {
     incoming: mpsc::Receiver<RxJsonRpcMessage<RoleServer>>,
     out: std::sync::mpsc::Sender<Outgoing>,
+    in_flight: InFlight,
+}
+
+/// The ids of the client's requests not answered yet. JSON-RPC wants them
+/// unique: a second request under an id still in flight is refused, where
+/// rmcp would take it and drop the first request's answer.
+#[derive(Clone, Default)]
+pub struct InFlight(std::sync::Arc<std::sync::Mutex<std::collections::HashSet<RequestId>>>);
+
+impl InFlight {
+    /// Notes `message` as it arrives: Err(answer) for a request whose id is
+    /// in flight; a cancellation frees its request's id (no answer follows).
+    fn arrived(
+        &self,
+        message: RxJsonRpcMessage<RoleServer>,
+    ) -> Result<RxJsonRpcMessage<RoleServer>, Outgoing> {
+        use rmcp::model::{ClientNotification, JsonRpcMessage};
+        let mut ids = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match &message {
+            JsonRpcMessage::Request(r) if !ids.insert(r.id.clone()) => {
+                let id = serde_json::to_value(&r.id).unwrap_or_default();
+                Err(Outgoing::Raw(error_answer(
+                    id,
+                    -32600,
+                    format!(
+                        "Invalid Request: request id {} is still in flight (ids must be unique \
+                         among a session's unanswered requests); this request was not run",
+                        r.id
+                    ),
+                )))
+            }
+            JsonRpcMessage::Notification(n) => {
+                if let ClientNotification::CancelledNotification(c) = &n.notification
+                    && let Some(id) = &c.params.request_id
+                {
+                    ids.remove(id);
+                }
+                Ok(message)
+            }
+            _ => Ok(message),
+        }
+    }
+
+    /// An answer leaves: its request is no longer in flight.
+    fn answered(&self, message: &TxJsonRpcMessage<RoleServer>) {
+        use rmcp::model::JsonRpcMessage;
+        let id = match message {
+            JsonRpcMessage::Response(r) => Some(&r.id),
+            JsonRpcMessage::Error(e) => e.id.as_ref(),
+            _ => None,
+        };
+        if let Some(id) = id {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        }
+    }
 }
 
 impl StdioTransport {
@@ -54,8 +110,14 @@ impl StdioTransport {
         let out = spawn_writer(output);
         let (tx, incoming) = mpsc::channel(16);
         let answers = out.clone();
-        std::thread::spawn(move || read_all(input, tx, answers, max_line));
-        StdioTransport { incoming, out }
+        let in_flight = InFlight::default();
+        let arrivals = in_flight.clone();
+        std::thread::spawn(move || read_all(input, tx, answers, max_line, arrivals));
+        StdioTransport {
+            incoming,
+            out,
+            in_flight,
+        }
     }
 
     /// The process's own stdin and stdout, as raw file descriptors.
@@ -76,6 +138,7 @@ impl Transport<RoleServer> for StdioTransport {
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Closed>> + Send + 'static {
+        self.in_flight.answered(&item);
         let sent = self
             .out
             .send(Outgoing::Message(Box::new(item)))
@@ -229,13 +292,16 @@ fn read_all(
     incoming: mpsc::Sender<RxJsonRpcMessage<RoleServer>>,
     out: std::sync::mpsc::Sender<Outgoing>,
     max_line: usize,
+    in_flight: InFlight,
 ) {
     let mut initialized = false;
     read_lines(
         input,
         max_line,
         "--max-body",
-        |line| match parse(&line).and_then(|m| once_initialized(m, &mut initialized, STDIO_RESTART))
+        |line| match parse(&line)
+            .and_then(|m| once_initialized(m, &mut initialized, STDIO_RESTART))
+            .and_then(|m| in_flight.arrived(m))
         {
             Ok(message) => {
                 drop(line);

@@ -1813,3 +1813,83 @@ async fn a_persistent_shells_failed_command_is_named_from_its_words_every_time()
     let want = ("none".to_string(), "fs.missing".to_string());
     assert_eq!(seen.get(&want), Some(&20), "{seen:?}");
 }
+
+/// A request under an id still in flight is refused with its own answer;
+/// the first request runs to its end and is answered, and its span ends
+/// (rmcp alone would run both and drop the first's answer).
+#[test]
+fn a_request_reusing_an_id_in_flight_is_refused_and_the_first_is_answered() {
+    use std::io::{BufRead as _, Write as _};
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_daemon, socket) = probe_daemon(dir.path());
+    let mut child = std::process::Command::new(BRIDGE)
+        .args(["serve", "--stdio", "--probe-socket"])
+        .arg(&socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut send = |v: Value| writeln!(stdin, "{v}").unwrap();
+    send(
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}),
+    );
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let call = |argv: Value| {
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+               "params": {"name": "exec", "arguments": {"argv": argv}}})
+    };
+    send(call(json!(["sleep", "1"])));
+    std::thread::sleep(Duration::from_millis(300));
+    send(call(json!(["echo", "second"])));
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        line.clear();
+        stdout.read_line(&mut line).unwrap();
+        answers.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    let refused = &answers[0];
+    assert_eq!(refused["id"], 7, "{refused}");
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("still in flight"),
+        "{refused}"
+    );
+    let first = &answers[1];
+    assert_eq!(first["id"], 7, "{first}");
+    assert_eq!(
+        first["result"]["structuredContent"]["exit_code"], 0,
+        "{first}"
+    );
+    assert_eq!(
+        first["result"]["structuredContent"]["kernel"]["available"], true,
+        "{first}"
+    );
+    // answered: the id is free again
+    send(call(json!(["echo", "third"])));
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    let third: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        third["result"]["structuredContent"]["exit_code"], 0,
+        "{third}"
+    );
+    drop(send);
+    drop(stdin); // the session ends with its input
+    let _ = child.wait();
+    let status = probe::client::Client::connect(&socket)
+        .unwrap()
+        .daemon_status()
+        .unwrap();
+    assert_eq!(status.open_spans, 0, "{status:?}");
+}
