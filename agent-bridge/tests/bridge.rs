@@ -1884,7 +1884,6 @@ fn a_request_reusing_an_id_in_flight_is_refused_and_the_first_is_answered() {
         third["result"]["structuredContent"]["exit_code"], 0,
         "{third}"
     );
-    drop(send);
     drop(stdin); // the session ends with its input
     let _ = child.wait();
     let status = probe::client::Client::connect(&socket)
