@@ -675,6 +675,71 @@ impl Drop for Daemon {
     }
 }
 
+/// A host daemon of the test's own in `dir` (killed on drop), and a
+/// sandbox started detached with its session (`run --detach`, as
+/// containerd does), running `sleep 120`; `edit` changes its OCI config.
+struct DetachedSandbox {
+    _daemon: Daemon,
+    dir: PathBuf,
+    socket: PathBuf,
+    /// The container's id.
+    id: String,
+}
+
+impl DetachedSandbox {
+    fn start(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> DetachedSandbox {
+        let socket = dir.join("probe.sock");
+        let daemon = Daemon(
+            Command::new(PROBE)
+                .args(["run", "--socket"])
+                .arg(&socket)
+                .arg("--db")
+                .arg(dir.join("evidence.db"))
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        probe::client::wait_until_ready(&socket, Duration::from_secs(30)).unwrap();
+        let session = Command::new(PROBE)
+            .args(["gvisor-session", "--socket"])
+            .arg(socket.with_extension("gvisor.sock"))
+            .output()
+            .unwrap();
+        assert!(session.status.success(), "{session:?}");
+        let config = dir.join("gvisor.json");
+        std::fs::write(&config, &session.stdout).unwrap();
+        let bundle = oci_bundle(dir, &["sleep", "120"], edit);
+        let d = DetachedSandbox {
+            _daemon: daemon,
+            dir: dir.to_path_buf(),
+            socket,
+            id: dir.file_name().unwrap().to_string_lossy().into_owned(),
+        };
+        let started = d
+            .runsc(&["--host-uds=open", "--network=none"])
+            .arg(format!("--pod-init-config={}", config.display()))
+            .args(["run", "--detach", "--bundle"])
+            .arg(&bundle)
+            .arg(&d.id)
+            // the sandbox keeps what it inherits: pipes would never close
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(started.success(), "runsc run --detach: {started}");
+        d
+    }
+
+    /// runsc with this sandbox's state directory.
+    fn runsc(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("runsc");
+        cmd.arg(format!("--root={}", self.dir.join("state").display()));
+        cmd.args(args);
+        cmd
+    }
+}
+
 /// A sandbox started detached (`run --detach`, as containerd does): its
 /// runsc has exited, so the daemon finds the sandbox behind a client by
 /// the gofer's bundle; a command `runsc exec`s inside gets its span.
@@ -684,54 +749,15 @@ fn a_detached_sandbox_gets_spans_from_the_host_daemon() {
         return;
     }
     let scratch = Scratch::new("detached");
-    let dir = &scratch.0;
-    let socket = dir.join("probe.sock");
-    let _daemon = Daemon(
-        Command::new(PROBE)
-            .args(["run", "--socket"])
-            .arg(&socket)
-            .arg("--db")
-            .arg(dir.join("evidence.db"))
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    probe::client::wait_until_ready(&socket, Duration::from_secs(30)).unwrap();
-    let session = Command::new(PROBE)
-        .args(["gvisor-session", "--socket"])
-        .arg(socket.with_extension("gvisor.sock"))
-        .output()
-        .unwrap();
-    assert!(session.status.success(), "{session:?}");
-    let config = dir.join("gvisor.json");
-    std::fs::write(&config, &session.stdout).unwrap();
-    let bundle = oci_bundle(dir, &["sleep", "120"], |_| {});
-    let id = dir.file_name().unwrap().to_string_lossy().into_owned();
-    let runsc = |args: &[&str]| {
-        let mut cmd = Command::new("runsc");
-        cmd.arg(format!("--root={}", dir.join("state").display()));
-        cmd.args(args);
-        cmd
-    };
-    let started = runsc(&["--host-uds=open", "--network=none"])
-        .arg(format!("--pod-init-config={}", config.display()))
-        .args(["run", "--detach", "--bundle"])
-        .arg(&bundle)
-        .arg(&id)
-        // the sandbox keeps what it inherits: pipes would never close
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(started.success(), "runsc run --detach: {started}");
-    let out = runsc(&["exec", &id, PROBE, "span", "--json", "--socket"])
-        .arg(&socket)
+    let d = DetachedSandbox::start(&scratch.0, |_| {});
+    let (socket, id, runsc) = (&d.socket, d.id.as_str(), |a: &[&str]| d.runsc(a));
+    let out = runsc(&["exec", id, PROBE, "span", "--json", "--socket"])
+        .arg(socket)
         .args(["--", "cat", "/nonexistent/detached.csv"])
         .output()
         .unwrap();
-    let _ = runsc(&["kill", &id, "KILL"]).output();
-    let _ = runsc(&["delete", "-force", &id]).output();
+    let _ = runsc(&["kill", id, "KILL"]).output();
+    let _ = runsc(&["delete", "-force", id]).output();
     let t = parse(out);
     assert_eq!(t.json["source"], "gvisor", "{}", t.context());
     expect_failure(
@@ -754,57 +780,19 @@ fn a_detached_sandbox_over_its_memory_limit_is_mem_oom_from_the_host_daemon() {
         return;
     }
     let scratch = Scratch::new("detached-oom");
-    let dir = &scratch.0;
-    let socket = dir.join("probe.sock");
-    let db = dir.join("evidence.db");
-    let _daemon = Daemon(
-        Command::new(PROBE)
-            .args(["run", "--socket"])
-            .arg(&socket)
-            .arg("--db")
-            .arg(&db)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    probe::client::wait_until_ready(&socket, Duration::from_secs(30)).unwrap();
-    let session = Command::new(PROBE)
-        .args(["gvisor-session", "--socket"])
-        .arg(socket.with_extension("gvisor.sock"))
-        .output()
-        .unwrap();
-    assert!(session.status.success(), "{session:?}");
-    let config = dir.join("gvisor.json");
-    std::fs::write(&config, &session.stdout).unwrap();
-    let bundle = oci_bundle(dir, &["sleep", "120"], |config| {
+    let d = DetachedSandbox::start(&scratch.0, |config| {
         config["linux"]["resources"]["memory"] = serde_json::json!({"limit": 64u64 << 20});
     });
-    let id = dir.file_name().unwrap().to_string_lossy().into_owned();
-    let runsc = |args: &[&str]| {
-        let mut cmd = Command::new("runsc");
-        cmd.arg(format!("--root={}", dir.join("state").display()));
-        cmd.args(args);
-        cmd
-    };
-    let started = runsc(&["--host-uds=open", "--network=none"])
-        .arg(format!("--pod-init-config={}", config.display()))
-        .args(["run", "--detach", "--bundle"])
-        .arg(&bundle)
-        .arg(&id)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(started.success(), "runsc run --detach: {started}");
+    let (socket, id, runsc) = (&d.socket, d.id.as_str(), |a: &[&str]| d.runsc(a));
+    let db = scratch.0.join("evidence.db");
     let script = "x = bytearray(10**9); print(len(x))";
-    let out = runsc(&["exec", &id, PROBE, "span", "--json", "--socket"])
-        .arg(&socket)
+    let out = runsc(&["exec", id, PROBE, "span", "--json", "--socket"])
+        .arg(socket)
         .args(["--", "python3", "-c", script])
         .output()
         .unwrap();
-    let _ = runsc(&["kill", &id, "KILL"]).output();
-    let _ = runsc(&["delete", "-force", &id]).output();
+    let _ = runsc(&["kill", id, "KILL"]).output();
+    let _ = runsc(&["delete", "-force", id]).output();
     // the span is stored once the daemon saw the connection close
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let span = loop {

@@ -518,21 +518,15 @@ fn linux_accepts(ev: &KernelEvent) -> bool {
     if !ev.errno_is(Errno::EINVAL) {
         return false;
     }
-    {
-        {
-            let valid = match ev.syscall.as_deref() {
-                Some("statx") => {
-                    AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH | AT_STATX_SYNC_TYPE
-                }
-                Some("newfstatat") => AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH,
-                Some("faccessat2") => AT_EACCESS | AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH,
-                Some("unlinkat") => AT_REMOVEDIR,
-                Some("renameat2") => RENAME_ALL,
-                _ => return false,
-            };
-            ev.flags.is_some_and(|f| f & !valid == 0)
-        }
-    }
+    let valid = match ev.syscall.as_deref() {
+        Some("statx") => AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH | AT_STATX_SYNC_TYPE,
+        Some("newfstatat") => AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH,
+        Some("faccessat2") => AT_EACCESS | AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH,
+        Some("unlinkat") => AT_REMOVEDIR,
+        Some("renameat2") => RENAME_ALL,
+        _ => return false,
+    };
+    ev.flags.is_some_and(|f| f & !valid == 0)
 }
 
 /// Nothing the kernel saw explains the status. Processes stopped on the
