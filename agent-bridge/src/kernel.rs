@@ -25,6 +25,18 @@ const BLOCKING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A blocking connection to the daemon, its requests bounded by
 /// [`BLOCKING_TIMEOUT`].
+/// Whether the other end closed the connection (nothing read, no wait).
+fn closed_by_peer(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout.
+    let ready = unsafe { libc::poll(&mut p, 1, 0) };
+    ready == 1 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 fn connect_blocking(socket: &std::path::Path) -> Result<Client, probe::client::ClientError> {
     let mut client = Client::connect(socket)?;
     client.set_timeout(BLOCKING_TIMEOUT)?;
@@ -118,6 +130,9 @@ impl Kernel {
             return Err("the probe is switched off (--no-probe)".into());
         };
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.as_ref().is_some_and(|c| closed_by_peer(c.socket_fd())) {
+            *guard = None;
+        }
         if guard.is_none() {
             *guard = Some(connect_blocking(socket).map_err(|e| unreachable_reason(&e))?);
         }
@@ -153,6 +168,11 @@ impl Kernel {
             );
         };
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        // a daemon restarted since the last call closed this connection:
+        // found out before the call, which then goes to the new daemon
+        if guard.as_ref().is_some_and(|c| closed_by_peer(c.socket_fd())) {
+            *guard = None;
+        }
         if guard.is_none() {
             match connect_blocking(socket) {
                 Ok(c) => *guard = Some(c),

@@ -37,6 +37,9 @@ pub struct Spec {
     /// argv[0] is the bridge's own binary (a file tool's worker): exec'd by
     /// fd where the kernel then names the process after it.
     pub own_binary: bool,
+    /// Why the probe is not asked to trace it (the bridge's own
+    /// measurement, not a workload's work); None: traced.
+    pub untraced: Option<&'static str>,
 }
 
 /// Everything a session applies to its workloads.
@@ -172,6 +175,7 @@ impl Context {
             None
         };
         let label = spec.label.clone();
+        let untraced = spec.untraced;
         let fails_on_exit = spec.own_binary;
         let call = CallTrace::current();
         let spare = self.spare.clone();
@@ -194,10 +198,15 @@ impl Context {
             // None (unopenable): the child joins it by its cgroup.procs instead
             launch.cgroup = tree.v2_fd();
             let memory_limited = limits.memory_bytes.is_some();
-            let (spawned, span) =
-                kernel.begin_in_child(&label, call.as_ref(), memory_limited, |begin| {
+            let (spawned, span) = match untraced {
+                Some(why) => (
+                    spawn_attaching_itself(&launch, attach, None, &plan, by_fd.as_ref()).0,
+                    Span::Unavailable(why.into()),
+                ),
+                None => kernel.begin_in_child(&label, call.as_ref(), memory_limited, |begin| {
                     spawn_attaching_itself(&launch, attach, begin, &plan, by_fd.as_ref())
-                });
+                }),
+            };
             let child = match spawned {
                 Ok(child) => child,
                 Err(e) => {

@@ -1042,9 +1042,10 @@ async fn http_connections_send_small_writes_at_once() {
 }
 
 /// The bridge keeps two connections to the probe daemon (spans begin on one,
-/// end on the other). After the daemon restarts, each fails once: the
-/// second call must already carry its attribution, not lose it to the
-/// stale connection (and leave its span open in the new daemon).
+/// end on the other). After the daemon restarts (killed, as a supervisor
+/// would find it), the very next call carries its attribution: neither
+/// connection loses it to the old daemon (nor leaves its span open in the
+/// new one).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_probe_daemon_is_picked_up_at_once() {
     if !root() {
@@ -1053,7 +1054,7 @@ async fn a_restarted_probe_daemon_is_picked_up_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("probe.sock");
     let start = || probe_daemon(dir.path()).0;
-    let daemon = start();
+    let mut daemon = start();
     let b = Bridge::stdio(Opts {
         probe_at: Some(socket.clone()),
         ..Opts::default()
@@ -1061,18 +1062,20 @@ async fn a_restarted_probe_daemon_is_picked_up_at_once() {
     .await;
     let r = b.call("exec", json!({"argv": ["true"]})).await;
     assert_eq!(structured(&r)["kernel"]["available"], true, "{r:?}");
-    // SIGTERM: a clean stop, then a new daemon on the same socket
-    let pid = nix::unistd::Pid::from_raw(daemon.0.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let mut daemon = daemon;
-    daemon.0.wait().unwrap();
-    let _daemon = start();
-    // the first call may find the begin connection stale; the second not
-    let _ = b.call("exec", json!({"argv": ["true"]})).await;
-    let r = b.call("exec", json!({"argv": ["false"]})).await;
-    let kernel = &structured(&r)["kernel"];
-    assert_eq!(kernel["available"], true, "{kernel}");
-    assert_eq!(kernel["exit"]["code"], 1, "{kernel}");
+    for signal in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        // a new daemon on the same socket
+        let pid = nix::unistd::Pid::from_raw(daemon.0.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+        daemon.0.wait().unwrap();
+        daemon = start();
+        let r = b.call("exec", json!({"argv": ["false"]})).await;
+        let kernel = &structured(&r)["kernel"];
+        assert_eq!(kernel["available"], true, "after {signal}: {kernel}");
+        assert_eq!(kernel["exit"]["code"], 1, "after {signal}: {kernel}");
+    }
 }
 
 /// The workload's words reach the probe: a missing file only its output

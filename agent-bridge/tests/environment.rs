@@ -694,3 +694,37 @@ fn two_snapshots_of_one_machine_differ_in_nothing() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not JSON"));
 }
+
+/// The snapshot is the bridge's own measurement: its trials fail on
+/// purpose and its lookups of absent tools are the point. The probe is not
+/// asked to trace it (a burst of ~50k failed calls a second, which made
+/// the ring buffer drop the evidence of calls running beside it); the
+/// next call is traced as ever.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_snapshot_is_not_traced_and_the_next_call_is() {
+    if !must_run_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_daemon, socket) = common::probe_daemon(dir.path());
+    let ended = || {
+        let out = std::process::Command::new(common::probe_binary())
+            .args(["status", "--json", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+        status["spans_ended"].as_u64().unwrap()
+    };
+    let bridge = Bridge::stdio(Opts {
+        probe_at: Some(socket.clone()),
+        ..Opts::default()
+    })
+    .await;
+    let r = bridge.call("sandbox_environment", json!({})).await;
+    assert!(!is_error(&r), "{r:?}");
+    assert_eq!(ended(), 0, "the snapshot was traced");
+    let r = bridge.call("exec", json!({"argv": ["true"]})).await;
+    assert_eq!(structured(&r)["kernel"]["available"], true, "{r:?}");
+    assert_eq!(ended(), 1);
+}

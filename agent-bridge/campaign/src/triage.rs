@@ -137,9 +137,10 @@ pub fn triage(steps: &[StepOutcome]) -> Option<Triage> {
             0.4
         },
         explanation: format!(
-            "step {failed_at}: {} (no interface or kernel evidence{})",
+            "step {failed_at}: {} (no interface or kernel evidence{}{})",
             failing.failures.join("; "),
-            noticed(failing)
+            noticed(failing),
+            dropped(failing)
         ),
         evidence,
     })
@@ -162,6 +163,23 @@ fn noticed(step: &StepOutcome) -> String {
         [first, rest @ ..] => format!(
             "; noticed, not the cause: {first} (and {} more)",
             rest.len()
+        ),
+    }
+}
+
+/// "; N kernel events were dropped during the call": evidence the probe
+/// counted as lost, so "no kernel evidence" may be "the cause was dropped".
+fn dropped(step: &StepOutcome) -> String {
+    let n = step
+        .kernel
+        .as_ref()
+        .and_then(|k| k["drops"]["kernel"].as_u64())
+        .unwrap_or(0);
+    match n {
+        0 => String::new(),
+        1 => "; 1 kernel event was dropped during the call: the cause may be the one lost".into(),
+        n => format!(
+            "; {n} kernel events were dropped during the call: the cause may be among them"
         ),
     }
 }
@@ -220,6 +238,23 @@ mod tests {
         assert!(
             t.explanation.ends_with(
                 "(no interface or kernel evidence; noticed, not the cause: `/usr/share/locale/de/LC_MESSAGES/grep.mo` was missing (openat ENOENT in grep (pid 7)))"
+            ),
+            "{}",
+            t.explanation
+        );
+    }
+
+    #[test]
+    fn kernel_events_dropped_during_an_unexplained_failure_are_said() {
+        let mut s = failing(ok());
+        s.kernel = Some(
+            json!({"available": true, "failed": true, "primitive": "none", "drops": {"kernel": 3, "retention": 0}}),
+        );
+        let t = triage(&[s]).unwrap();
+        assert_eq!((t.layer.id(), t.primitive.id()), ("test", "none"));
+        assert!(
+            t.explanation.ends_with(
+                "(no interface or kernel evidence; 3 kernel events were dropped during the call: the cause may be among them)"
             ),
             "{}",
             t.explanation

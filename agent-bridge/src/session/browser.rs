@@ -359,6 +359,7 @@ impl Session {
             env: Vec::new(),
             stdin_pipe: true,
             own_binary: false,
+            untraced: None,
         };
         let running = self
             .ctx

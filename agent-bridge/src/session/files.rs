@@ -44,6 +44,7 @@ fn hash_and_encode(data: Vec<u8>, fault: Option<InterfaceFault>) -> (String, usi
 }
 
 impl Session {
+    /// A file worker, traced by the probe like any workload.
     pub(super) async fn worker(
         &self,
         what: &str,
@@ -51,6 +52,20 @@ impl Session {
         stdin: Option<Arc<Vec<u8>>>,
         output: Output,
         cancel: CancellationToken,
+    ) -> Result<(Vec<u8>, Vec<u8>, Value), Reply> {
+        self.run_worker(what, args, stdin, output, cancel, None)
+            .await
+    }
+
+    /// A worker; `untraced`: why the probe is not asked to trace it.
+    pub(super) async fn run_worker(
+        &self,
+        what: &str,
+        args: Vec<OsString>,
+        stdin: Option<Arc<Vec<u8>>>,
+        output: Output,
+        cancel: CancellationToken,
+        untraced: Option<&'static str>,
     ) -> Result<(Vec<u8>, Vec<u8>, Value), Reply> {
         let mut argv = vec![
             self.config.self_exe.clone().into_os_string(),
@@ -62,6 +77,7 @@ impl Session {
             label: format!("{what}: {shown}"),
             argv,
             own_binary: true,
+            untraced,
             ..Spec::default()
         };
         let f = self

@@ -350,6 +350,7 @@ impl Session {
             env: tools::environment(&a.env)?,
             stdin_pipe: false,
             own_binary: false,
+            untraced: None,
         };
         let cap = output_cap(a.max_output_bytes)?;
         let timeout = self.timeout(a.timeout_ms);
@@ -476,7 +477,15 @@ impl Session {
             cap: 8 << 20,
             stdout_hint: 0,
         };
-        let (stdout, _, _) = match self.worker("environment", argv, None, output, cancel).await {
+        // its trials fail on purpose and its lookups of absent tools are
+        // its measurements: tens of thousands of failed calls in a second
+        // that are no workload's evidence, and would crowd out (or, in a
+        // burst, make the ring buffer drop) the evidence of calls beside it
+        let untraced = Some("the snapshot is the bridge's own measurement: not traced");
+        let (stdout, _, _) = match self
+            .run_worker("environment", argv, None, output, cancel, untraced)
+            .await
+        {
             Ok(r) => r,
             Err(reply) => return Ok(reply),
         };

@@ -27,6 +27,7 @@ impl Session {
             env: tools::environment(&a.env)?,
             stdin_pipe: true,
             own_binary: false,
+            untraced: None,
         };
         let running = match self.ctx.start(spec, self.next_call()).await {
             Ok(r) => r,

@@ -143,10 +143,10 @@ impl Grades {
     pub fn of(span: &SpanEvidence, words: &Words) -> Grades {
         let said = Names::of(words.output.as_deref().unwrap_or(""));
         let asked = Names::of(words.command.as_deref().unwrap_or(""));
-        let execs = last_exec(&span.events);
+        let later = Later::of(&span.events);
         let grades = (0..span.events.len())
             .map(|i| {
-                let mut grade = weigh(span, &span.events, i, &execs)?;
+                let mut grade = weigh(span, &span.events, i, &later)?;
                 if grade.level != Level::Weak {
                     return Some(grade);
                 }
@@ -210,13 +210,54 @@ pub(super) fn last_exec(events: &VecDeque<KernelEvent>) -> HashMap<u32, usize> {
         .collect()
 }
 
+/// What each process did last, by event index, read once per span so
+/// grading stays linear in its events (a span of a shell's PATH search
+/// has thousands of failures).
+struct Later<'a> {
+    /// pid → index of its last successful exec.
+    execs: HashMap<u32, usize>,
+    /// (pid, path) → index of its last write to that path.
+    writes: HashMap<(u32, &'a str), usize>,
+}
+
+impl<'a> Later<'a> {
+    fn of(events: &'a VecDeque<KernelEvent>) -> Later<'a> {
+        let writes = events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.kind == Kind::FileWrite)
+            .filter_map(|(i, e)| Some(((e.pid, e.path.as_deref()?), i)))
+            .collect();
+        Later {
+            execs: last_exec(events),
+            writes,
+        }
+    }
+
+    /// Whether failure `i`'s program image was replaced after it.
+    fn exec_after(&self, ev: &KernelEvent, i: usize) -> bool {
+        self.execs.get(&ev.pid).is_some_and(|&x| x > i)
+    }
+
+    /// Whether the process of failure `i` later opened the same path for
+    /// writing: it got past the failure on that object. Not for what the
+    /// session wrote before and is gone: its loss is read by the
+    /// persistence rule, which a later write does not undo.
+    fn written_after(&self, ev: &KernelEvent, i: usize) -> bool {
+        let Some(path) = ev.path.as_deref().filter(|_| ev.written_earlier.is_none()) else {
+            return false;
+        };
+        self.writes.get(&(ev.pid, path)).is_some_and(|&w| w > i)
+    }
+}
+
 /// A failure event's grade before its witnesses are read (a lookup is
 /// weak until then); None when it is not a failure any rule names.
 fn weigh(
     span: &SpanEvidence,
     events: &VecDeque<KernelEvent>,
     i: usize,
-    execs: &HashMap<u32, usize>,
+    later: &Later<'_>,
 ) -> Option<Grade> {
     let ev = &events[i];
     if !(ev.kind.is_failure() || ev.kind == Kind::SeccompDenied) {
@@ -239,8 +280,7 @@ fn weigh(
     }
     // its program image was replaced: it coped, as a PATH search or a
     // wrapper does; or it tried again and wrote the same path
-    let superseded =
-        execs.get(&ev.pid).is_some_and(|&x| x > i) || written_later_by_itself(events, i);
+    let superseded = later.exec_after(ev, i) || later.written_after(ev, i);
     if superseded {
         let rule = classify(syscall, errno, ev.flags.unwrap_or(0))?;
         return Some(Grade {
@@ -308,21 +348,6 @@ fn made_again_later(events: &VecDeque<KernelEvent>, i: usize) -> bool {
                 p == path || (p.starts_with(path) && p[path.len()..].starts_with('/'))
             })
     })
-}
-
-/// Whether the process of failure `i` later opened the same path for
-/// writing: it got past the failure on that object.
-fn written_later_by_itself(events: &VecDeque<KernelEvent>, i: usize) -> bool {
-    let ev = &events[i];
-    // what the session wrote before and is gone: its loss is read by the
-    // persistence rule, which a later write does not undo
-    let Some(path) = ev.path.as_deref().filter(|_| ev.written_earlier.is_none()) else {
-        return false;
-    };
-    events
-        .iter()
-        .skip(i + 1)
-        .any(|w| w.kind == Kind::FileWrite && w.pid == ev.pid && w.path.as_deref() == Some(path))
 }
 
 /// The path-like words of a text, for [`Names::names`].
