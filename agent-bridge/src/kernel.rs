@@ -130,7 +130,10 @@ impl Kernel {
             return Err("the probe is switched off (--no-probe)".into());
         };
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.as_ref().is_some_and(|c| closed_by_peer(c.socket_fd())) {
+        if guard
+            .as_ref()
+            .is_some_and(|c| closed_by_peer(c.socket_fd()))
+        {
             *guard = None;
         }
         if guard.is_none() {
@@ -170,7 +173,10 @@ impl Kernel {
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
         // a daemon restarted since the last call closed this connection:
         // found out before the call, which then goes to the new daemon
-        if guard.as_ref().is_some_and(|c| closed_by_peer(c.socket_fd())) {
+        if guard
+            .as_ref()
+            .is_some_and(|c| closed_by_peer(c.socket_fd()))
+        {
             *guard = None;
         }
         if guard.is_none() {

@@ -1007,6 +1007,7 @@ fn the_evidence_an_answer_carries_is_stored_however_it_comes() {
     };
     write("browser", "between", open("between"));
     write("browser", "heavy", open("heavy"));
+    write("browser", "heavy-gone", open("heavy-gone"));
     let adapter = dir.path().join("two-calls.toml");
     std::fs::write(
         &adapter,
@@ -1076,6 +1077,16 @@ result.page_text = { from = "text" }
     assert_eq!(cause, "sandbox/mem.oom", "{why}");
     assert_eq!(k["followed_by"]["exit"]["signal"], "SIGKILL", "{k}");
     assert_eq!(k["followed_by"]["outcome"], "timeout", "{k}");
+    // the same tab, then a follow-up whose connection broke: the tab's
+    // death is kept, and the broken call says why it has no evidence
+    let (cause, why, k) = test("heavy-gone");
+    assert_eq!(cause, "sandbox/mem.oom", "{why} {k}");
+    assert!(
+        k["followed_by"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("transport: ")),
+        "{k}"
+    );
 }
 
 #[test]

@@ -612,6 +612,14 @@ async fn http_sessions_end_with_delete_and_bad_requests_are_refused() {
         .parse()
         .unwrap();
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    let proxy = _keep.0.id();
+    if root() {
+        assert_eq!(
+            server_cgroups(proxy),
+            1,
+            "the server runs in a cgroup of its own"
+        );
+    }
     let _ = client.cancel().await; // rmcp sends DELETE for its session
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while !gone(&pid.to_string()) {
@@ -621,6 +629,38 @@ async fn http_sessions_end_with_delete_and_bad_requests_are_refused() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // its cgroup (a directory, and two files the proxy holds open) goes
+    // with it, not when the timers of its requests (--call-timeout) fire
+    while root() && server_cgroups(proxy) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ended session's cgroup is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The proxy `pid`'s server cgroups (`mcp-PID-proxy-…`), in any hierarchy.
+fn server_cgroups(pid: u32) -> usize {
+    let prefix = format!("mcp-{pid}-proxy-");
+    let mut names = std::collections::BTreeSet::new();
+    for root in [
+        "/sys/fs/cgroup",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup/pids",
+    ] {
+        for e in std::fs::read_dir(format!("{root}/agent-bridge"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) {
+                names.insert(name);
+            }
+        }
+    }
+    names.len()
 }
 
 /// A process of the server's that dies between two calls (a child the

@@ -530,6 +530,23 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// What died in the server's tree between the previous call and this one
+/// (the proxy's `before_call`), when something did.
+fn before_call(h: &mut String, k: &Value) {
+    let before = &k["before_call"];
+    let failed = before["hidden_failure"]
+        .as_object()
+        .map_or(before, |_| &before["hidden_failure"]);
+    if let Some(primitive) = text(&failed["primitive"]).filter(|p| p != "none") {
+        let _ = write!(
+            h,
+            "<p>before the call: <b>{}</b> — {}</p>",
+            esc(&primitive),
+            esc(&text(&failed["explanation"]).unwrap_or_default())
+        );
+    }
+}
+
 /// The probe's attribution for the step: what it concluded, and the
 /// events around the decisive one as a timeline.
 /// `said` is the test's explanation: the probe's is left out when it only repeats it.
@@ -545,6 +562,8 @@ fn kernel(h: &mut String, k: &Value, step: Option<u64>, said: &str) {
             "<p class=muted>none: {}</p>",
             esc(&text(&k["reason"]).unwrap_or_else(|| "the probe was not attached".into()))
         );
+        // the call's own span is lost, what died before it is not
+        before_call(h, k);
         return;
     }
     let unless_said = |why: &Value| match text(why) {
@@ -574,6 +593,7 @@ fn kernel(h: &mut String, k: &Value, step: Option<u64>, said: &str) {
             unless_said(&hf["explanation"])
         );
     }
+    before_call(h, k);
     if let Some(hint) = text(&k["hint"]) {
         let _ = write!(h, "<p class=muted>hint: {}</p>", esc(&hint));
     }
@@ -824,6 +844,33 @@ mod tests {
         assert!(g[2].1.contains("openat"), "{g:?}");
         // the net.egress section (4 tests) comes before fs.missing (1)
         assert!(h.find("net.egress <span").unwrap() < h.find("fs.missing <span").unwrap());
+    }
+
+    #[test]
+    fn unavailable_evidence_still_shows_what_died_before_the_call() {
+        let oom = json!({"available": true, "failed": true, "primitive": "mem.oom",
+            "explanation": "chromium (pid 41) was killed by the OOM killer"});
+        let k = json!({"available": false, "reason": "the probe daemon did not answer within 30 s",
+            "before_call": oom});
+        let h = html(&report(
+            vec![failure(
+                "browser-1",
+                "mem.oom",
+                "step 0: before its call, chromium died",
+                json!({"step": 0, "failures": [], "interface": [], "kernel": k}),
+            )],
+            vec![],
+        ));
+        assert!(
+            h.contains("none: the probe daemon did not answer within 30 s"),
+            "{h}"
+        );
+        assert!(
+            h.contains(
+                "before the call: <b>mem.oom</b> — chromium (pid 41) was killed by the OOM killer"
+            ),
+            "{h}"
+        );
     }
 
     #[test]

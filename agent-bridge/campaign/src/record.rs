@@ -155,9 +155,17 @@ pub enum CallError {
         kernel: Option<serde_json::Value>,
     },
     /// The connection broke (the bridge died, the socket closed, …).
-    Transport(String),
-    /// No answer in time.
-    Timeout(Duration),
+    /// `kernel`: what the step's earlier calls showed (a follow-up call of
+    /// an adapted step broke, and the calls before it may say why).
+    Transport {
+        message: String,
+        kernel: Option<serde_json::Value>,
+    },
+    /// No answer in time; `kernel` as for `Transport`.
+    Timeout {
+        after: Duration,
+        kernel: Option<serde_json::Value>,
+    },
 }
 
 impl CallError {
@@ -168,14 +176,49 @@ impl CallError {
             kernel: None,
         }
     }
+
+    /// The connection broke; no evidence with it.
+    pub fn transport(message: String) -> CallError {
+        CallError::Transport {
+            message,
+            kernel: None,
+        }
+    }
+
+    /// No answer within `after`; no evidence with it.
+    pub fn timeout(after: Duration) -> CallError {
+        CallError::Timeout {
+            after,
+            kernel: None,
+        }
+    }
+
+    /// The kernel evidence the error carries.
+    pub fn kernel(&self) -> Option<&serde_json::Value> {
+        match self {
+            CallError::Protocol { kernel, .. }
+            | CallError::Transport { kernel, .. }
+            | CallError::Timeout { kernel, .. } => kernel.as_ref(),
+        }
+    }
+
+    /// The same error carrying `evidence` instead.
+    pub fn with_kernel(mut self, evidence: Option<serde_json::Value>) -> CallError {
+        match &mut self {
+            CallError::Protocol { kernel, .. }
+            | CallError::Transport { kernel, .. }
+            | CallError::Timeout { kernel, .. } => *kernel = evidence,
+        }
+        self
+    }
 }
 
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Protocol { message, .. } => write!(f, "JSON-RPC error: {message}"),
-            CallError::Transport(m) => write!(f, "transport: {m}"),
-            CallError::Timeout(d) => write!(f, "no answer in {} s", d.as_secs()),
+            CallError::Transport { message, .. } => write!(f, "transport: {message}"),
+            CallError::Timeout { after, .. } => write!(f, "no answer in {} s", after.as_secs()),
         }
     }
 }

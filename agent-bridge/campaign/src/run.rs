@@ -895,7 +895,7 @@ pub async fn run_test(
     match open {
         Err(e) => {
             // the bridge would not start or answer: the test's first step failed on it
-            let error = CallError::Transport(e);
+            let error = CallError::transport(e);
             let o = verdict::judge(
                 &test.steps[0],
                 Err(error),
@@ -1101,15 +1101,23 @@ pub async fn send_adapted(
             .await
         {
             Ok(r) => r,
-            // a follow-up that failed: the calls before it may hold why
-            // (the tab the OOM killer took, which the server then waited on)
-            Err(CallError::Protocol { message, kernel }) if !results.is_empty() => {
+            // a follow-up that failed, answered with an error, broke its
+            // connection or never answered: the calls before it may hold
+            // why (the tab the OOM killer took, which the server then
+            // waited on)
+            Err(e) if !results.is_empty() => {
                 let before: Vec<&Value> = results
                     .iter()
                     .filter_map(super::adapter::call_kernel)
                     .collect();
-                let kernel = super::adapter::step_kernel(&before, kernel.as_ref());
-                return Err(CallError::Protocol { message, kernel });
+                // the failed call's evidence, or why it has none: either
+                // way the step's last call failed
+                let failed = e.kernel().cloned().unwrap_or_else(|| {
+                    serde_json::json!({"available": false, "reason": e.to_string(),
+                        "label": format!("tools/call {tool}")})
+                });
+                let kernel = super::adapter::step_kernel(&before, Some(&failed));
+                return Err(e.with_kernel(kernel));
             }
             Err(e) => return Err(e),
         };

@@ -223,20 +223,20 @@ impl Connection {
         params.meta = meta;
         let patience = wait + ANSWER_GRACE;
         match tokio::time::timeout(patience, self.client.call_tool(params)).await {
-            Err(_) => Err(CallError::Timeout(patience)),
+            Err(_) => Err(CallError::timeout(patience)),
             Ok(Ok(r)) => Ok(r),
             Ok(Err(rmcp::ServiceError::McpError(e))) => Err(protocol_error(e)),
-            Ok(Err(e)) => Err(CallError::Transport(self.explain(e.to_string()))),
+            Ok(Err(e)) => Err(CallError::transport(self.explain(e.to_string()))),
         }
     }
 
     /// Every tool the server lists (following pagination).
     pub async fn list_tools(&self) -> Result<Vec<rmcp::model::Tool>, CallError> {
         match tokio::time::timeout(Duration::from_secs(30), self.client.list_all_tools()).await {
-            Err(_) => Err(CallError::Timeout(Duration::from_secs(30))),
+            Err(_) => Err(CallError::timeout(Duration::from_secs(30))),
             Ok(Ok(tools)) => Ok(tools),
             Ok(Err(rmcp::ServiceError::McpError(e))) => Err(protocol_error(e)),
-            Ok(Err(e)) => Err(CallError::Transport(self.explain(e.to_string()))),
+            Ok(Err(e)) => Err(CallError::transport(self.explain(e.to_string()))),
         }
     }
 

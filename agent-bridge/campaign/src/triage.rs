@@ -178,9 +178,9 @@ fn dropped(step: &StepOutcome) -> String {
     match n {
         0 => String::new(),
         1 => "; 1 kernel event was dropped during the call: the cause may be the one lost".into(),
-        n => format!(
-            "; {n} kernel events were dropped during the call: the cause may be among them"
-        ),
+        n => {
+            format!("; {n} kernel events were dropped during the call: the cause may be among them")
+        }
     }
 }
 

@@ -102,11 +102,7 @@ pub fn judge(
             sent.printed_sha256.push(None);
             out.transport_lost = !matches!(e, CallError::Protocol { .. });
             out.call_error = Some(e.to_string());
-            let kernel = match &e {
-                CallError::Protocol { kernel, .. } => kernel.as_ref(),
-                _ => None,
-            };
-            keep_kernel(&mut out, kernel);
+            keep_kernel(&mut out, e.kernel());
             // the server died on the call, or a process of its died just
             // before it, and the kernel says why (the proxy's evidence on
             // its error): the sandbox's failure, not the interface's
@@ -215,12 +211,15 @@ pub fn judge(
 /// attribution is counted as one, whatever the reason.
 fn keep_kernel(out: &mut StepOutcome, kernel: Option<&Value>) {
     let Some(k) = kernel else {
-        out.kernel_unavailable = Some(match &out.call_error {
+        let reason = match &out.call_error {
             Some(e) => format!("the call got no result and no evidence ({e})"),
             None => "the answer carries no kernel evidence (run the server behind \
                      `agent-bridge proxy`)"
                 .into(),
-        });
+        };
+        // stored with the step, as evidence the probe gave no reason for is
+        out.kernel = Some(json!({"available": false, "reason": reason}));
+        out.kernel_unavailable = Some(reason);
         return;
     };
     let mut k = k.clone();
@@ -1298,7 +1297,7 @@ mod tests {
         assert!(!o.passed() && !o.transport_lost);
         let o = judge(
             &s,
-            Err(CallError::Transport("closed".into())),
+            Err(CallError::transport("closed".into())),
             Duration::ZERO,
             &mut Sent::default(),
         );

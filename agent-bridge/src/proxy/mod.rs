@@ -451,9 +451,16 @@ impl Relay {
     /// and kills the server (it is hung; the next request starts it again).
     fn watch(self: &Arc<Self>, id: String, child: Arc<Child>, timeout: Duration) {
         let relay = Arc::downgrade(self);
+        // weak too: a session that ends meanwhile frees its server's cgroup
+        // (a directory and two open files) now, not when the timer fires;
+        // held strongly, every session of the last --call-timeout (600 s)
+        // kept its own
+        let child = Arc::downgrade(&child);
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
-            let Some(relay) = relay.upgrade() else { return };
+            let (Some(relay), Some(child)) = (relay.upgrade(), child.upgrade()) else {
+                return;
+            };
             let taken = {
                 let mut pending = relay.pending();
                 match pending.get(&id) {
