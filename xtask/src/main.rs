@@ -29,6 +29,7 @@ mod kernels;
 mod pgcluster;
 mod precision;
 mod runtimes;
+mod soak;
 mod toolchain;
 
 #[derive(Parser)]
@@ -122,6 +123,32 @@ enum Cmd {
         /// Do not rewrite docs/BROWSER-RUNS.md.
         #[arg(long)]
         no_write: bool,
+    },
+    /// A month, compressed: the probe daemon, `agent-bridge serve` (HTTP,
+    /// and stdio under every fault profile) and `agent-bridge proxy` under
+    /// campaign loops and hostile clients for N minutes, each killed with
+    /// SIGKILL once and restarted, the evidence DB's filesystem filled to
+    /// its last megabyte once. Samples RSS, fds, threads, open spans, call
+    /// cgroups, DB and WAL, events and drops; checks integrity, lost spans,
+    /// orphans and every call's evidence; writes SOAK.md with a plot per
+    /// series (as root).
+    Soak {
+        /// How long the load runs.
+        #[arg(long, default_value_t = 60.0)]
+        minutes: f64,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 10)]
+        interval: u64,
+        /// Tests generated for the suite the loops run (the browser domain is left out).
+        #[arg(long, default_value_t = 60)]
+        count: usize,
+        /// Use the `probe` and `agent-bridge` of this directory instead of
+        /// a release build.
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// Write SOAK.md and its plots to docs/ (else target/soak/).
+        #[arg(long)]
+        write: bool,
     },
     /// Measure the probe against unprobed, strace and bpftrace baselines,
     /// the daemon, and the MCP bridge; writes docs/BENCHMARKS.md.
@@ -271,6 +298,34 @@ fn main() -> anyhow::Result<()> {
         Cmd::BrowserDemo { count, no_write } => {
             setup()?;
             browser_demo::browser_demo(count, !no_write)
+        }
+        Cmd::Soak {
+            minutes,
+            interval,
+            count,
+            bin_dir,
+            write,
+        } => {
+            let bin = match bin_dir {
+                Some(dir) => std::path::absolute(dir)?,
+                None => {
+                    setup()?;
+                    build_release_binaries()?
+                }
+            };
+            let dir = workspace_root().join("target/soak");
+            soak::run(&soak::Options {
+                minutes,
+                interval_s: interval,
+                bin,
+                out: if write {
+                    workspace_root().join("docs")
+                } else {
+                    dir.join("report")
+                },
+                dir: dir.join("work"),
+                count,
+            })
         }
         Cmd::Bench {
             n,
@@ -668,6 +723,20 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     // under QEMU, amd64 and arm64, both rungs) and under gVisor, where the
     // probe refuses
     kernels::run(&dists, &[])?;
+    // a short soak of those executables (kills, a full disk, hostile
+    // clients) beside the image tests, which mostly wait on dpkg and QEMU
+    let soak_dir = workspace_root().join("target/soak");
+    let soak = {
+        let options = soak::Options {
+            minutes: 4.0,
+            interval_s: 5,
+            bin: dist.clone(),
+            dir: soak_dir.join("work"),
+            out: soak_dir.join("report"),
+            count: 40,
+        };
+        std::thread::spawn(move || soak::run(&options))
+    };
     // the sandbox image with those executables installed, booted (the
     // Debian base is cached in target/image/ after the first build); the
     // arm64 base is built meanwhile (both mostly wait on dpkg), then that
@@ -679,7 +748,11 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("building the arm64 image base panicked"))?;
     amd64?;
     arm64_base?;
-    image::vm::test(&dists[1].1, &dist, 20)
+    let arm64 = image::vm::test(&dists[1].1, &dist, 20);
+    soak.join()
+        .map_err(|_| anyhow::anyhow!("the soak panicked"))?
+        .context("the short soak (report: target/soak/report/SOAK.md)")?;
+    arm64
 }
 
 /// Builds probe and agent-bridge (release) and returns their directory.
