@@ -1074,34 +1074,42 @@ fn a_late_answer_carries_its_calls_evidence() {
 
 /// Over HTTP a cancelled call's late answer ends the call's own event
 /// stream, with the call's evidence. Before, it went to the newest call's
-/// stream without it, and that stream never ended.
+/// stream without it, and that stream never ended; and a call without a
+/// progress token (answered as JSON, not a stream) got a 500 at its
+/// cancellation, so its late answer had nowhere to go.
 #[tokio::test(flavor = "multi_thread")]
 async fn over_http_a_cancelled_calls_late_answer_ends_its_own_stream() {
     let (_keep, url) = start_proxy_http(&[]);
     let session = raw_http_session(&url).await;
-    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "slow", "arguments": {}, "_meta": {"progressToken": "t"}}});
-    let posted = {
-        let (url, session) = (url.clone(), session.clone());
-        tokio::spawn(async move { raw_post(&url, Some(&session), &call.to_string()).await })
-    };
-    // the fixture takes 1 s to answer
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}"#;
-    assert_eq!(raw_post(&url, Some(&session), cancel).await.1, 202);
-    let (_, status, body) = tokio::time::timeout(Duration::from_secs(20), posted)
-        .await
-        .expect("the call's stream did not end within 20 s")
-        .unwrap();
-    assert_eq!(status, 200);
-    let last = body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .next_back()
-        .unwrap_or_else(|| panic!("no event in {body}"));
-    let late: Value = serde_json::from_str(last).unwrap();
-    assert_eq!(late["id"], 2, "{late}");
-    assert_eq!(kernel_of(&late)["outcome"], "cancelled", "{late}");
+    for (id, meta) in [(2, json!({"progressToken": "t"})), (3, json!({}))] {
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "slow", "arguments": {}, "_meta": meta}});
+        let posted = {
+            let (url, session) = (url.clone(), session.clone());
+            tokio::spawn(async move { raw_post(&url, Some(&session), &call.to_string()).await })
+        };
+        // the fixture takes 1 s to answer
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id}});
+        assert_eq!(
+            raw_post(&url, Some(&session), &cancel.to_string()).await.1,
+            202
+        );
+        let (_, status, body) = tokio::time::timeout(Duration::from_secs(20), posted)
+            .await
+            .expect("the call's stream did not end within 20 s")
+            .unwrap();
+        assert_eq!(status, 200, "{meta}: {body}");
+        let last = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .next_back()
+            .unwrap_or_else(|| panic!("{meta}: no event in {body}"));
+        let late: Value = serde_json::from_str(last).unwrap();
+        assert_eq!(late["id"], id, "{late}");
+        assert_eq!(kernel_of(&late)["outcome"], "cancelled", "{late}");
+    }
 }
 
 /// A tools/call without a name (no `name`, params that are no object, no

@@ -319,7 +319,16 @@ async fn post(State(s): State<Arc<Sessions>>, headers: HeaderMap, body: Body) ->
         .await;
     match rx.await {
         Ok(chunks) => json_body(chunks, session.as_deref()),
-        Err(_) => plain(StatusCode::INTERNAL_SERVER_ERROR, "the request was dropped"),
+        // the client cancelled it: the answer becomes an event stream that
+        // the server's late answer, if one comes, ends with its evidence
+        Err(_) => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            sink.calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((id, tx));
+            sse(rx)
+        }
     }
 }
 
