@@ -85,6 +85,13 @@ impl InFlight {
         }
     }
 
+    /// Returns once no request is in flight.
+    async fn until_answered(&self) {
+        while !self.0.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// An answer leaves: its request is no longer in flight.
     fn answered(&self, message: &TxJsonRpcMessage<RoleServer>) {
         use rmcp::model::JsonRpcMessage;
@@ -147,7 +154,16 @@ impl Transport<RoleServer> for StdioTransport {
     }
 
     fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleServer>>> + Send {
-        self.incoming.recv()
+        async move {
+            let message = self.incoming.recv().await;
+            if message.is_none() {
+                // stdin closed: the requests read before it are answered
+                // first. Told now, rmcp would give them 5 s, then cancel
+                // them and drop their answers.
+                self.in_flight.until_answered().await;
+            }
+            message
+        }
     }
 
     fn close(&mut self) -> impl Future<Output = Result<(), Closed>> + Send {

@@ -1895,3 +1895,55 @@ fn a_request_reusing_an_id_in_flight_is_refused_and_the_first_is_answered() {
         .unwrap();
     assert_eq!(status.open_spans, 0, "{status:?}");
 }
+
+/// A client that sends its calls and closes stdin at once gets every
+/// answer, however long the calls take: rmcp alone gives in-flight calls
+/// 5 s after stdin closes, then cancels them and drops their answers (the
+/// answers seen lost "when stdin closed right after the requests").
+#[test]
+fn every_call_sent_before_stdin_closed_is_answered() {
+    use std::io::{Read as _, Write as _};
+    let mut child = std::process::Command::new(BRIDGE)
+        .args(["serve", "--stdio", "--no-probe"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut requests = vec![
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    ];
+    for (id, secs) in [(1, 0), (2, 7), (3, 1)] {
+        requests.push(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "exec", "arguments": {"command": format!("sleep {secs}; echo done-{id}")}}}));
+    }
+    for r in requests {
+        writeln!(stdin, "{r}").unwrap();
+    }
+    drop(stdin);
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let answers: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for id in 1..=3 {
+        let a = answers
+            .iter()
+            .find(|a| a["id"] == id)
+            .unwrap_or_else(|| panic!("no answer to call {id}: {out}"));
+        assert_eq!(
+            structured(&serde_json::from_value(a["result"].clone()).unwrap())["stdout"]["text"],
+            format!("done-{id}\n"),
+            "{a}"
+        );
+    }
+}
