@@ -29,6 +29,7 @@ pub mod cdp;
 pub mod cgroup;
 pub mod http_answer;
 pub mod http_errors;
+pub mod http_ids;
 pub mod kernel;
 pub mod launch;
 pub mod listen;

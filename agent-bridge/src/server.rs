@@ -364,10 +364,15 @@ pub async fn serve_http(
         http,
     );
     // a call whose answer is all its stream holds is answered as JSON
+    let ids = Arc::new(crate::http_ids::InFlightIds::default());
     let app = axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn(
             crate::http_answer::single_answer_as_json,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            ids,
+            crate::http_ids::refuse_reused_ids,
         ))
         // outermost: a refusal in JSON-RPC, whoever refused
         .layer(axum::middleware::from_fn(

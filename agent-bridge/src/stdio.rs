@@ -153,17 +153,15 @@ impl Transport<RoleServer> for StdioTransport {
         std::future::ready(sent)
     }
 
-    fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleServer>>> + Send {
-        async move {
-            let message = self.incoming.recv().await;
-            if message.is_none() {
-                // stdin closed: the requests read before it are answered
-                // first. Told now, rmcp would give them 5 s, then cancel
-                // them and drop their answers.
-                self.in_flight.until_answered().await;
-            }
-            message
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        let message = self.incoming.recv().await;
+        if message.is_none() {
+            // stdin closed: the requests read before it are answered
+            // first. Told now, rmcp would give them 5 s, then cancel them
+            // and drop their answers.
+            self.in_flight.until_answered().await;
         }
+        message
     }
 
     fn close(&mut self) -> impl Future<Output = Result<(), Closed>> + Send {

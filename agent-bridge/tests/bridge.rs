@@ -1947,3 +1947,44 @@ fn every_call_sent_before_stdin_closed_is_answered() {
         );
     }
 }
+
+/// Over HTTP too, a request under an id still in flight in its session is
+/// refused with its own answer, and the first is answered: rmcp alone runs
+/// both and drops the first's answer. Once answered, the id is free again;
+/// another session may use it meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn over_http_a_request_reusing_an_id_in_flight_is_refused_and_the_first_is_answered() {
+    let (_bridge, url) = Bridge::start_http(&Opts::default());
+    let (session, other) = (raw_http_session(&url).await, raw_http_session(&url).await);
+    let call = |command: &str| {
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+               "params": {"name": "exec", "arguments": {"command": command}}})
+        .to_string()
+    };
+    let first = {
+        let (url, session, call) = (url.clone(), session.clone(), call("sleep 1; echo first"));
+        tokio::spawn(async move { raw_post(&url, Some(&session), &call).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, status, refused) = raw_post(&url, Some(&session), &call("echo second")).await;
+    assert_eq!(status, 200, "{refused}");
+    let refused: Value = serde_json::from_str(&refused).unwrap();
+    assert_eq!(refused["id"], 7, "{refused}");
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    let (_, _, elsewhere) = raw_post(&url, Some(&other), &call("echo other")).await;
+    assert!(
+        elsewhere.contains("other\\n"),
+        "another session's id 7: {elsewhere}"
+    );
+    let (_, status, answer) = first.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        answer.contains("first\\n"),
+        "the first call's answer: {answer}"
+    );
+    let (_, _, again) = raw_post(&url, Some(&session), &call("echo again")).await;
+    assert!(
+        again.contains("again\\n"),
+        "the id is free once answered: {again}"
+    );
+}

@@ -1341,3 +1341,51 @@ async fn a_terminal_servers_calls_are_judged_by_their_own_work_and_words_every_t
     .await;
     assert_eq!(n, 3 * TIMES);
 }
+
+/// A request under an id still in flight is refused with its own answer
+/// and never reaches the server; the first is answered, and no span is
+/// left open in the daemon. Before, the second replaced the first, whose
+/// asker got an error and whose span stayed open for the daemon's life
+/// (the soak saw open spans climb by about 90 an hour).
+#[test]
+fn a_request_reusing_an_id_in_flight_is_refused_and_leaves_no_span_open() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_daemon, socket) = probe_daemon(dir.path());
+    let open_spans = || {
+        let out = std::process::Command::new(probe_binary())
+            .args(["status", "--json", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["open_spans"]
+            .as_u64()
+            .unwrap()
+    };
+    {
+        let mut raw = Raw::fixture(&[], Some(&socket));
+        for _ in 0..3 {
+            // the fixture takes 1 s to answer `slow`
+            raw.call(9, "slow");
+            std::thread::sleep(Duration::from_millis(300));
+            raw.call(9, "slow");
+            let refused = raw.answer();
+            assert_eq!(refused["id"], 9, "{refused}");
+            assert_eq!(refused["error"]["code"], -32600, "{refused}");
+            let first = raw.answer();
+            assert_eq!(first["id"], 9, "{first}");
+            assert!(
+                first.get("result").is_some(),
+                "the first is answered: {first}"
+            );
+        }
+    }
+    // the session is over: its span between calls ended with it
+    assert!(
+        within(Duration::from_secs(10), || open_spans() == 0),
+        "{} spans left open",
+        open_spans()
+    );
+}

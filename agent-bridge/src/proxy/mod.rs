@@ -264,6 +264,21 @@ impl Relay {
     async fn request(self: &Arc<Self>, line: Vec<u8>, head: ClientHead, deliver: Deliver) {
         let id = head.id.clone().expect("requests have ids");
         let method = head.method.clone().unwrap_or_default();
+        if self.pending().contains_key(&id) {
+            // JSON-RPC ids are unique among a session's unanswered
+            // requests: the second is refused, the first runs on (as serve
+            // does); it never reaches the server
+            let mut answer = crate::stdio::error_answer(
+                Value::Null,
+                -32600,
+                format!(
+                    "Invalid Request: request id {id} is still in flight (ids must be unique \
+                     among a session's unanswered requests); this request was not run"
+                ),
+            );
+            answer["error"]["data"] = json!({frame::META_KEY: no_span(&method, "it was not run")});
+            return deliver(vec![Bytes::from(frame::with_raw_id(answer, &id))]);
+        }
         if method == "tools/call" && head.tool.as_deref() == Some(ENVIRONMENT_TOOL) {
             let answer = self.environment(&line).await;
             return deliver(vec![Bytes::from(frame::with_raw_id(answer, &id))]);
@@ -342,14 +357,20 @@ impl Relay {
                         || strictly_unreadable(&line),
                 },
             ) {
-                // a client reusing an id in flight: the first asker is answered now
-                (old.deliver)(failure(
-                    &id,
-                    format!(
+                // two requests under one id that arrived together (the
+                // check above let both by): the first asker is answered
+                // now, and its call's span ends with what it saw
+                let (relay, id) = (self.clone(), id.clone());
+                tokio::spawn(async move {
+                    let kernel = match &old.call {
+                        Some(c) => relay.evidence(c, None, None, "cancelled", None).await,
+                        None => no_span(&old.method, "its id was reused"),
+                    };
+                    let message = format!(
                         "request id {id} was reused by a later request while this one was in flight"
-                    ),
-                    Value::Null,
-                ));
+                    );
+                    (old.deliver)(failure(&id, message, with_evidence(json!({}), kernel)));
+                });
             }
         }
         drop(between);
