@@ -23,8 +23,6 @@ const END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// these in milliseconds; a long answer only has to keep arriving.
 const BLOCKING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// A blocking connection to the daemon, its requests bounded by
-/// [`BLOCKING_TIMEOUT`].
 /// Whether the other end closed the connection (nothing read, no wait).
 fn closed_by_peer(fd: RawFd) -> bool {
     let mut p = libc::pollfd {
@@ -37,6 +35,8 @@ fn closed_by_peer(fd: RawFd) -> bool {
     ready == 1 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
+/// A blocking connection to the daemon, its requests bounded by
+/// [`BLOCKING_TIMEOUT`].
 fn connect_blocking(socket: &std::path::Path) -> Result<Client, probe::client::ClientError> {
     let mut client = Client::connect(socket)?;
     client.set_timeout(BLOCKING_TIMEOUT)?;

@@ -7,7 +7,8 @@
 //! - [`server`] speaks MCP (rmcp) over [`stdio`] or Streamable HTTP, whose
 //!   connections [`listen`] accepts under a cap and timeouts
 //!   ([`http_answer`] answers a call as one JSON document, [`http_errors`]
-//!   refuses a body as JSON-RPC says) and hands each
+//!   refuses a body as JSON-RPC says, [`http_ids`] refuses a request id
+//!   still in flight) and hands each
 //!   call to its [`session`], which checks arguments (`contract::tools`).
 //! - [`workload`] starts a command under the session's [`profile`]:
 //!   [`launch`] clones it without copying the bridge, [`attach`] puts it in
