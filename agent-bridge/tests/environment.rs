@@ -9,6 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use common::{BRIDGE, Bridge, Opts, is_error, root, structured};
 use serde_json::{Value, json};
@@ -395,6 +396,26 @@ fn compare_ties_each_test_that_broke_in_a_sandbox_to_the_difference_planted_ther
         quoted(&sandbox_words(&sockdir, &work)),
         serve("/run/probe/probe.sock", "ephemeral")
     );
+    // markers of runs that never read theirs back: a stale one in each
+    // place is swept by the next run; a recent one (a live run's) is kept
+    let stale = format!(".probe-env-marker-envtest-stale-{}", std::process::id());
+    let recent = format!(".probe-env-marker-envtest-recent-{}", std::process::id());
+    let planted: Vec<PathBuf> = [Path::new("/tmp"), work.as_path()]
+        .iter()
+        .flat_map(|place| [place.join(&stale), place.join(&recent)])
+        .collect();
+    for marker in &planted {
+        std::fs::write(marker, "an earlier run's marker\n").unwrap();
+        if marker.ends_with(&stale) {
+            let three_days = std::time::SystemTime::now() - Duration::from_secs(3 * 24 * 3600);
+            std::fs::File::options()
+                .write(true)
+                .open(marker)
+                .unwrap()
+                .set_modified(three_days)
+                .unwrap();
+        }
+    }
     let db = dir.path().join("results.db");
     let db = db.to_str().unwrap();
     let suite = suite.to_str().unwrap();
@@ -433,6 +454,22 @@ fn compare_ties_each_test_that_broke_in_a_sandbox_to_the_difference_planted_ther
         "{}",
         env["snapshot"]["facets"]["persistence"]
     );
+    for marker in &planted {
+        assert_eq!(
+            marker.exists(),
+            marker.ends_with(&recent),
+            "{}: a stale marker is swept, a recent one kept",
+            marker.display()
+        );
+        let _ = std::fs::remove_file(marker);
+    }
+    let own: Vec<_> = std::fs::read_dir(&work)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".probe-env-marker-"))
+        .collect();
+    assert!(own.is_empty(), "the runs' own markers are removed: {own:?}");
 
     let html = dir.path().join("compare.html");
     let out = common::ok(&[

@@ -146,18 +146,46 @@ fn probe_tool() -> &'static str {
 fn markers(run: &str, runner: &str) -> [(&'static str, String); 2] {
     let key = format!("{run}\n{runner}");
     let name = format!(
-        ".probe-env-marker-{}",
+        "{MARKER_PREFIX}{}",
         hash_of(key.as_bytes()).trim_start_matches("sha256:")
     );
     [("tmp", format!("/tmp/{name}")), ("workdir", name)]
 }
 
+const MARKER_PREFIX: &str = ".probe-env-marker-";
+
+/// A marker older than this belongs to a run that never read it back (one
+/// killed, or resumed: a resumed run keeps its first snapshot). Longer
+/// than any campaign runs, so a live run's markers are never taken.
+const STALE_MARKER_MINUTES: u32 = 2 * 24 * 60;
+
 /// Writes the markers through the target's `write_file` (a bridge's tool);
-/// the places it could write.
+/// the places it could write. First sweeps the stale markers of runs that
+/// never read theirs, so markers do not pile up over months of runs.
 pub async fn leave_markers(target: &Target, run: &str, runner: &str) -> Vec<&'static str> {
     let Ok(Ok(conn)) = tokio::time::timeout(PATIENCE, target.connect()).await else {
         return vec![];
     };
+    let mut sweep = serde_json::Map::new();
+    sweep.insert(
+        "argv".into(),
+        json!([
+            "find",
+            "/tmp",
+            ".",
+            "-maxdepth",
+            "1",
+            "-type",
+            "f",
+            "-name",
+            format!("{MARKER_PREFIX}*"),
+            "-mmin",
+            format!("+{STALE_MARKER_MINUTES}"),
+            "-delete"
+        ]),
+    );
+    // best effort: a target without `find` keeps its stale markers
+    let _ = conn.call("exec", sweep, PATIENCE, None).await;
     let mut left = vec![];
     for (place, path) in markers(run, runner) {
         let mut args = serde_json::Map::new();
