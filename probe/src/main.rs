@@ -87,6 +87,18 @@ enum Cmd {
         /// --network=none do python3 job.py
         #[arg(long, conflicts_with = "cgroup")]
         gvisor: bool,
+        /// With --gvisor: also the exits of writes (`writes`: a full disk
+        /// or quota on a write is seen) or of writes, reads and closes
+        /// (`all`). Each is a point per call, successes included: see
+        /// docs/BENCHMARKS.md for the cost. (eBPF sees them always.)
+        #[arg(
+            long,
+            value_enum,
+            requires = "gvisor",
+            default_value_t,
+            value_name = "WHICH"
+        )]
+        io_points: probe::gvisor::session::IoPoints,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<OsString>,
@@ -163,6 +175,12 @@ enum Cmd {
         /// The session object alone (for `runsc trace create`).
         #[arg(long)]
         session_only: bool,
+        /// Also the exits of writes (`writes`: a full disk or quota on a
+        /// write is seen, with its file) or of writes, reads and closes
+        /// (`all`). Each is a point per call, successes included: see
+        /// docs/BENCHMARKS.md for the cost.
+        #[arg(long, value_enum, default_value_t, value_name = "WHICH")]
+        io_points: probe::gvisor::session::IoPoints,
     },
     /// Run a command inside a span of the running daemon; print its attribution.
     ///
@@ -472,6 +490,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             event_cap,
             cgroup,
             gvisor,
+            io_points,
             command,
         } => {
             // before loading: a wrong path is a usage error
@@ -488,7 +507,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let traced = if gvisor {
                 // no eBPF: gVisor's own monitoring is the source
-                let mut source = probe::gvisor::source::GvisorSource::for_trace()?;
+                let mut source = probe::gvisor::source::GvisorSource::for_trace(io_points)?;
                 trace(&mut source, &opts)?
             } else {
                 let probe = Probe::load()?;
@@ -593,6 +612,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::GvisorSession {
             socket,
             session_only,
+            io_points,
         } => {
             let socket = socket.unwrap_or_else(|| {
                 DaemonConfig::gvisor_socket_beside(std::path::Path::new(DEFAULT_SOCKET))
@@ -600,9 +620,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // a sandbox starts while the daemon is down (its points lost)
             let start = probe::gvisor::session::IfNoMonitor::Start;
             let value = if session_only {
-                probe::gvisor::session::session(&socket, start)
+                probe::gvisor::session::session(&socket, start, io_points)
             } else {
-                probe::gvisor::session::pod_init_config(&socket, start)
+                probe::gvisor::session::pod_init_config(&socket, start, io_points)
             };
             println!("{}", serde_json::to_string_pretty(&value)?);
             Ok(ExitCode::SUCCESS)

@@ -124,7 +124,9 @@ pub const GVISOR_SIGHT: Sight = Sight {
 };
 
 pub const GVISOR_BLIND_SPOTS: &str = "not seen either way: under gVisor a seccomp ERRNO denial, a signal that does not kill, \
-     an OOM kill inside the sandbox and a mount error leave no event (gVisor has no point for them)";
+     an OOM kill inside the sandbox and a mount error leave no event (gVisor has no point for them), \
+     nor does a failed read, write or close unless the sandbox's session asks for them \
+     (`probe gvisor-session --io-points`)";
 
 impl Source {
     /// What this source cannot see.

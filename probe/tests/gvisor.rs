@@ -452,6 +452,45 @@ fn a_clean_run_and_a_program_failing_by_its_own_logic_are_none() {
 }
 
 #[test]
+fn a_write_to_a_full_device_is_fs_space_only_when_the_session_asks_for_writes() {
+    if !runsc_available() {
+        return;
+    }
+    let full = |io: &str| {
+        let scratch = Scratch::new("io");
+        let out = probe_runsc_with(&scratch.0.join("state"), &["--io-points", io])
+            .args(["do", "sh", "-c", "echo data > /dev/full"])
+            .output()
+            .expect("run probe");
+        parse(out)
+    };
+    for io in ["writes", "all"] {
+        twice(
+            || full(io),
+            |t| {
+                expect_failure(t, "fs.space", "write", "ENOSPC", "/dev/full");
+                assert_eq!(t.decisive("path"), Some("/dev/full"));
+            },
+        );
+    }
+    // by default the write is not seen, and the explanation says so
+    twice(
+        || full("none"),
+        |t| {
+            assert_ne!(t.code, Some(0), "{}", t.context());
+            t.expect("none", None);
+            let explanation = t.json["explanation"].as_str().unwrap();
+            assert!(
+                explanation.contains("failed read, write or close")
+                    && explanation.contains("--io-points"),
+                "{}",
+                t.context()
+            );
+        },
+    );
+}
+
+#[test]
 fn a_call_the_sandbox_kernel_does_not_accept_is_sandbox_kernel() {
     if !runsc_available() {
         return;

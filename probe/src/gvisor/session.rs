@@ -18,8 +18,9 @@ const CONTEXT: [&str; 6] = [
 ];
 
 /// Syscalls with a schematized point (path, address, flags): their exits.
-/// Reads, writes and closes are left out: they are most of a workload's
-/// syscalls, and gVisor sends a point for every success too.
+/// Reads, writes and closes are left out by default: they are most of a
+/// workload's syscalls, and gVisor sends a point for every success too
+/// (`IoPoints` adds them; docs/BENCHMARKS.md has what they cost).
 const SCHEMATIZED: [&str; 16] = [
     "open", "openat", "creat", "execve", "execveat", "connect", "socket", "bind", "accept",
     "accept4", "chdir", "fchdir", "chroot", "clone", "fork", "vfork",
@@ -44,6 +45,41 @@ pub const RAW_SYSNOS: [u32; 32] = [
 /// memfd_secret, close_range, epoll_pwait2, process_madvise).
 pub const RAW_ENOSYS_SYSNOS: [u32; 9] = [435, 425, 434, 437, 444, 447, 436, 441, 440];
 
+/// The write-family exits `IoPoints::Writes` adds: where ENOSPC, EDQUOT,
+/// EFBIG and EIO of a file's data show.
+const WRITES: [&str; 5] = ["write", "writev", "pwrite64", "pwritev", "pwritev2"];
+
+/// What `IoPoints::All` asks for: the writes, the reads and close.
+const ALL_IO: [&str; 11] = [
+    "write", "writev", "pwrite64", "pwritev", "pwritev2", "read", "readv", "pread64", "preadv",
+    "preadv2", "close",
+];
+
+/// Which read, write and close exits the session asks for, beside the
+/// default points. Each adds a point per call, successes included, with
+/// the path behind the fd looked up for each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoPoints {
+    /// None: a failed write inside gVisor is not seen.
+    #[default]
+    None,
+    /// write, writev, pwrite64, pwritev, pwritev2: a full disk or quota
+    /// on a write is seen, with the file's path.
+    Writes,
+    /// The writes, and read, readv, pread64, preadv, preadv2 and close.
+    All,
+}
+
+impl IoPoints {
+    fn syscalls(self) -> &'static [&'static str] {
+        match self {
+            IoPoints::None => &[],
+            IoPoints::Writes => &WRITES,
+            IoPoints::All => &ALL_IO,
+        }
+    }
+}
+
 /// Whether runsc starts the sandbox when no monitor answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IfNoMonitor {
@@ -56,12 +92,12 @@ pub enum IfNoMonitor {
 }
 
 /// The pod-init configuration that sends the probe's points to `endpoint`.
-pub fn pod_init_config(endpoint: &Path, if_none: IfNoMonitor) -> Value {
-    json!({ "trace_session": session(endpoint, if_none) })
+pub fn pod_init_config(endpoint: &Path, if_none: IfNoMonitor, io: IoPoints) -> Value {
+    json!({ "trace_session": session(endpoint, if_none, io) })
 }
 
 /// The session itself (what `runsc trace create --config` reads).
-pub fn session(endpoint: &Path, if_none: IfNoMonitor) -> Value {
+pub fn session(endpoint: &Path, if_none: IfNoMonitor, io: IoPoints) -> Value {
     let context: Vec<&str> = CONTEXT.to_vec();
     let mut points = vec![
         json!({"name": "container/start", "context_fields": context}),
@@ -71,6 +107,13 @@ pub fn session(endpoint: &Path, if_none: IfNoMonitor) -> Value {
     ];
     for name in SCHEMATIZED {
         points.push(json!({"name": format!("syscall/{name}/exit"), "context_fields": context}));
+    }
+    for name in io.syscalls() {
+        points.push(json!({
+            "name": format!("syscall/{name}/exit"),
+            "optional_fields": ["fd_path"],
+            "context_fields": context,
+        }));
     }
     for nr in RAW_SYSNOS.into_iter().chain(RAW_ENOSYS_SYSNOS) {
         // a raw exit point carries its enter point's context fields (a
@@ -195,7 +238,7 @@ mod tests {
 
     #[test]
     fn every_raw_point_asks_for_its_context_on_the_enter_side() {
-        let s = session(Path::new("/s"), IfNoMonitor::Fail);
+        let s = session(Path::new("/s"), IfNoMonitor::Fail, IoPoints::None);
         let points = s["points"].as_array().unwrap();
         for nr in RAW_SYSNOS {
             let enter = points
@@ -209,7 +252,33 @@ mod tests {
         }
         assert_eq!(s["sinks"][0]["config"]["endpoint"], "/s");
         assert_eq!(s["sinks"][0]["ignore_setup_error"], false);
-        let daemon = session(Path::new("/s"), IfNoMonitor::Start);
+        let daemon = session(Path::new("/s"), IfNoMonitor::Start, IoPoints::None);
         assert_eq!(daemon["sinks"][0]["ignore_setup_error"], true);
+    }
+
+    #[test]
+    fn io_points_add_their_exits_with_the_path_behind_the_fd() {
+        let names = |io| -> Vec<String> {
+            let s = session(Path::new("/s"), IfNoMonitor::Start, io);
+            let points = s["points"].as_array().unwrap().clone();
+            points
+                .into_iter()
+                .filter(|p| p["optional_fields"] == json!(["fd_path"]))
+                .map(|p| p["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert!(names(IoPoints::None).is_empty());
+        let writes = names(IoPoints::Writes);
+        assert!(writes.contains(&"syscall/write/exit".to_string()));
+        assert!(writes.contains(&"syscall/pwritev2/exit".to_string()));
+        assert!(
+            !writes
+                .iter()
+                .any(|n| n.contains("read") || n.contains("close"))
+        );
+        let all = names(IoPoints::All);
+        assert!(all.contains(&"syscall/close/exit".to_string()));
+        assert!(all.contains(&"syscall/read/exit".to_string()));
+        assert!(writes.iter().all(|w| all.contains(w)));
     }
 }

@@ -47,6 +47,9 @@ pub struct GvisorSource {
     /// `probe trace --gvisor`: the private directory of the socket and
     /// the configuration runsc is started with.
     work: Option<WorkDir>,
+    /// `probe trace --gvisor --io-points`: the read/write/close exits its
+    /// session asks for.
+    io_points: session::IoPoints,
 }
 
 impl GvisorSource {
@@ -63,15 +66,17 @@ impl GvisorSource {
             everything: None,
             connections: 0,
             work: None,
+            io_points: session::IoPoints::None,
         })
     }
 
     /// For `probe trace --gvisor`: a monitor in a private directory, whose
     /// points all go to one span.
-    pub fn for_trace() -> anyhow::Result<GvisorSource> {
+    pub fn for_trace(io: session::IoPoints) -> anyhow::Result<GvisorSource> {
         let work = WorkDir::new()?;
         let mut source = GvisorSource::listen(&work.0.join("monitor.sock"))?;
         source.work = Some(work);
+        source.io_points = io;
         Ok(source)
     }
 
@@ -285,6 +290,7 @@ impl TraceSource for GvisorSource {
             serde_json::to_vec_pretty(&session::pod_init_config(
                 self.monitor.path(),
                 session::IfNoMonitor::Fail,
+                self.io_points,
             ))?,
         )
         .with_context(|| format!("writing {}", config.display()))?;
