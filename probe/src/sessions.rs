@@ -14,6 +14,13 @@ use crate::event::{Errno, KernelEvent, Kind, WrittenEarlier};
 pub const MAX_PATHS_PER_SESSION: usize = 10_000;
 /// Sessions remembered; the least recently used are forgotten first.
 pub const MAX_SESSIONS: usize = 4_096;
+/// Entries (written paths and the directories above them) remembered
+/// across all sessions. The per-session caps alone allowed 4,096 sessions
+/// of 50,000 entries each, so a daemon serving long-lived sessions for
+/// weeks grew toward gigabytes; at a few hundred bytes an entry this keeps
+/// the memory near 20 MiB. The least recently used sessions go first; one
+/// session alone stays within its own caps, below this.
+pub const MAX_REMEMBERED: usize = 65_536;
 
 #[derive(Default)]
 struct Session {
@@ -25,11 +32,19 @@ struct Session {
     last_used: u64,
 }
 
+impl Session {
+    fn entries(&self) -> usize {
+        self.writes.len() + self.dirs.len()
+    }
+}
+
 /// The per-session write memory.
 #[derive(Default)]
 pub struct Sessions {
     sessions: HashMap<String, Session>,
     tick: u64,
+    /// The sum of every session's `entries()`.
+    remembered: usize,
 }
 
 /// `mnt:[4026531841]` of `pid`.
@@ -55,17 +70,11 @@ impl Sessions {
                 };
                 self.tick += 1;
                 let tick = self.tick;
-                if self.sessions.len() >= MAX_SESSIONS
-                    && !self.sessions.contains_key(session)
-                    && let Some(oldest) = self
-                        .sessions
-                        .iter()
-                        .min_by_key(|(_, s)| s.last_used)
-                        .map(|(k, _)| k.clone())
-                {
-                    self.sessions.remove(&oldest);
+                if self.sessions.len() >= MAX_SESSIONS && !self.sessions.contains_key(session) {
+                    self.forget_least_recent(session);
                 }
                 let s = self.sessions.entry(session.to_string()).or_default();
+                let before = s.entries();
                 s.last_used = tick;
                 let record = WrittenEarlier {
                     span,
@@ -92,6 +101,9 @@ impl Sessions {
                         s.writes.remove(&old);
                     }
                 }
+                let after = s.entries();
+                self.remembered = self.remembered - before + after;
+                while self.remembered > MAX_REMEMBERED && self.forget_least_recent(session) {}
             }
             k if k.is_failure() && (ev.errno_is(Errno::ENOENT) || ev.errno_is(Errno::ENOTDIR)) => {
                 let Some(s) = self.sessions.get(session) else {
@@ -134,8 +146,31 @@ impl Sessions {
         }
     }
 
+    /// Forgets the least recently used session other than `keep`; false
+    /// when there is none.
+    fn forget_least_recent(&mut self, keep: &str) -> bool {
+        let Some(oldest) = self
+            .sessions
+            .iter()
+            .filter(|(k, _)| k.as_str() != keep)
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(k, _)| k.clone())
+        else {
+            return false;
+        };
+        if let Some(gone) = self.sessions.remove(&oldest) {
+            self.remembered -= gone.entries();
+        }
+        true
+    }
+
     pub fn len(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// Written paths and directories remembered, across sessions.
+    pub fn remembered(&self) -> usize {
+        self.remembered
     }
 
     pub fn is_empty(&self) -> bool {
@@ -200,5 +235,44 @@ mod tests {
         sibling.pid = 2;
         s.observe("t-1", 5, &mut sibling);
         assert!(sibling.written_earlier.is_none());
+    }
+
+    #[test]
+    fn the_memory_of_all_sessions_is_bounded_and_the_least_recent_go_first() {
+        let mut s = Sessions::default();
+        // a session's 1,000 writes and their 2 directories; twice the
+        // budget offered in all
+        let per_session = 1_000;
+        let sessions = 2 * MAX_REMEMBERED / per_session;
+        for n in 0..sessions {
+            for i in 0..per_session {
+                let path = format!("/w/s{n}/f{i}");
+                s.observe(
+                    &format!("s-{n}"),
+                    n as u64,
+                    &mut ev(Kind::FileWrite, &path, None),
+                );
+            }
+            assert!(s.remembered() <= MAX_REMEMBERED, "{}", s.remembered());
+        }
+        let counted: usize = s.sessions.values().map(Session::entries).sum();
+        assert_eq!(s.remembered(), counted);
+        assert!(s.remembered() > MAX_REMEMBERED - 2 * per_session);
+        // the first sessions were forgotten, the last is whole
+        assert!(!s.sessions.contains_key("s-0"));
+        let last = &s.sessions[&format!("s-{}", sessions - 1)];
+        assert_eq!(last.writes.len(), per_session);
+        // a forgotten session's write no longer tags a later failure
+        let mut gone = ev(Kind::SyscallFailed, "/w/s0/f1", Some("ENOENT"));
+        gone.pid = 2;
+        s.observe("s-0", 99_999, &mut gone);
+        assert!(gone.written_earlier.is_none());
+        // one session alone keeps its own caps
+        let mut one = Sessions::default();
+        for i in 0..MAX_PATHS_PER_SESSION + 10 {
+            one.observe("big", 1, &mut ev(Kind::FileWrite, &format!("/b/{i}"), None));
+        }
+        assert_eq!(one.sessions["big"].writes.len(), MAX_PATHS_PER_SESSION);
+        assert!(one.remembered() <= MAX_REMEMBERED);
     }
 }

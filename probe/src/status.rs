@@ -29,6 +29,9 @@ pub struct DaemonStatus {
     pub spans_ended: u64,
     pub tracked_tasks: usize,
     pub sessions_remembered: usize,
+    /// Their written paths and directories (bounded: `sessions::MAX_REMEMBERED`).
+    #[serde(default)]
+    pub paths_remembered: usize,
     /// OpenTelemetry export (`None` when off).
     pub otlp: Option<OtlpStatus>,
     /// The gVisor monitor (`None` when not listening).
@@ -250,7 +253,7 @@ impl DaemonStatus {
              programs       {} attached: {}{missing}\n\
              events         {} total, {}/s, {} late (after their span ended), {} undecodable\n\
              drops          kernel {} (ring buffer full), retention {} (per-span cap), {} children untraced (task map full)\n\
-             spans          {} open, {} ended; {} threads traced; {} sessions remembered\n\
+             spans          {} open, {} ended; {} threads traced; {} sessions remembered ({} paths)\n\
              db             {} — {:.1} MiB of a {:.1} MiB budget, {} spans ({} B each), queue {}, stored {}, errors {}\n\
              retention      removed {} spans ({} that explained something) / {} events; keep_events = {} ({}); auto_vacuum {}; longest write {:.1} ms\n\
              memory         RSS {:.1} MiB\n\
@@ -279,6 +282,7 @@ impl DaemonStatus {
             self.spans_ended,
             self.tracked_tasks,
             self.sessions_remembered,
+            self.paths_remembered,
             db.path.display(),
             mib(db.size_bytes),
             mib(db.budget_bytes),

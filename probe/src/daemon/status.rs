@@ -46,6 +46,7 @@ impl Core {
             spans_ended: self.spans_ended,
             tracked_tasks: 0,
             sessions_remembered: self.sessions.len(),
+            paths_remembered: self.sessions.remembered(),
             otlp: self.otlp.as_ref().map(|e| OtlpStatus {
                 invalid_traceparents: self.invalid_traceparents,
                 ..e.status()
