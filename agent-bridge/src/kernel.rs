@@ -23,6 +23,18 @@ const END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// these in milliseconds; a long answer only has to keep arriving.
 const BLOCKING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Drops a kept connection the daemon closed (a daemon restarted since
+/// the last call): found out before the call, which then goes to the new
+/// daemon instead of failing on the old connection.
+fn forget_if_closed(client: &mut Option<Client>) {
+    if client
+        .as_ref()
+        .is_some_and(|c| closed_by_peer(c.socket_fd()))
+    {
+        *client = None;
+    }
+}
+
 /// Whether the other end closed the connection (nothing read, no wait).
 fn closed_by_peer(fd: RawFd) -> bool {
     let mut p = libc::pollfd {
@@ -130,12 +142,7 @@ impl Kernel {
             return Err("the probe is switched off (--no-probe)".into());
         };
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
-        if guard
-            .as_ref()
-            .is_some_and(|c| closed_by_peer(c.socket_fd()))
-        {
-            *guard = None;
-        }
+        forget_if_closed(&mut guard);
         if guard.is_none() {
             *guard = Some(connect_blocking(socket).map_err(|e| unreachable_reason(&e))?);
         }
@@ -171,14 +178,7 @@ impl Kernel {
             );
         };
         let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
-        // a daemon restarted since the last call closed this connection:
-        // found out before the call, which then goes to the new daemon
-        if guard
-            .as_ref()
-            .is_some_and(|c| closed_by_peer(c.socket_fd()))
-        {
-            *guard = None;
-        }
+        forget_if_closed(&mut guard);
         if guard.is_none() {
             match connect_blocking(socket) {
                 Ok(c) => *guard = Some(c),
