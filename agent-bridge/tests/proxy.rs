@@ -1389,3 +1389,29 @@ fn a_request_reusing_an_id_in_flight_is_refused_and_leaves_no_span_open() {
         open_spans()
     );
 }
+
+/// JSON-RPC asks ids to be unique among requests in flight only: a client
+/// may use an answered request's id again. The first request's
+/// `--call-timeout` timer must not fire on the second.
+#[test]
+fn an_answered_requests_timer_does_not_time_out_a_later_request_under_its_id() {
+    let mut raw = Raw::fixture(&["--call-timeout", "3"], None);
+    raw.call(5, "echo");
+    let first = raw.answer();
+    assert!(first.get("result").is_some(), "{first}");
+    // the first request's timer, had it run on, fires 3 s after it began
+    std::thread::sleep(Duration::from_secs(2));
+    raw.call(5, "hang");
+    let sent = std::time::Instant::now();
+    let second = raw.answer();
+    let waited = sent.elapsed();
+    let message = second["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("did not answer `tools/call` within 3 s"),
+        "{second}"
+    );
+    assert!(
+        waited >= Duration::from_millis(2_500),
+        "the second request was timed out {waited:?} after it was sent, by the first's timer"
+    );
+}

@@ -92,6 +92,19 @@ struct Pending {
     /// surrogate, nesting deeper than 128), or its id is a number no i64
     /// holds (rmcp's servers refuse it): a server may answer `id: null`.
     unreadable: bool,
+    /// Its `--call-timeout` timer, stopped when the request is answered.
+    timer: Option<Timer>,
+}
+
+/// A request's timeout task, aborted when dropped with its request: an
+/// answered request's timer neither sleeps on for the rest of the timeout
+/// nor fires on a later request that reuses the id.
+struct Timer(tokio::task::AbortHandle);
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 struct Call {
@@ -332,12 +345,15 @@ impl Relay {
         } else {
             None
         };
+        // numbered under the lock of `pending`: the order requests enter it
+        let sent;
         {
             // a late answer to an ended call of this id could not be told
             // from this request's answer
             self.ended().retain(|e| e.id != id);
             let mut pending = self.pending();
             let mut call = call;
+            sent = self.sent.fetch_add(1, Ordering::Relaxed);
             if let Some(c) = &mut call {
                 for other in pending.values_mut().filter_map(|p| p.call.as_mut()) {
                     other.overlapping += 1;
@@ -352,9 +368,10 @@ impl Relay {
                     call,
                     generation: child.generation,
                     progress: head.progress_token.clone(),
-                    sent: self.sent.fetch_add(1, Ordering::Relaxed),
+                    sent,
                     unreadable: id.parse::<i64>().is_err() && !id.starts_with('"')
                         || strictly_unreadable(&line),
+                    timer: None,
                 },
             ) {
                 // two requests under one id that arrived together (the
@@ -379,7 +396,7 @@ impl Relay {
         } else {
             self.opts.call_timeout
         };
-        self.watch(id, child.clone(), timeout);
+        self.watch(id, sent, child.clone(), timeout);
         // a write to a dead server fails the request through the reader's end of file
         let _ = write_line(&child, &line).await;
     }
@@ -438,6 +455,7 @@ impl Relay {
         let mut msg: Value = serde_json::from_slice(init).map_err(|e| e.to_string())?;
         msg["id"] = serde_json::from_str(&own).map_err(|e| e.to_string())?;
         let (tx, rx) = oneshot::channel::<Vec<Bytes>>();
+        let sent = self.sent.fetch_add(1, Ordering::Relaxed);
         self.pending().insert(
             own.clone(),
             Pending {
@@ -448,11 +466,12 @@ impl Relay {
                 call: None,
                 generation: child.generation,
                 progress: None,
-                sent: self.sent.fetch_add(1, Ordering::Relaxed),
+                sent,
                 unreadable: false,
+                timer: None,
             },
         );
-        self.watch(own, child.clone(), self.opts.init_timeout);
+        self.watch(own, sent, child.clone(), self.opts.init_timeout);
         let _ = write_line(child, &serde_json::to_vec(&msg).unwrap_or_default()).await;
         let answer = rx.await.unwrap_or_default().concat();
         let answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
@@ -468,16 +487,19 @@ impl Relay {
         Ok(())
     }
 
-    /// Fails request `id` if the server has not answered within `timeout`,
-    /// and kills the server (it is hung; the next request starts it again).
-    fn watch(self: &Arc<Self>, id: String, child: Arc<Child>, timeout: Duration) {
+    /// Fails request `id` (the `sent`th request) if the server has not
+    /// answered within `timeout`, and kills the server (it is hung; the
+    /// next request starts it again). The timer stops with the request.
+    fn watch(self: &Arc<Self>, id: String, sent: u64, child: Arc<Child>, timeout: Duration) {
         let relay = Arc::downgrade(self);
         // weak too: a session that ends meanwhile frees its server's cgroup
         // (a directory and two open files) now, not when the timer fires;
         // held strongly, every session of the last --call-timeout (600 s)
         // kept its own
         let child = Arc::downgrade(&child);
-        tokio::spawn(async move {
+        let task_id = id.clone();
+        let task = tokio::spawn(async move {
+            let id = task_id;
             tokio::time::sleep(timeout).await;
             let (Some(relay), Some(child)) = (relay.upgrade(), child.upgrade()) else {
                 return;
@@ -485,7 +507,9 @@ impl Relay {
             let taken = {
                 let mut pending = relay.pending();
                 match pending.get(&id) {
-                    Some(p) if p.generation == child.generation => pending.remove(&id),
+                    Some(p) if p.sent == sent && p.generation == child.generation => {
+                        pending.remove(&id)
+                    }
                     _ => None,
                 }
             };
@@ -524,6 +548,11 @@ impl Relay {
             );
             (p.deliver)(failure(&id, message, data));
         });
+        // answered already: the timer stops now
+        match self.pending().get_mut(&id) {
+            Some(p) if p.sent == sent => p.timer = Some(Timer(task.abort_handle())),
+            _ => task.abort(),
+        }
     }
 
     /// The client gave up on request `id`: its span ends now, and a late
