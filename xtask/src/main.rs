@@ -598,7 +598,24 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// What a whole `cargo xtask test` leaves under target/ (the debug, lint,
+/// release and two static builds, kernels, images, rootfs), measured on a
+/// fresh clone: about 19 GiB.
+const TEST_NEEDS_GIB: u64 = 20;
+
 fn test(args: &[String]) -> anyhow::Result<()> {
+    // a full disk shows up half an hour in as a linker error: say it now
+    // (on a fresh clone, before the lints make target/no-ebpf; a second run
+    // reuses most of what the first built)
+    let free_gib = soak::sample::free_bytes(&workspace_root()) >> 30;
+    if free_gib < TEST_NEEDS_GIB && !workspace_root().join("target/no-ebpf").exists() {
+        bail!(
+            "cargo xtask test needs about {TEST_NEEDS_GIB} GiB free on the filesystem of {} \
+             (its builds, kernels and images go under target/); it has {free_gib} GiB. \
+             Free some (old clones, other target/ directories) and run it again",
+            workspace_root().display()
+        );
+    }
     // lints, on the build a machine without the eBPF toolchain gets
     // (AYA_BUILD_SKIP=1: no pinned nightly, no bpf-linker called)
     run(Command::new("cargo")

@@ -16,7 +16,7 @@ mod checks;
 mod fleet;
 mod load;
 mod report;
-mod sample;
+pub mod sample;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -28,6 +28,8 @@ pub struct Sample {
     /// The daemon's, when it answered.
     pub open_spans: Option<u64>,
     pub tracked_tasks: Option<u64>,
+    /// The sessions' remembered writes (paths and directories).
+    pub paths_remembered: Option<u64>,
     pub events_total: Option<u64>,
     pub kernel_drops: Option<u64>,
     pub late_events: Option<u64>,
@@ -92,6 +94,7 @@ pub fn take(fleet: &Fleet, started: Instant) -> Sample {
         let n = |v: &Value| v.as_u64();
         s.open_spans = n(&st["open_spans"]);
         s.tracked_tasks = n(&st["tracked_tasks"]);
+        s.paths_remembered = n(&st["paths_remembered"]);
         s.events_total = n(&st["events_total"]);
         s.kernel_drops = n(&st["drops"]["kernel_total"]);
         s.late_events = n(&st["late_events"]);
@@ -171,6 +174,8 @@ pub fn call_cgroups() -> (u64, u64) {
     (names.len() as u64 - orphaned, orphaned)
 }
 
+/// Bytes an unprivileged writer may still use on `path`'s filesystem (0
+/// when it cannot be read).
 pub fn free_bytes(path: &std::path::Path) -> u64 {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return 0;
