@@ -158,11 +158,11 @@ impl Timeline {
                 )
             },
         );
-        let (served, detail) = next_call(fleet, role);
+        let call = next_call(fleet, role);
         self.check(
             format!("{name} restarted: the next call is served with kernel evidence"),
-            served,
-            detail,
+            call.served,
+            call.detail,
         );
     }
 
@@ -203,18 +203,28 @@ impl Timeline {
             matches!((budget_before, budget), (Some(b), Some(a)) if a < b),
             format!("budget {budget_before:?} bytes before, {budget:?} under the full disk"),
         );
-        let (served, detail) = next_call(fleet, Role::Bridge);
-        self.check("disk full: the daemon keeps serving calls", served, detail);
-        let errors = status_u64(fleet, "/db/store_errors");
-        let _ = std::fs::remove_file(&filler);
-        let _ = std::fs::remove_file(fleet.fs.join("workload-output"));
+        let call = next_call(fleet, Role::Bridge);
         self.check(
-            "disk full: what the daemon could not store is counted",
-            errors.is_some(),
+            "disk full: the daemon keeps serving calls",
+            call.served,
+            call.detail,
+        );
+        // the call's span, once the store thread has taken it: in the DB,
+        // or counted as not stored; anything else is evidence lost silently
+        let drained = store_drained(fleet, Duration::from_secs(10));
+        let errors = status_u64(fleet, "/db/store_errors");
+        let in_db = call.span.map(|span| span_in_db(&fleet.db, span));
+        let counted = matches!((errors_before, errors), (Some(b), Some(a)) if a > b);
+        self.check(
+            "disk full: the call's span is stored, or counted as not stored",
+            drained && (matches!(in_db, Some(Ok(true))) || counted),
             format!(
-                "store errors: {errors_before:?} before, {errors:?} under the full disk (none is right when retention made room)"
+                "span {:?}: in the DB {in_db:?}; store errors {errors_before:?} before, {errors:?} after; store queue drained: {drained}",
+                call.span
             ),
         );
+        let _ = std::fs::remove_file(&filler);
+        let _ = std::fs::remove_file(fleet.fs.join("workload-output"));
         std::thread::sleep(Duration::from_secs(5));
         let integrity = integrity(&fleet.db);
         self.check(
@@ -296,7 +306,14 @@ pub fn clock_step() -> String {
 
 /// A call through the restarted `role` (or through the bridge, for the
 /// daemon): a one-test campaign, passed, its call with kernel evidence.
-fn next_call(fleet: &Fleet, role: Role) -> (bool, String) {
+/// The next call's outcome, and its span when it had one.
+struct NextCall {
+    served: bool,
+    detail: String,
+    span: Option<u64>,
+}
+
+fn next_call(fleet: &Fleet, role: Role) -> NextCall {
     let dir = fleet.dir.join(format!("next-call-{}", now_ms()));
     let suite = dir.join("suite");
     let _ = std::fs::create_dir_all(&suite);
@@ -345,9 +362,10 @@ fn next_call(fleet: &Fleet, role: Role) -> (bool, String) {
                 .and_then(|k| serde_json::from_str(&k).ok())
                 .unwrap_or_default();
             let evidence = kernel["available"] == true;
-            (
-                outcome == "pass" && evidence,
-                format!(
+            NextCall {
+                served: outcome == "pass" && evidence,
+                span: kernel["span"].as_u64(),
+                detail: format!(
                     "the call {}, kernel evidence {}",
                     if outcome == "pass" {
                         "passed"
@@ -360,10 +378,34 @@ fn next_call(fleet: &Fleet, role: Role) -> (bool, String) {
                         format!("unavailable: {}", kernel["reason"])
                     }
                 ),
-            )
+            }
         }
-        Err(e) => (false, e),
+        Err(detail) => NextCall {
+            served: false,
+            detail,
+            span: None,
+        },
     }
+}
+
+/// Waits until the daemon's store thread has taken every ended span.
+fn store_drained(fleet: &Fleet, patience: Duration) -> bool {
+    let until = Instant::now() + patience;
+    while Instant::now() < until {
+        if status_u64(fleet, "/db/store_queue") == Some(0) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+fn span_in_db(db: &Path, span: u64) -> rusqlite::Result<bool> {
+    read_only(db)?.query_row(
+        "SELECT count(*) FROM spans WHERE id = ?1",
+        [span as i64],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )
 }
 
 /// The (probe, span id) pairs stored.

@@ -35,6 +35,9 @@ struct Series {
     /// Growth below this over the fitted window is noise (a whole fd, a
     /// page of RSS…).
     floor: f64,
+    /// A bound the process keeps the series under: growth toward it is
+    /// filling, not a leak.
+    cap: Option<f64>,
 }
 
 struct Fit {
@@ -44,6 +47,8 @@ struct Fit {
     per_hour: f64,
     residual_sd: f64,
     span_h: f64,
+    /// Highest less lowest value in the window.
+    range: f64,
 }
 
 impl Fit {
@@ -70,14 +75,18 @@ impl Fit {
             per_hour: slope * 3600.0,
             residual_sd,
             span_h: (points[points.len() - 1].0 - points[0].0) / 3600.0,
+            range: points.iter().map(|p| p.1).fold(f64::MIN, f64::max)
+                - points.iter().map(|p| p.1).fold(f64::MAX, f64::min),
         })
     }
 
     /// Flat: the fitted change over the window is within twice the
-    /// scatter around the line, or under the series' floor.
+    /// scatter around the line or under the series' floor, or the series
+    /// never moved by more than its floor (a line fitted to a count that
+    /// steps between 5 and 6 threads can rise by more than the step).
     fn flat(&self, floor: f64) -> bool {
         let change = self.per_hour * self.span_h;
-        change <= (2.0 * self.residual_sd).max(floor)
+        change <= (2.0 * self.residual_sd).max(floor) || self.range <= floor
     }
 }
 
@@ -128,7 +137,8 @@ impl Report<'_> {
              restart and a warm-up of its own; the full-disk minute left out), and that slope over a \
              month (720 h). *Flat* means the fitted change over the window is within twice the \
              scatter around the line, or under the series' floor (one fd, one thread, one span, \
-             1 MiB of RSS).\n"
+             1 MiB of RSS). A series the process bounds (the daemon's write memory) may fill \
+             toward its cap.\n"
         );
         let _ = writeln!(
             md,
@@ -141,9 +151,15 @@ impl Report<'_> {
                 continue;
             };
             let flat = f.flat(s.floor);
-            if !flat {
+            let capped = s.cap.filter(|&cap| f.last <= cap);
+            if !flat && capped.is_none() {
                 grows.push(s.name.clone());
             }
+            let verdict = match (flat, capped) {
+                (true, _) => "flat".to_string(),
+                (false, Some(cap)) => format!("fills toward its cap ({cap:.0})"),
+                (false, None) => "**grows**".to_string(),
+            };
             let _ = writeln!(
                 md,
                 "| {} | {:.1} {u} | {:.1} {u} | {:.1} {u} | {:+.2} {u}/h | {:+.1} {u} | {} |",
@@ -153,7 +169,7 @@ impl Report<'_> {
                 f.mean,
                 f.per_hour,
                 f.per_hour * 720.0,
-                if flat { "flat" } else { "**grows**" },
+                verdict,
                 u = s.unit
             );
         }
@@ -256,18 +272,21 @@ impl Report<'_> {
                 unit: "MiB",
                 fit: pts(&|p| p.rss_kib as f64 / 1024.0),
                 floor: 1.0,
+                cap: None,
             });
             out.push(Series {
                 name: format!("{} open fds", role.name()),
                 unit: "",
                 fit: pts(&|p| p.fds as f64),
                 floor: 1.0,
+                cap: None,
             });
             out.push(Series {
                 name: format!("{} threads", role.name()),
                 unit: "",
                 fit: pts(&|p| p.threads as f64),
                 floor: 1.0,
+                cap: None,
             });
         }
         let global = |f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<(f64, f64)> {
@@ -282,24 +301,36 @@ impl Report<'_> {
             unit: "",
             fit: global(&|s| s.open_spans.map(|v| v as f64)),
             floor: 1.0,
+            cap: None,
+        });
+        out.push(Series {
+            name: "daemon's write memory (paths)".into(),
+            unit: "",
+            fit: global(&|s| s.paths_remembered.map(|v| v as f64)),
+            floor: 1.0,
+            // probe's sessions::MAX_REMEMBERED
+            cap: Some(65_536.0),
         });
         out.push(Series {
             name: "call cgroups of live bridges".into(),
             unit: "",
             fit: global(&|s| Some(s.cgroups as f64)),
             floor: 1.0,
+            cap: None,
         });
         out.push(Series {
             name: "call cgroups left by dead bridges".into(),
             unit: "",
             fit: global(&|s| Some(s.cgroups_orphaned as f64)),
             floor: 1.0,
+            cap: None,
         });
         out.push(Series {
             name: "evidence DB + WAL".into(),
             unit: "MiB",
             fit: global(&|s| Some((s.db_bytes + s.wal_bytes) as f64 / 1048576.0)),
             floor: 1.0,
+            cap: None,
         });
         out
     }
@@ -350,11 +381,14 @@ impl Report<'_> {
             ("threads", "threads", "", per_role(&|p| p.threads as f64)),
             (
                 "spans",
-                "the daemon's open spans and tracked tasks; call cgroups",
+                "the daemon's open spans, tracked tasks and write memory; call cgroups",
                 "",
                 vec![
                     line("open spans", &|s| s.open_spans.map(|v| v as f64)),
                     line("tracked tasks", &|s| s.tracked_tasks.map(|v| v as f64)),
+                    line("write memory (thousands of paths)", &|s| {
+                        s.paths_remembered.map(|v| v as f64 / 1000.0)
+                    }),
                     line("call cgroups (live bridges)", &|s| Some(s.cgroups as f64)),
                     line("call cgroups (dead bridges)", &|s| {
                         Some(s.cgroups_orphaned as f64)
@@ -503,4 +537,30 @@ fn date() -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fit;
+
+    fn series(f: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
+        (0..360)
+            .map(|i| i as f64 * 10.0)
+            .map(|t| (t, f(t)))
+            .collect()
+    }
+
+    #[test]
+    fn a_count_stepping_by_its_floor_is_flat_and_a_steady_climb_grows() {
+        // a thread more in the second half (a spare worker kept): the
+        // line rises by 1.5 over the window, the count by 1
+        let stepping = series(|t| if t > 1_800.0 { 6.0 } else { 5.0 });
+        assert!(Fit::of(&stepping).unwrap().flat(1.0));
+        // one fd more every 10 minutes
+        let climbing = series(|t| 30.0 + (t / 600.0).floor());
+        assert!(!Fit::of(&climbing).unwrap().flat(1.0));
+        // RSS scattered around a level
+        let scattered = series(|t| 50.0 + ((t / 10.0) as u64 % 7) as f64 * 0.3);
+        assert!(Fit::of(&scattered).unwrap().flat(1.0));
+    }
 }
