@@ -87,9 +87,10 @@ enum Cmd {
         /// --network=none do python3 job.py
         #[arg(long, conflicts_with = "cgroup")]
         gvisor: bool,
-        /// With --gvisor: also the exits of writes (`writes`: a full disk
-        /// or quota on a write is seen) or of writes, reads and closes
-        /// (`all`). Each is a point per call, successes included: see
+        /// With --gvisor: which read, write and close exits the session
+        /// asks for. `writes` (the default): a full disk or quota on a
+        /// write is seen; `all`: reads and closes too; `none`: neither.
+        /// Each is a point per call, successes included: see
         /// docs/BENCHMARKS.md for the cost. (eBPF sees them always.)
         #[arg(
             long,
@@ -175,9 +176,10 @@ enum Cmd {
         /// The session object alone (for `runsc trace create`).
         #[arg(long)]
         session_only: bool,
-        /// Also the exits of writes (`writes`: a full disk or quota on a
-        /// write is seen, with its file) or of writes, reads and closes
-        /// (`all`). Each is a point per call, successes included: see
+        /// Which read, write and close exits the session asks for.
+        /// `writes` (the default): a full disk or quota on a write is seen,
+        /// with its file; `all`: reads and closes too; `none`: neither.
+        /// Each is a point per call, successes included: see
         /// docs/BENCHMARKS.md for the cost.
         #[arg(long, value_enum, default_value_t, value_name = "WHICH")]
         io_points: probe::gvisor::session::IoPoints,

@@ -125,8 +125,9 @@ pub const GVISOR_SIGHT: Sight = Sight {
 
 pub const GVISOR_BLIND_SPOTS: &str = "not seen either way: under gVisor a seccomp ERRNO denial, a signal that does not kill, \
      an OOM kill inside the sandbox and a mount error leave no event (gVisor has no point for them), \
-     nor does a failed read, write or close unless the sandbox's session asks for them \
-     (`probe gvisor-session --io-points`)";
+     nor does a failed read or close unless the sandbox's session asks for them \
+     (`probe gvisor-session --io-points all`), or a failed write under a session made with \
+     `--io-points none`";
 
 impl Source {
     /// What this source cannot see.

@@ -137,15 +137,15 @@ pub fn bench(probe_dir: &Path, runs: usize) -> anyhow::Result<String> {
     Ok(format!(
         "## gVisor monitoring\n\n\
          `cargo xtask bench --only gvisor`: the same `runsc --network=none do sh -c …` bare and \
-         under `probe trace --gvisor` (release build) with the default session, with \
-         `--io-points writes` (the exits of write, writev, pwrite64, pwritev, pwritev2) and with \
+         under `probe trace --gvisor` (release build) with `--io-points none`, with `--io-points \
+         writes` (the default: the exits of write, writev, pwrite64, pwritev, pwritev2) and with \
          `--io-points all` (also read, readv, pread64, preadv, preadv2, close; each with the path \
          behind its fd), alternated, {runs} runs each, medians of wall time from the command's \
          start to its exit (runsc's start and the sandbox's teardown included), and each as a \
          ratio to bare. {version}. Events: what the monitored run's span counted, per session \
          (points that made an event: failures, forks, execs, exits, opens for writing); drops: \
          points runsc could not send, over the three.\n\n\
-         | workload | bare | monitored (default) | `--io-points writes` | `--io-points all` | events | drops |\n\
+         | workload | bare | `--io-points none` | `writes` (the default) | `all` | events | drops |\n\
          |---|---:|---:|---:|---:|---:|---:|\n\
          {rows}\n\
          The cost is mostly gVisor's: the Sentry sends a point for every exit of an enabled \

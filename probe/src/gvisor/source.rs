@@ -66,7 +66,7 @@ impl GvisorSource {
             everything: None,
             connections: 0,
             work: None,
-            io_points: session::IoPoints::None,
+            io_points: session::IoPoints::default(),
         })
     }
 
