@@ -34,10 +34,48 @@ const AARCH64_GCC: (&str, &str) = ("gcc-aarch64-linux-gnu", "command -v aarch64-
 /// (`probe-VERSION-ARCH.tar.gz`: the executables and their SHA256SUMS
 /// under `probe-VERSION-ARCH/`) and `dist/SHA256SUMS` of the tarballs.
 /// Returns each architecture's directory.
-pub fn build_all(arches: &[Arch]) -> anyhow::Result<Vec<(Arch, PathBuf)>> {
+pub fn build_all(arches: &[Arch]) -> anyhow::Result<Built> {
+    build_all_logged(arches, None)
+}
+
+/// Each architecture built and its directory, `dist/ARCH`.
+pub type Built = Vec<(Arch, PathBuf)>;
+
+/// [`build_all`] in a thread of its own at the lowest CPU priority, its
+/// compiler's output in `log`: `cargo xtask test` builds the release
+/// executables while its tests run (they leave a core idle much of the
+/// time; at nice 19 the build takes only that) and waits for them where it
+/// needs them. What the build installs (Rust targets, Debian packages) is
+/// installed first, here, so no apt-get runs beside the caller's own.
+pub fn build_all_in_background(
+    arches: &[Arch],
+    log: PathBuf,
+) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<Built>>> {
+    for &arch in arches {
+        prepare(arch)?;
+    }
+    let arches = arches.to_vec();
+    Ok(std::thread::spawn(move || {
+        // SAFETY: plain syscalls on this thread (0: the caller, which on
+        // Linux is this thread); what it spawns inherits both.
+        unsafe {
+            libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+            // best-effort class, its lowest level: the tests' I/O first
+            libc::syscall(libc::SYS_ioprio_set, 1, 0, (2 << 13) | 7);
+        }
+        build_all_logged(&arches, Some(&log)).with_context(|| {
+            format!(
+                "building the release executables (the compiler's output: {})",
+                log.display()
+            )
+        })
+    }))
+}
+
+fn build_all_logged(arches: &[Arch], log: Option<&Path>) -> anyhow::Result<Built> {
     let mut built = Vec::new();
     for &arch in arches {
-        built.push((arch, build(arch)?));
+        built.push((arch, build(arch, log)?));
     }
     let root = crate::workspace_root();
     let dist = target_dir(&root)?.join("dist");
@@ -169,24 +207,41 @@ fn package_unit(root: &Path) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// Installs what building `arch` needs: its Rust target and its C
+/// compiler.
+fn prepare(arch: Arch) -> anyhow::Result<()> {
+    ensure_target(&crate::workspace_root(), arch.rust_target())?;
+    crate::ensure_debian(&[match arch {
+        Arch::X86_64 => MUSL_GCC,
+        Arch::Aarch64 => AARCH64_GCC,
+    }])
+}
+
 /// Builds the static executables for `arch` and returns their directory,
-/// `dist/ARCH`, which holds exactly them and `SHA256SUMS`.
-pub fn build(arch: Arch) -> anyhow::Result<PathBuf> {
+/// `dist/ARCH`, which holds exactly them and `SHA256SUMS`; cargo's output
+/// goes to `log` (appended) when given.
+fn build(arch: Arch, log: Option<&Path>) -> anyhow::Result<PathBuf> {
     let root = crate::workspace_root();
     let target = arch.rust_target();
-    ensure_target(&root, target)?;
+    prepare(arch)?;
     let mut cargo = Command::new("cargo");
     cargo
         .current_dir(&root)
         .args(["build", "--release", "--locked", "--target", target]);
+    if let Some(log) = log {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        cargo.stdout(file.try_clone()?).stderr(file);
+    }
     match arch {
         Arch::X86_64 => {
-            crate::ensure_debian(&[MUSL_GCC])?;
             // cc would find musl-gcc by itself; say it, so it never falls back to the glibc gcc
             cargo.env("CC_x86_64_unknown_linux_musl", "musl-gcc");
         }
         Arch::Aarch64 => {
-            crate::ensure_debian(&[AARCH64_GCC])?;
             let apt = crate::apt::Private::open(&crate::apt::host_suite()?, arch)?;
             let musl = apt.unpack("musl-dev", ".")?;
             let gcc_include = crate::output(

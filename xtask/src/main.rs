@@ -641,6 +641,14 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     }
     // runsc: the bridge test under gVisor; QEMU and busybox: the kernel matrix
     ensure_debian(&kernels::PACKAGES)?;
+    // the release executables the last stages test, built meanwhile on
+    // the CPU the tests leave idle
+    let dist_log = workspace_root().join("target/dist-build.log");
+    eprintln!(
+        "xtask: building the release executables in the background (nice 19; output: {})",
+        dist_log.display()
+    );
+    let dists = dist::build_all_in_background(&arch::Arch::ALL, dist_log)?;
     // the bridge (and the proxy) through rmcp's client, and every profile on the real kernel
     run(Command::new("cargo").args([
         "test",
@@ -730,7 +738,9 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     }
     // the static release executables, static by their ELF headers and
     // working in an empty root (no libc, no /bin/sh)
-    let dists = dist::build_all(&arch::Arch::ALL)?;
+    let dists = dists
+        .join()
+        .map_err(|_| anyhow::anyhow!("building the release executables panicked"))??;
     let dist = dists[0].1.clone();
     run(Command::new("cargo")
         .args(["test", "-p", "agent-bridge", "--test", "dist"])
