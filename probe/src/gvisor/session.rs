@@ -45,15 +45,14 @@ pub const RAW_SYSNOS: [u32; 32] = [
 /// memfd_secret, close_range, epoll_pwait2, process_madvise).
 pub const RAW_ENOSYS_SYSNOS: [u32; 9] = [435, 425, 434, 437, 444, 447, 436, 441, 440];
 
-/// The write-family exits `IoPoints::Writes` adds: where ENOSPC, EDQUOT,
-/// EFBIG and EIO of a file's data show.
-const WRITES: [&str; 5] = ["write", "writev", "pwrite64", "pwritev", "pwritev2"];
-
-/// What `IoPoints::All` asks for: the writes, the reads and close.
+/// What `IoPoints::All` asks for: first the writes, where ENOSPC, EDQUOT,
+/// EFBIG and EIO of a file's data show (`IoPoints::Writes`, the first
+/// `WRITES`), then the reads and close.
 const ALL_IO: [&str; 11] = [
     "write", "writev", "pwrite64", "pwritev", "pwritev2", "read", "readv", "pread64", "preadv",
     "preadv2", "close",
 ];
+const WRITES: usize = 5;
 
 /// Which read, write and close exits the session asks for, beside the
 /// other points. Each adds a point per call, successes included, with the
@@ -78,7 +77,7 @@ impl IoPoints {
     fn syscalls(self) -> &'static [&'static str] {
         match self {
             IoPoints::None => &[],
-            IoPoints::Writes => &WRITES,
+            IoPoints::Writes => &ALL_IO[..WRITES],
             IoPoints::All => &ALL_IO,
         }
     }
