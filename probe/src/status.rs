@@ -171,6 +171,10 @@ pub struct DbStatus {
     pub store_busy_ms: f64,
     #[serde(default)]
     pub longest_write_ms: f64,
+    /// A retention pass stopped at its time limit with work left (the DB
+    /// may be over its budget until the next, which runs at once).
+    #[serde(default)]
+    pub retention_behind: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -255,7 +259,7 @@ impl DaemonStatus {
              drops          kernel {} (ring buffer full), retention {} (per-span cap), {} children untraced (task map full)\n\
              spans          {} open, {} ended; {} threads traced; {} sessions remembered ({} paths)\n\
              db             {} — {:.1} MiB of a {:.1} MiB budget, {} spans ({} B each), queue {}, stored {}, errors {}\n\
-             retention      removed {} spans ({} that explained something) / {} events; keep_events = {} ({}); auto_vacuum {}; longest write {:.1} ms\n\
+             retention      removed {} spans ({} that explained something) / {} events; keep_events = {} ({}); auto_vacuum {}; longest write {:.1} ms{}\n\
              memory         RSS {:.1} MiB\n\
              otlp           {otlp}\n\
              gvisor         {gvisor}\n\
@@ -302,6 +306,11 @@ impl DaemonStatus {
             },
             db.auto_vacuum,
             db.longest_write_ms,
+            if db.retention_behind {
+                "; behind (the next pass goes on at once)"
+            } else {
+                ""
+            },
             self.rss_kib.unwrap_or(0) as f64 / 1024.0,
         )
     }

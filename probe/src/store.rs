@@ -19,8 +19,8 @@ use crate::event::KernelEvent;
 
 mod retention;
 pub use retention::{
-    DEFAULT_MAX_DB_BYTES, DEFAULT_MAX_DISK_SHARE, EXPLAINS_SQL, KeepEvents, RetentionPolicy,
-    RetentionTotals,
+    DEFAULT_MAX_DB_BYTES, DEFAULT_MAX_DISK_SHARE, EXPLAINS_SQL, KeepEvents, Pass,
+    RetentionPolicy, RetentionTotals,
 };
 
 static MIGRATIONS_DIR: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../migrations");
@@ -969,7 +969,7 @@ mod tests {
         let mut st = Store::open(&dir.path().join("e.db")).unwrap();
         st.insert(&[span(1, "s", 1), span(2, "s", 1)]).unwrap();
         let mut removed = RetentionTotals::default();
-        st.enforce_age(60, &mut removed).unwrap();
+        by_age(&mut st, 60, &mut removed);
         assert_eq!(
             removed,
             RetentionTotals {
@@ -1064,7 +1064,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut st = Store::open(&dir.path().join("e.db")).unwrap();
         st.insert(&[span(1, "s", 1), span(2, "s", 1)]).unwrap();
-        st.enforce_age(60, &mut RetentionTotals::default()).unwrap();
+        by_age(&mut st, 60, &mut RetentionTotals::default());
         assert_eq!(
             st.next_span_id().unwrap(),
             3,
@@ -1106,21 +1106,22 @@ mod tests {
         }
     }
 
-    /// Passes until one removes nothing, as the store thread makes them
-    /// (each stops after PASS_TIME); what they removed.
-    /// Size passes until one makes no progress: removes no span and gives
-    /// no page back. A pass works at most `PASS_TIME`; on a loaded machine
-    /// giving the pages back can take a pass or two after the last removal.
+    /// Size passes as the store thread makes them, each at most
+    /// `PASS_TIME`, until one ends with nothing left to do; what they
+    /// removed.
     fn fit(st: &mut Store, budget: u64) -> RetentionTotals {
         let mut removed = RetentionTotals::default();
-        for _ in 0..100 {
-            let before = (removed.spans_removed, st.size_bytes().unwrap());
-            st.enforce_size(budget, &mut removed).unwrap();
-            if (removed.spans_removed, st.size_bytes().unwrap()) == before {
-                break;
+        for _ in 0..1000 {
+            if st.enforce_size(budget, &mut removed).unwrap() == Pass::Done {
+                return removed;
             }
         }
-        removed
+        panic!("1000 passes did not fit the DB in {budget} bytes: {removed:?}");
+    }
+
+    /// Age passes until one ends with nothing left to do.
+    fn by_age(st: &mut Store, max_age_secs: u64, removed: &mut RetentionTotals) {
+        while st.enforce_age(max_age_secs, removed).unwrap() == Pass::OutOfTime {}
     }
 
     #[test]
@@ -1246,7 +1247,7 @@ mod tests {
         let mut removed = RetentionTotals::default();
         let over_use = st.live_bytes().unwrap() + (64 << 10);
         assert!(over_use < st.size_bytes().unwrap(), "the file is over it");
-        st.enforce_size(over_use, &mut removed).unwrap();
+        assert_eq!(st.enforce_size(over_use, &mut removed).unwrap(), Pass::Done);
         assert_eq!(removed.spans_removed, 0, "{removed:?}");
         assert_eq!(st.span_count().unwrap(), 20);
         // over the budget in use: the oldest go, and their pages are reused

@@ -330,7 +330,9 @@ fn a_failing_or_hung_collector_never_blocks_the_daemon() {
     for i in 100..120 {
         timed(&mut c, i);
     }
-    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // waiting on the exporter would take 20 × 300 ms = 6 s; the margin
+    // is for a loaded machine, not the daemon's speed
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     let o = d.wait_accounted(120, Duration::from_secs(15));
     assert!(rx.requests() > before, "the hung collector got requests");
     assert_eq!(o["exported"], 0);

@@ -72,6 +72,7 @@ impl Core {
                 events_stored: load(&s.events_written),
                 store_busy_ms: load(&s.busy_us) as f64 / 1e3,
                 longest_write_ms: load(&s.longest_write_us) as f64 / 1e3,
+                retention_behind: s.retention_behind.load(Ordering::Relaxed),
             },
             // filled by the connection, which holds the client counts
             clients: Default::default(),

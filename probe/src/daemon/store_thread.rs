@@ -23,6 +23,8 @@ pub(super) struct StoreStats {
     pub(super) longest_write_us: AtomicU64,
     /// The size budget of the moment.
     pub(super) budget_bytes: AtomicU64,
+    /// The last retention pass stopped at its time limit with work left.
+    pub(super) retention_behind: AtomicBool,
 }
 
 impl StoreStats {
@@ -51,11 +53,20 @@ pub(super) fn store_loop(
         policy,
         stats: &stats,
     };
-    retention.by_age(&mut store);
-    retention.fit(&mut store);
+    let mut pass = retention.both(&mut store);
     let mut last_age_pass = Instant::now();
     loop {
-        match rx.recv_timeout(Duration::from_secs(10)) {
+        // a pass that stopped at its time limit goes on as soon as the
+        // spans waiting are written: ingestion may have stopped, and the
+        // DB must not stay over its budget until the next span
+        let idle = match pass {
+            Pass::Done => Duration::from_secs(10),
+            Pass::OutOfTime => Duration::ZERO,
+        };
+        stats
+            .retention_behind
+            .store(pass == Pass::OutOfTime, Ordering::Relaxed);
+        match rx.recv_timeout(idle) {
             Ok(first) => {
                 // spans that end within STORE_GATHER go in one transaction:
                 // a transaction per span cost 145 µs of CPU each (locks and
@@ -76,23 +87,19 @@ pub(super) fn store_loop(
                     let written = write_batch(&mut store, &batch, &stats);
                     stats.in_db.fetch_add(written.0, Ordering::Relaxed);
                     // the cap holds as spans arrive, not once a minute
-                    retention.fit(&mut store);
+                    pass = retention.fit(&mut store);
                     written
                 });
                 // stored, for status and `stored_so_far`: room made too
                 stats.written.fetch_add(spans, Ordering::Relaxed);
                 stats.events_written.fetch_add(events, Ordering::Relaxed);
             }
-            // idle: a pass that stopped at PASS_TIME goes on
-            Err(mpsc::RecvTimeoutError::Timeout) => stats.timed(|| retention.fit(&mut store)),
+            Err(mpsc::RecvTimeoutError::Timeout) => pass = stats.timed(|| retention.fit(&mut store)),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         if last_age_pass.elapsed() >= Duration::from_secs(60) {
-            stats.timed(|| {
-                retention.by_age(&mut store);
-                // the free disk may have shrunk (the workload writes too)
-                retention.fit(&mut store);
-            });
+            // the free disk may have shrunk (the workload writes too)
+            pass = stats.timed(|| retention.both(&mut store));
             last_age_pass = Instant::now();
         }
     }
@@ -146,16 +153,24 @@ pub(super) struct Retention<'a> {
 }
 
 impl Retention<'_> {
-    pub(super) fn by_age(&self, store: &mut Store) {
-        if let Some(age) = self.policy.max_age_secs {
-            let mut removed = RetentionTotals::default();
-            let done = store.enforce_age(age, &mut removed);
-            self.count(removed, done);
-        }
+    pub(super) fn by_age(&self, store: &mut Store) -> Pass {
+        let Some(age) = self.policy.max_age_secs else {
+            return Pass::Done;
+        };
+        let mut removed = RetentionTotals::default();
+        let done = store.enforce_age(age, &mut removed);
+        self.count(removed, done)
+    }
+
+    /// The age pass, then the size pass: behind if either is.
+    fn both(&self, store: &mut Store) -> Pass {
+        let age = self.by_age(store);
+        let size = self.fit(store);
+        if age == Pass::Done { size } else { Pass::OutOfTime }
     }
 
     /// Under the budget of the moment (bytes, and the share of free disk).
-    pub(super) fn fit(&self, store: &mut Store) {
+    pub(super) fn fit(&self, store: &mut Store) -> Pass {
         let budget = self
             .policy
             .budget_bytes(store.path(), store.size_bytes().unwrap_or(0));
@@ -166,11 +181,16 @@ impl Retention<'_> {
         }
         let mut removed = RetentionTotals::default();
         let done = store.enforce_size(budget, &mut removed);
-        self.count(removed, done);
+        self.count(removed, done)
     }
 
-    /// Counts what a pass removed, also when it failed halfway.
-    pub(super) fn count(&self, r: RetentionTotals, done: Result<(), crate::store::StoreError>) {
+    /// Counts what a pass removed, also when it failed halfway; how it
+    /// ended (a failed pass is not tried again at once).
+    pub(super) fn count(
+        &self,
+        r: RetentionTotals,
+        done: Result<Pass, crate::store::StoreError>,
+    ) -> Pass {
         let s = self.stats;
         s.retention_spans
             .fetch_add(r.spans_removed, Ordering::Relaxed);
@@ -184,8 +204,9 @@ impl Retention<'_> {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 Some(n.saturating_sub(r.spans_removed))
             });
-        if let Err(e) = done {
+        done.unwrap_or_else(|e| {
             tracing::error!("retention failed: {e}");
-        }
+            Pass::Done
+        })
     }
 }

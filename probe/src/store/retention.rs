@@ -15,7 +15,8 @@
 //!   It works in steps of the WAL's share of the budget, each
 //!   checkpointed, so it needs about a step of free disk (a deletion or
 //!   a move writes to the WAL about what it frees), and it stops after
-//!   [`PASS_TIME`]: the next pass goes on.
+//!   [`PASS_TIME`]: the next pass goes on as soon as the batches waiting
+//!   are written, not at the next batch (ingestion may have stopped).
 //! - **A budget the sandbox can afford**: the smaller of `max_db_bytes`
 //!   and `max_disk_share` of what the DB's filesystem has free (the DB's
 //!   own bytes counted as free), so the evidence never takes the disk the
@@ -159,6 +160,17 @@ pub const PASS_TIME: Duration = Duration::from_millis(200);
 /// A step of the age pass, which has no budget to take a share of.
 const DEFAULT_STEP_BYTES: u64 = 4 << 20;
 
+/// How a retention pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Pass {
+    /// Nothing is left to do (or nothing more can be done now).
+    Done,
+    /// It stopped at [`PASS_TIME`] with work left: the store thread runs
+    /// the next pass as soon as it has written what is waiting.
+    OutOfTime,
+}
+
 impl Store {
     /// Sets the WAL's checkpoint threshold and size limit from the budget,
     /// so the WAL stays a small share of it (a tenth, at most SQLite's
@@ -187,12 +199,15 @@ impl Store {
         &mut self,
         max_age_secs: u64,
         removed: &mut RetentionTotals,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Pass, StoreError> {
         let started = Instant::now();
         let age_ms = (max_age_secs.min(i64::MAX as u64 / 1000) as i64) * 1000;
         let cutoff = crate::clock::now_ms().saturating_sub(age_ms);
         let mut any = false;
-        while started.elapsed() < PASS_TIME {
+        loop {
+            if started.elapsed() >= PASS_TIME {
+                return Ok(Pass::OutOfTime);
+            }
             let victims = self.select_spans("s.started_ms < ?1", cutoff, CHUNK_MAX)?;
             let r = self.remove(&victims, "age")?;
             *removed += r;
@@ -203,9 +218,9 @@ impl Store {
             self.checkpoint_without_waiting()?;
         }
         if any {
-            self.release_free_pages(DEFAULT_STEP_BYTES, started)?;
+            return self.release_free_pages(DEFAULT_STEP_BYTES, started);
         }
-        Ok(())
+        Ok(Pass::Done)
     }
 
     /// When the DB is over `budget` bytes: removes the least valuable
@@ -219,14 +234,17 @@ impl Store {
         &mut self,
         budget: u64,
         removed: &mut RetentionTotals,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Pass, StoreError> {
         if self.used_bytes()? <= budget {
-            return Ok(());
+            return Ok(Pass::Done);
         }
         let started = Instant::now();
         let step = self.wal_limit(budget)?;
         let target = (budget / 4 * 3).saturating_sub(step);
-        while started.elapsed() < PASS_TIME {
+        loop {
+            if started.elapsed() >= PASS_TIME {
+                return Ok(Pass::OutOfTime);
+            }
             let (live, spans) = (self.live_bytes()?, self.span_count()?);
             if live <= target || spans == 0 {
                 break;
@@ -327,9 +345,10 @@ impl Store {
     /// time with a checkpoint after each (moving pages writes them to the
     /// WAL), until none is left or the pass has worked [`PASS_TIME`]. A DB
     /// made before incremental auto-vacuum only reuses them.
-    fn release_free_pages(&self, step: u64, started: Instant) -> Result<(), StoreError> {
+    fn release_free_pages(&self, step: u64, started: Instant) -> Result<Pass, StoreError> {
         if self.auto_vacuum()? != "incremental" {
-            return self.checkpoint_without_waiting();
+            self.checkpoint_without_waiting()?;
+            return Ok(Pass::Done);
         }
         let pages = (step / self.page_size()?).max(1);
         loop {
@@ -349,10 +368,10 @@ impl Store {
             drop(rows);
             self.checkpoint_without_waiting()?;
             if started.elapsed() >= PASS_TIME {
-                break;
+                return Ok(Pass::OutOfTime);
             }
         }
-        Ok(())
+        Ok(Pass::Done)
     }
 
     /// Checkpoints the WAL and truncates it, unless a reader is in the
