@@ -131,7 +131,8 @@ enum Cmd {
     /// its last megabyte once. Samples RSS, fds, threads, open spans, call
     /// cgroups, DB and WAL, events and drops; checks integrity, lost spans,
     /// orphans and every call's evidence; writes SOAK.md with a plot per
-    /// series (as root).
+    /// series (as root). A soak stopped early takes its processes with it;
+    /// the next one unmounts the tmpfs it left.
     Soak {
         /// How long the load runs.
         #[arg(long, default_value_t = 60.0)]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::OpenFlags;
 
-use super::fleet::{Fleet, Role};
+use super::fleet::{Fleet, Role, dies_with_the_soak};
 use super::load::Load;
 use super::sample;
 
@@ -332,7 +332,8 @@ fn next_call(fleet: &Fleet, role: Role) -> NextCall {
     };
     let results = dir.join("results.db");
     let mut cmd = Command::new(fleet.agent_bridge());
-    cmd.env_remove("LD_LIBRARY_PATH")
+    dies_with_the_soak(&mut cmd)
+        .env_remove("LD_LIBRARY_PATH")
         .args(["campaign", "run", "--suite"])
         .arg(&suite)
         .args(["--target", &target, "--db"])

@@ -136,7 +136,8 @@ impl Fleet {
             }
         };
         // cargo points LD_LIBRARY_PATH into target/: workloads must not inherit it
-        cmd.env_remove("LD_LIBRARY_PATH")
+        dies_with_the_soak(&mut cmd)
+            .env_remove("LD_LIBRARY_PATH")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -225,9 +226,47 @@ impl Drop for Fleet {
     }
 }
 
+/// Makes the process get SIGKILL when the soak's thread that starts it
+/// ends, so a soak stopped by anything (`kill`, a CI timeout, a panic)
+/// leaves none of its processes running. The fleet is started by the
+/// soak's main thread, the campaigns by their loops' threads, which live
+/// as long as the load.
+pub fn dies_with_the_soak(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: between fork and exec the closure only calls prctl, which
+    // is async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
 /// A loopback port nobody listens on now.
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
         .local_addr()?
         .port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt as _;
+
+    #[test]
+    fn a_process_started_for_the_soak_dies_with_the_thread_that_started_it() {
+        let mut child = std::thread::spawn(|| {
+            let mut cmd = Command::new("sleep");
+            dies_with_the_soak(&mut cmd).arg("300").spawn().unwrap()
+        })
+        .join()
+        .unwrap();
+        // the thread has ended: the kernel sends the child SIGKILL
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    }
 }

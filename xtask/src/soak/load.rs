@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::fleet::Fleet;
+use super::fleet::{Fleet, dies_with_the_soak};
 
 /// The built-in fault profiles the stdio loop cycles through.
 pub const PROFILES: [&str; 12] = [
@@ -160,7 +160,8 @@ fn campaign_loop(
         let mut resume = false;
         loop {
             let mut cmd = Command::new(fleet.agent_bridge());
-            cmd.env_remove("LD_LIBRARY_PATH")
+            dies_with_the_soak(&mut cmd)
+                .env_remove("LD_LIBRARY_PATH")
                 .args(["campaign", "run", "--suite"])
                 .arg(suite)
                 .args(["--target", &url, "--db"])
