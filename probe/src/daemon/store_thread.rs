@@ -63,9 +63,6 @@ pub(super) fn store_loop(
             Pass::Done => Duration::from_secs(10),
             Pass::OutOfTime => Duration::ZERO,
         };
-        stats
-            .retention_behind
-            .store(pass == Pass::OutOfTime, Ordering::Relaxed);
         match rx.recv_timeout(idle) {
             Ok(first) => {
                 // spans that end within STORE_GATHER go in one transaction:
@@ -90,11 +87,14 @@ pub(super) fn store_loop(
                     pass = retention.fit(&mut store);
                     written
                 });
-                // stored, for status and `stored_so_far`: room made too
+                // stored, for status and `stored_so_far`; room made, or
+                // `retention_behind` already says a pass is owed
                 stats.written.fetch_add(spans, Ordering::Relaxed);
                 stats.events_written.fetch_add(events, Ordering::Relaxed);
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => pass = stats.timed(|| retention.fit(&mut store)),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                pass = stats.timed(|| retention.both(&mut store));
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         if last_age_pass.elapsed() >= Duration::from_secs(60) {
@@ -166,7 +166,15 @@ impl Retention<'_> {
     fn both(&self, store: &mut Store) -> Pass {
         let age = self.by_age(store);
         let size = self.fit(store);
-        if age == Pass::Done { size } else { Pass::OutOfTime }
+        self.ended(if age == Pass::Done { size } else { Pass::OutOfTime })
+    }
+
+    /// Says how the last pass ended in status: before the spans of its
+    /// batch count as stored, so who waits for them waits for the room.
+    fn ended(&self, pass: Pass) -> Pass {
+        let behind = pass == Pass::OutOfTime;
+        self.stats.retention_behind.store(behind, Ordering::Relaxed);
+        pass
     }
 
     /// Under the budget of the moment (bytes, and the share of free disk).
@@ -204,9 +212,9 @@ impl Retention<'_> {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 Some(n.saturating_sub(r.spans_removed))
             });
-        done.unwrap_or_else(|e| {
+        self.ended(done.unwrap_or_else(|e| {
             tracing::error!("retention failed: {e}");
             Pass::Done
-        })
+        }))
     }
 }
