@@ -158,7 +158,7 @@ impl Timeline {
                 )
             },
         );
-        let call = next_call(fleet, role);
+        let call = next_call(fleet, role, &ECHO);
         self.check(
             format!("{name} restarted: the next call is served with kernel evidence"),
             call.served,
@@ -203,23 +203,32 @@ impl Timeline {
             matches!((budget_before, budget), (Some(b), Some(a)) if a < b),
             format!("budget {budget_before:?} bytes before, {budget:?} under the full disk"),
         );
-        let call = next_call(fleet, Role::Bridge);
+        // a call whose span explains a failure: retention removes those
+        // only when no span that explains nothing is left (RETENTION.md)
+        let call_started_ms = now_ms() as i64;
+        let call = next_call(fleet, Role::Bridge, &MISSING_FILE);
         self.check(
             "disk full: the daemon keeps serving calls",
             call.served,
             call.detail,
         );
         // the call's span, once the store thread has taken it: in the DB,
-        // or counted as not stored; anything else is evidence lost silently
+        // counted as not stored, or removed by retention once nothing but
+        // spans that explain was left (logged); anything else is evidence
+        // lost silently
         let drained = store_drained(fleet, Duration::from_secs(10));
         let errors = status_u64(fleet, "/db/store_errors");
         let in_db = call.span.map(|span| span_in_db(&fleet.db, span));
         let counted = matches!((errors_before, errors), (Some(b), Some(a)) if a > b);
+        let explaining_removed = explaining_removed_since(&fleet.db, call_started_ms);
         self.check(
             "disk full: the call's span is stored, or counted as not stored",
-            drained && (matches!(in_db, Some(Ok(true))) || counted),
+            drained
+                && (matches!(in_db, Some(Ok(true)))
+                    || counted
+                    || matches!(explaining_removed, Ok(n) if n > 0)),
             format!(
-                "span {:?}: in the DB {in_db:?}; store errors {errors_before:?} before, {errors:?} after; store queue drained: {drained}",
+                "span {:?}: in the DB {in_db:?}; store errors {errors_before:?} before, {errors:?} after; spans that explained something removed by retention since the call: {explaining_removed:?}; store queue drained: {drained}",
                 call.span
             ),
         );
@@ -313,14 +322,35 @@ struct NextCall {
     span: Option<u64>,
 }
 
-fn next_call(fleet: &Fleet, role: Role) -> NextCall {
+/// A call a check makes: its command and the exit code that passes.
+struct Call {
+    title: &'static str,
+    command: &'static str,
+    exit_code: i64,
+}
+
+/// A call that works.
+const ECHO: Call = Call {
+    title: "echo after a restart",
+    command: "echo soak",
+    exit_code: 0,
+};
+
+/// A call whose span explains a failure: a file that is not there.
+const MISSING_FILE: Call = Call {
+    title: "a missing file under the full disk",
+    command: "cat /soak-no-such-file",
+    exit_code: 1,
+};
+
+fn next_call(fleet: &Fleet, role: Role, call: &Call) -> NextCall {
     let dir = fleet.dir.join(format!("next-call-{}", now_ms()));
     let suite = dir.join("suite");
     let _ = std::fs::create_dir_all(&suite);
     let test = serde_json::json!({
-        "id": "soak-0001", "domain": "process", "title": "echo after a restart",
-        "steps": [{"tool": "exec", "arguments": {"command": "echo soak", "timeout_ms": 30000},
-                   "expect": {"exit_code": 0, "stdout_equals": "soak\n"}}]
+        "id": "soak-0001", "domain": "process", "title": call.title,
+        "steps": [{"tool": "exec", "arguments": {"command": call.command, "timeout_ms": 30000},
+                   "expect": {"exit_code": call.exit_code}}]
     });
     let _ = std::fs::write(suite.join("soak-0001.json"), test.to_string());
     let (target, adapter) = match role {
@@ -399,6 +429,17 @@ fn store_drained(fleet: &Fleet, patience: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(200));
     }
     false
+}
+
+/// Spans that explained something which retention removed at or after
+/// `since_ms` (its log).
+fn explaining_removed_since(db: &Path, since_ms: i64) -> rusqlite::Result<i64> {
+    read_only(db)?.query_row(
+        "SELECT COALESCE(SUM(spans_removed), 0) FROM retention_log
+         WHERE reason = 'size-explaining' AND at_ms >= ?1",
+        [since_ms],
+        |r| r.get(0),
+    )
 }
 
 fn span_in_db(db: &Path, span: u64) -> rusqlite::Result<bool> {
