@@ -381,7 +381,7 @@ impl Drop for CallCgroups {
         // not dropped again if a runtime that is shutting down drops the
         // task unrun (that drop would spawn again, recursing): then the
         // directories stay for the next `sweep_stale`
-        let mut left = std::mem::ManuallyDrop::new(CallCgroups {
+        let left = std::mem::ManuallyDrop::new(CallCgroups {
             dirs: std::mem::take(&mut self.dirs),
             tracking: self.tracking.take(),
             v2: self.v2.take(),
@@ -394,13 +394,19 @@ impl Drop for CallCgroups {
         // the kill and the removal can wait on the kernel for seconds: on an
         // async runtime's thread that would stall every session it serves
         match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(move || {
-                let mut left = left;
-                left.remove();
-            })),
-            Err(_) => left.remove(),
+            Ok(rt) => drop(rt.spawn_blocking(move || remove_and_free(left))),
+            Err(_) => remove_and_free(left),
         }
     }
+}
+
+/// Removes a dropped call's cgroups, then frees what held them: emptied,
+/// its drop spawns nothing. (Left in its `ManuallyDrop`, every call's
+/// directory list and paths stayed on the heap: about 200 bytes a call,
+/// megabytes an hour under a campaign.)
+fn remove_and_free(mut left: std::mem::ManuallyDrop<CallCgroups>) {
+    left.remove();
+    drop(std::mem::ManuallyDrop::into_inner(left));
 }
 
 fn make_dir(h: &Hierarchy, name: &str, controller: Option<&str>) -> io::Result<PathBuf> {
@@ -437,4 +443,36 @@ pub fn procs_file(dir: &Path) -> io::Result<std::ffi::CString> {
 fn write(path: &Path, value: &str) -> io::Result<()> {
     std::fs::write(path, value)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CallCgroups, Limits};
+
+    /// A call's cgroups, dropped (outside a runtime: removed on the spot),
+    /// leave nothing on the heap: a month of calls must not add up.
+    #[test]
+    fn dropped_call_cgroups_leave_nothing_on_the_heap() {
+        let name = |k: usize| format!("mcp-{}-heap-{k}", std::process::id());
+        let first = CallCgroups::create(&name(0), Limits::default()).unwrap();
+        if !first.tracks() {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+            assert!(
+                !ci,
+                "no call cgroup could be made (root and cgroup v2 are needed); CI=true forbids skipping"
+            );
+            eprintln!("skipped: no call cgroup could be made (root and cgroup v2 are needed)");
+            return;
+        }
+        drop(first);
+        let before = crate::thread_heap::live();
+        for k in 1..=50 {
+            let cg = CallCgroups::create(&name(k), Limits::default()).unwrap();
+            let dir = cg.v2_dir().unwrap().to_path_buf();
+            drop(cg);
+            assert!(!dir.exists(), "{} was not removed", dir.display());
+        }
+        let left = crate::thread_heap::live() - before;
+        assert_eq!(left, 0, "50 calls' cgroups left {left} bytes on the heap");
+    }
 }

@@ -23,6 +23,8 @@
 //!   call cgroups once it is gone, however it ended.
 //! - [`big_alloc`]: the global allocator that keeps freed big buffers
 //!   mapped for a moment, for the next transfer.
+//! - `thread_heap` (unit tests only): an allocator that counts each
+//!   thread's heap, for tests that show nothing is left on it.
 
 pub mod attach;
 pub mod big_alloc;
@@ -46,3 +48,6 @@ pub mod session;
 pub mod stdio;
 pub mod worker;
 pub mod workload;
+
+#[cfg(test)]
+mod thread_heap;
