@@ -19,8 +19,8 @@ use crate::event::KernelEvent;
 
 mod retention;
 pub use retention::{
-    DEFAULT_MAX_DB_BYTES, DEFAULT_MAX_DISK_SHARE, EXPLAINS_SQL, KeepEvents, Pass,
-    RetentionPolicy, RetentionTotals,
+    DEFAULT_MAX_DB_BYTES, DEFAULT_MAX_DISK_SHARE, EXPLAINS_SQL, KeepEvents, Pass, RetentionPolicy,
+    RetentionTotals,
 };
 
 static MIGRATIONS_DIR: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../migrations");

@@ -52,8 +52,7 @@ use crate::source::{EvidenceSource, Follow, SpanSink, Within};
 use crate::spans::{Source, SpanEvidence};
 use crate::status::{DaemonStatus, DbStatus, Features, OtlpStatus, RetentionRemoved, StatusDrops};
 use crate::store::{
-    Conversion, KeepEvents, Pass, RetentionPolicy, RetentionTotals, SpanFilter, Store,
-    StoredSpan,
+    Conversion, KeepEvents, Pass, RetentionPolicy, RetentionTotals, SpanFilter, Store, StoredSpan,
 };
 use crate::trace::READ_INTERVAL;
 

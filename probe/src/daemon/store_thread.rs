@@ -166,7 +166,11 @@ impl Retention<'_> {
     fn both(&self, store: &mut Store) -> Pass {
         let age = self.by_age(store);
         let size = self.fit(store);
-        self.ended(if age == Pass::Done { size } else { Pass::OutOfTime })
+        self.ended(if age == Pass::Done {
+            size
+        } else {
+            Pass::OutOfTime
+        })
     }
 
     /// Says how the last pass ended in status: before the spans of its
