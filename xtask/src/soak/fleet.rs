@@ -16,13 +16,6 @@ use anyhow::{Context as _, bail};
 /// The DB filesystem's size: small enough to fill in a moment.
 pub const FS_MIB: u64 = 128;
 
-/// Sessions and files per session that fill the daemon's write memory:
-/// 70,400 paths, over its cap of 65,536 (probe's
-/// `sessions::MAX_REMEMBERED`); sessions as small as a test's, so
-/// forgetting one moves the count by little.
-pub const FILL_SESSIONS: usize = 64;
-pub const FILL_FILES: usize = 1_100;
-
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub enum Role {
     Daemon,
@@ -153,40 +146,7 @@ impl Fleet {
             .with_context(|| format!("starting the {}", role.name()))?;
         self.children.lock().unwrap().insert(role, child);
         self.started.lock().unwrap().insert(role, Instant::now());
-        self.wait_ready(role)?;
-        if role == Role::Daemon {
-            self.fill_write_memory()?;
-        }
-        Ok(())
-    }
-
-    /// Brings the daemon's write memory to its cap, where a month of
-    /// calls keeps it after the first hour: spans of many sessions each
-    /// write distinct files. Then a soak's hour measures the month's
-    /// steady state, not the memory filling (in the soak's load it fills
-    /// at about 18 paths a second, an hour to the cap).
-    fn fill_write_memory(&self) -> anyhow::Result<()> {
-        let dir = self.dir.join("fill");
-        for k in 0..FILL_SESSIONS {
-            let script = format!(
-                "mkdir -p {d}/{k} && cd {d}/{k} && i=0; while [ $i -lt {FILL_FILES} ]; do : > f$i; i=$((i+1)); done; cd / && rm -rf {d}/{k}",
-                d = dir.display()
-            );
-            let out = Command::new(self.probe())
-                .args(["span", "--socket"])
-                .arg(&self.socket)
-                .args(["--session", &format!("soak-fill-{k}"), "--json"])
-                .args(["--", "sh", "-c", &script])
-                .output()
-                .context("running probe span")?;
-            if !out.status.success() {
-                bail!(
-                    "filling the write memory: probe span failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-        }
-        Ok(())
+        self.wait_ready(role)
     }
 
     /// Waits until `role` answers: the daemon its status, a server a

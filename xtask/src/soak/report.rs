@@ -116,10 +116,8 @@ impl Report<'_> {
              `agent-bridge serve --stdio` ran under three campaign loops of the generated suite \
              ({} tests, the browser domain left out): one against the HTTP bridge, one through stdio \
              bridges under each of {} fault profiles in turn, one through the proxy with the identity \
-             adapter, and a hostile client (below). Each time the daemon starts, spans of {} sessions \
-             writing {} files each bring its write memory to its cap, where a month of calls keeps \
-             it after the first hour: the hour measured is the month's steady state. Samples every {} s; \
-             the first {:.0} s are warm-up, left out of the slopes. See [RETENTION.md](RETENTION.md) for the evidence budget the full \
+             adapter, and a hostile client (below). Samples every {} s; the first {:.0} s are warm-up, \
+             left out of the slopes. See [RETENTION.md](RETENTION.md) for the evidence budget the full \
              disk shrinks.\n",
             self.minutes,
             date(),
@@ -129,8 +127,6 @@ impl Report<'_> {
                 .trim(),
             self.tests,
             super::load::PROFILES.len(),
-            super::fleet::FILL_SESSIONS,
-            super::fleet::FILL_FILES,
             self.interval_s,
             warm
         );
