@@ -56,13 +56,7 @@ pub fn build_all_in_background(
     }
     let arches = arches.to_vec();
     Ok(std::thread::spawn(move || {
-        // SAFETY: plain syscalls on this thread (0: the caller, which on
-        // Linux is this thread); what it spawns inherits both.
-        unsafe {
-            libc::setpriority(libc::PRIO_PROCESS, 0, 19);
-            // best-effort class, its lowest level: the tests' I/O first
-            libc::syscall(libc::SYS_ioprio_set, 1, 0, (2 << 13) | 7);
-        }
+        crate::background::lowest_priority_here();
         build_all_logged(&arches, Some(&log)).with_context(|| {
             format!(
                 "building the release executables (the compiler's output: {})",

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod apt;
 mod arch;
+mod background;
 mod bench;
 mod browser_demo;
 mod campaign;
@@ -30,6 +31,7 @@ mod pgcluster;
 mod precision;
 mod runtimes;
 mod soak;
+mod stages;
 mod toolchain;
 
 #[derive(Parser)]
@@ -605,6 +607,26 @@ fn is_root() -> bool {
 const TEST_NEEDS_GIB: u64 = 20;
 
 fn test(args: &[String]) -> anyhow::Result<()> {
+    let mut stages = stages::Stages::new();
+    let result = test_stages(&mut stages, args);
+    eprintln!("xtask: where the time went\n{}", stages.table());
+    result
+}
+
+/// `cargo test` over every package but probe-ebpf (which only builds for
+/// BPF), with `targets` (`--lib`, `--test NAME`, ...). Every stage selects
+/// the same packages, so cargo resolves the dependencies' features once and
+/// builds each crate once; with `-p probe` here and `-p agent-bridge` there,
+/// each resolved its own, and a run built the probe crate four times, the
+/// bridge twice and the eBPF programs twice.
+pub fn cargo_test(targets: &[&str]) -> Command {
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "--workspace", "--exclude", "probe-ebpf"])
+        .args(targets);
+    cmd
+}
+
+fn test_stages(stages: &mut stages::Stages, args: &[String]) -> anyhow::Result<()> {
     // a full disk shows up half an hour in as a linker error: say it now
     // (on a fresh clone, before the lints make target/no-ebpf; a second run
     // reuses most of what the first built)
@@ -619,19 +641,25 @@ fn test(args: &[String]) -> anyhow::Result<()> {
     }
     // lints, on the build a machine without the eBPF toolchain gets
     // (AYA_BUILD_SKIP=1: no pinned nightly, no bpf-linker called)
-    run(Command::new("cargo")
-        .args(["clippy", "--all-targets", "--", "-D", "warnings"])
-        .env("AYA_BUILD_SKIP", "1")
-        .env("CARGO_TARGET_DIR", workspace_root().join("target/no-ebpf")))?;
-    // default-members: every crate but probe-ebpf, which only builds for BPF
-    run(Command::new("cargo").args(["test", "--lib", "--bins"]))?;
-    run(Command::new("cargo").args(["test", "-p", "probe", "--test", "docs"]))?;
+    stages.run("lints (clippy, without eBPF)", || {
+        run(Command::new("cargo")
+            .args(["clippy", "--all-targets", "--", "-D", "warnings"])
+            .env("AYA_BUILD_SKIP", "1")
+            .env("CARGO_TARGET_DIR", workspace_root().join("target/no-ebpf")))
+    })?;
+    stages.run("unit tests, and every test built", || {
+        run(&mut cargo_test(&["--lib", "--bins"]))?;
+        run(&mut cargo_test(&["--test", "docs"]))?;
+        // every test binary, and the executables they start, once
+        run(&mut cargo_test(&["--no-run"]))
+    })?;
+    let bridge = workspace_root().join("target/debug/agent-bridge");
     // independent MCP clients against the real bridge binary
-    clients::install()?;
-    let bin = build_debug_binaries()?;
-    let bridge = bin.join("agent-bridge");
-    clients::python_sdk(&bridge)?;
-    clients::conformance(&bridge)?;
+    stages.run("MCP clients (Python SDK, conformance)", || {
+        clients::install()?;
+        clients::python_sdk(&bridge)?;
+        clients::conformance(&bridge)
+    })?;
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
     if !is_root() {
         if ci {
@@ -641,7 +669,7 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         return Ok(());
     }
     // runsc: the bridge test under gVisor; QEMU and busybox: the kernel matrix
-    ensure_debian(&kernels::PACKAGES)?;
+    stages.run("Debian packages", || ensure_debian(&kernels::PACKAGES))?;
     // the release executables the last stages test, built meanwhile on
     // the CPU the tests leave idle
     let dist_log = workspace_root().join("target/dist-build.log");
@@ -650,78 +678,56 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         dist_log.display()
     );
     let dists = dist::build_all_in_background(&arch::Arch::ALL, dist_log)?;
+    // the images' Debian bases too (arm64's first: dpkg under qemu-user,
+    // the longest), which the last stage boots
+    let bases = image::bases_in_background(&[arch::Arch::Aarch64, arch::Arch::X86_64])?;
     // the bridge (and the proxy) through rmcp's client, and every profile on the real kernel
-    run(Command::new("cargo").args([
-        "test",
-        "-p",
-        "agent-bridge",
-        "--test",
-        "bridge",
-        "--test",
-        "profiles",
-        "--test",
-        "campaign",
-        // foreign MCP servers behind `agent-bridge proxy`
-        "--test",
-        "proxy",
-        "--test",
-        "foreign",
-        // runs over many targets; runners sharing a run in PostgreSQL
-        "--test",
-        "fleet",
-        // mcp-fuzzer against serve (stdio, HTTP) and the proxy
-        "--test",
-        "fuzz",
-        // the bridge inside gVisor, the host daemon its monitor; a campaign
-        "--test",
-        "gvisor",
-    ]))?;
-    let mut cmd = Command::new("cargo");
-    cmd.args([
-        "test",
-        "-p",
-        "probe",
-        "--test",
-        "kernel",
-        "--test",
-        "daemon",
-        // the probe inside a PID namespace (a container-like sandbox)
-        "--test",
-        "pidns",
-        // spans exported over OTLP/HTTP to a local receiver
-        "--test",
-        "otlp",
-        // gVisor sandboxes (runsc), the probe as their runtime monitor
-        "--test",
-        "gvisor",
-        "--",
-        "--test-threads=1",
-    ])
-    .args(args);
-    run(&mut cmd)?;
-    // the probe under the sandbox runtimes platforms ship: srt, podman,
-    // bubblewrap with its own PID namespace
-    let installed = runtimes::install()?;
-    run(Command::new("cargo")
-        .args([
-            "test",
-            "-p",
-            "probe",
+    stages.run(
+        "bridge, campaign, proxy, foreign servers, fleet, fuzz",
+        || {
+            run(&mut cargo_test(&[
+                "--test", "bridge", "--test", "profiles", "--test", "campaign",
+                // foreign MCP servers behind `agent-bridge proxy`
+                "--test", "proxy", "--test", "foreign",
+                // runs over many targets; runners sharing a run in PostgreSQL
+                "--test", "fleet",
+                // mcp-fuzzer against serve (stdio, HTTP) and the proxy
+                "--test", "fuzz",
+            ]))
+        },
+    )?;
+    stages.run("probe: kernel, daemon, pidns, otlp; gVisor", || {
+        let mut cmd = cargo_test(&[
             "--test",
-            "runtimes",
+            "kernel",
+            "--test",
+            "daemon",
+            // the probe inside a PID namespace (a container-like sandbox)
+            "--test",
+            "pidns",
+            // spans exported over OTLP/HTTP to a local receiver
+            "--test",
+            "otlp",
+            // gVisor sandboxes (runsc), the probe as their runtime monitor;
+            // and the bridge inside gVisor, the host daemon its monitor
+            // (both packages' `gvisor` tests)
+            "--test",
+            "gvisor",
             "--",
             "--test-threads=1",
-        ])
-        .envs(installed.env()))?;
-    // one host daemon serving bridges in a podman and a bubblewrap
-    // container at once, each confined to its own sandbox; the environment
-    // snapshot of a bubblewrap sandbox, and a compare that ties the tests
-    // that broke there to the differences planted in it
-    run(Command::new("cargo")
-        .args([
-            "test",
-            "-p",
-            "agent-bridge",
+        ]);
+        run(cmd.args(args))
+    })?;
+    // the probe under the sandbox runtimes platforms ship: srt, podman,
+    // bubblewrap with its own PID namespace
+    stages.run("sandbox runtimes, one host daemon, environments", || {
+        let installed = runtimes::install()?;
+        run(cargo_test(&["--test", "runtimes", "--", "--test-threads=1"]).envs(installed.env()))?;
+        // one host daemon serving bridges in a podman and a bubblewrap
+        // container at once, each confined to its own sandbox; the
+        // environment snapshot of a bubblewrap sandbox, and a compare that
+        // ties the tests that broke there to the differences planted in it
+        run(cargo_test(&[
             "--test",
             "hostd",
             "--test",
@@ -730,29 +736,50 @@ fn test(args: &[String]) -> anyhow::Result<()> {
             "--test-threads=1",
         ])
         .envs(installed.env()))?;
-    run(Command::new("cargo").args(["test", "-p", "probe", "--test", "env"]))?;
+        run(&mut cargo_test(&["--test", "env"]))
+    })?;
     // precision on images nobody tuned it for: own-logic failures are
     // `none`, sandbox-caused ones keep their primitive
-    let manifest = precision::images()?;
-    if !precision::run_test(&manifest, None)? {
-        bail!("the precision corpus failed");
-    }
+    stages.run("precision corpus", || {
+        let manifest = precision::images()?;
+        if !precision::run_test(&manifest, None)? {
+            bail!("the precision corpus failed");
+        }
+        Ok(())
+    })?;
     // the static release executables, static by their ELF headers and
     // working in an empty root (no libc, no /bin/sh)
-    let dists = dists
-        .join()
-        .map_err(|_| anyhow::anyhow!("building the release executables panicked"))??;
+    let dists = stages.run("release executables (the rest of their build)", || {
+        dists
+            .join()
+            .map_err(|_| anyhow::anyhow!("building the release executables panicked"))?
+    })?;
     let dist = dists[0].1.clone();
-    run(Command::new("cargo")
-        .args(["test", "-p", "agent-bridge", "--test", "dist"])
-        .env("DIST_DIR", &dist)
-        .env("DIST_DIR_AARCH64", &dists[1].1))?;
+    stages.run("release executables: tests", || {
+        run(cargo_test(&["--test", "dist"])
+            .env("DIST_DIR", &dist)
+            .env("DIST_DIR_AARCH64", &dists[1].1))
+    })?;
     // those executables on the kernels sandboxes boot (5.10, 6.1, 6.12
     // under QEMU, amd64 and arm64, both rungs) and under gVisor, where the
     // probe refuses
-    kernels::run(&dists, &[])?;
-    // a short soak of those executables (kills, a full disk, hostile
-    // clients) beside the image tests, which mostly wait on dpkg and QEMU
+    stages.run("kernel matrix (QEMU) and gVisor", || {
+        kernels::run(&dists, &[])
+    })?;
+    stages.run("image stage: soak, amd64 image, arm64 VM", || {
+        image_stage(&dists, bases)
+    })
+}
+
+/// A short soak of the release executables (kills, a full disk, hostile
+/// clients) beside the image tests, which mostly wait on dpkg and QEMU: the
+/// sandbox image with those executables installed, booted, then the arm64
+/// image booted as a VM under qemu-system-aarch64.
+fn image_stage(
+    dists: &[(arch::Arch, PathBuf)],
+    bases: std::thread::JoinHandle<anyhow::Result<Vec<PathBuf>>>,
+) -> anyhow::Result<()> {
+    let dist = dists[0].1.clone();
     let soak_dir = workspace_root().join("target/soak");
     let soak = {
         let options = soak::Options {
@@ -765,22 +792,25 @@ fn test(args: &[String]) -> anyhow::Result<()> {
         };
         std::thread::spawn(move || soak::run(&options))
     };
-    // the sandbox image with those executables installed, booted (the
-    // Debian base is cached in target/image/ after the first build); the
-    // arm64 base is built meanwhile (both mostly wait on dpkg), then that
-    // image is booted as a VM under qemu-system-aarch64
-    let arm64_base = std::thread::spawn(|| image::base(arch::Arch::Aarch64, false));
-    let amd64 = image::test(&dist, 30);
-    let arm64_base = arm64_base
+    // the tests wait on the images' bases now: what is left of their build
+    // runs at the normal priority
+    let raised = background::raise_to_normal();
+    if raised > 0 {
+        eprintln!("xtask: the images' bases still building: {raised} processes raised to nice 0");
+    }
+    let bases = bases
         .join()
-        .map_err(|_| anyhow::anyhow!("building the arm64 image base panicked"))?;
-    amd64?;
-    arm64_base?;
-    let arm64 = image::vm::test(&dists[1].1, &dist, 20);
-    soak.join()
+        .map_err(|_| anyhow::anyhow!("building the images' bases panicked"))
+        .and_then(|built| built);
+    let images = bases.and_then(|_| {
+        image::test(&dist, 30)?;
+        image::vm::test(&dists[1].1, &dist, 20)
+    });
+    let soak = soak
+        .join()
         .map_err(|_| anyhow::anyhow!("the soak panicked"))?
-        .context("the short soak (report: target/soak/report/SOAK.md)")?;
-    arm64
+        .context("the short soak (report: target/soak/report/SOAK.md)");
+    images.and(soak)
 }
 
 /// Builds probe and agent-bridge (release) and returns their directory.
@@ -795,13 +825,6 @@ pub fn build_release_binaries() -> anyhow::Result<PathBuf> {
         "--bins",
     ]))?;
     Ok(workspace_root().join("target/release"))
-}
-
-/// Builds probe and agent-bridge (debug) and returns their directory.
-fn build_debug_binaries() -> anyhow::Result<PathBuf> {
-    let bin = build_probe()?;
-    run(Command::new("cargo").args(["build", "-p", "agent-bridge"]))?;
-    Ok(bin)
 }
 
 /// Builds the probe binaries (debug) and returns the target directory.

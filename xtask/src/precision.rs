@@ -163,17 +163,8 @@ pub fn precision(write: bool) -> anyhow::Result<()> {
 
 /// Runs the precision test binary over `manifest`'s images; true if it passed.
 pub fn run_test(manifest: &Path, results: Option<&Path>) -> anyhow::Result<bool> {
-    let mut cmd = Command::new("cargo");
-    cmd.args([
-        "test",
-        "-p",
-        "probe",
-        "--test",
-        "precision",
-        "--",
-        "--nocapture",
-    ])
-    .env("PRECISION_IMAGES", manifest);
+    let mut cmd = crate::cargo_test(&["--test", "precision", "--", "--nocapture"]);
+    cmd.env("PRECISION_IMAGES", manifest);
     if let Some(r) = results {
         cmd.env("PRECISION_RESULTS", r);
     }

@@ -354,6 +354,25 @@ pub fn base(arch: Arch, rebuild: bool) -> anyhow::Result<PathBuf> {
     Ok(base)
 }
 
+/// The bases of `arches`, one after another, built in a thread of its own
+/// at the lowest priority (see [`crate::background`]) unless cached: `cargo
+/// xtask test` builds them while its tests run, most of it dpkg under
+/// qemu-user for arm64. What building needs on this machine is installed
+/// first, here, so no apt-get runs beside the caller's own.
+pub fn bases_in_background(
+    arches: &[Arch],
+) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<Vec<PathBuf>>>> {
+    require_root("image")?;
+    for &arch in arches {
+        ensure_debian(&base_tools(arch))?;
+    }
+    let arches = arches.to_vec();
+    Ok(std::thread::spawn(move || {
+        crate::background::lowest_priority_here();
+        arches.into_iter().map(|arch| base(arch, false)).collect()
+    }))
+}
+
 /// Where `arch`'s base of the current recipe is (or will be).
 fn base_dir(arch: Arch) -> anyhow::Result<PathBuf> {
     let key = sha256_hex(recipe(arch)?.as_bytes())[..16].to_string();
