@@ -153,7 +153,7 @@ pub(super) struct Retention<'a> {
 }
 
 impl Retention<'_> {
-    pub(super) fn by_age(&self, store: &mut Store) -> Pass {
+    fn age_pass(&self, store: &mut Store) -> Pass {
         let Some(age) = self.policy.max_age_secs else {
             return Pass::Done;
         };
@@ -162,10 +162,12 @@ impl Retention<'_> {
         self.count(removed, done)
     }
 
-    /// The age pass, then the size pass: behind if either is.
+    /// The age pass, then the size pass: behind if either is. Said in
+    /// status once, when both have ended (each saying its own would show a
+    /// pass owed by the age as done for an instant).
     fn both(&self, store: &mut Store) -> Pass {
-        let age = self.by_age(store);
-        let size = self.fit(store);
+        let age = self.age_pass(store);
+        let size = self.size_pass(store);
         self.ended(if age == Pass::Done {
             size
         } else {
@@ -181,8 +183,13 @@ impl Retention<'_> {
         pass
     }
 
-    /// Under the budget of the moment (bytes, and the share of free disk).
+    /// Under the budget of the moment (bytes, and the share of free disk);
+    /// how the pass ended, said in status.
     pub(super) fn fit(&self, store: &mut Store) -> Pass {
+        self.ended(self.size_pass(store))
+    }
+
+    fn size_pass(&self, store: &mut Store) -> Pass {
         let budget = self
             .policy
             .budget_bytes(store.path(), store.size_bytes().unwrap_or(0));
@@ -216,9 +223,9 @@ impl Retention<'_> {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 Some(n.saturating_sub(r.spans_removed))
             });
-        self.ended(done.unwrap_or_else(|e| {
+        done.unwrap_or_else(|e| {
             tracing::error!("retention failed: {e}");
             Pass::Done
-        }))
+        })
     }
 }

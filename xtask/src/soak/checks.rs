@@ -4,7 +4,8 @@
 //! restarted process serves the next call with kernel evidence. Under a
 //! full disk: the workload's own write gets the space, the daemon keeps
 //! serving and counts what it could not store. At the end: every test of
-//! every run once, and every tool call with kernel evidence or a reason.
+//! every run once, every tool call with kernel evidence or a reason, and
+//! no span left open once the load has stopped.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -16,6 +17,10 @@ use rusqlite::OpenFlags;
 use super::fleet::{Fleet, Role, dies_with_the_soak};
 use super::load::Load;
 use super::sample;
+
+/// The longest a call of the load runs (the bridges' default call timeout
+/// is 60 s), and a margin.
+const SPANS_END_WITHIN: Duration = Duration::from_secs(90);
 
 pub enum Moment {
     Kill(Role),
@@ -281,6 +286,32 @@ impl Timeline {
                 },
             );
         }
+        // a span outlives its call only by a leak: with the load stopped
+        // and its clients gone, every open span ends (a call still running
+        // ends by its own timeout)
+        let waited = Instant::now();
+        let open = loop {
+            let open = sample::status(fleet).and_then(|s| s["open_spans"].as_u64());
+            if open == Some(0) || waited.elapsed() >= SPANS_END_WITHIN {
+                break open;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        self.check(
+            "once the load stops, no span stays open",
+            open == Some(0),
+            match open {
+                Some(0) => format!(
+                    "none open {:.1} s after the last client finished",
+                    waited.elapsed().as_secs_f64()
+                ),
+                Some(n) => format!(
+                    "{n} still open {} s after the last client finished",
+                    SPANS_END_WITHIN.as_secs()
+                ),
+                None => "the daemon did not answer `probe status`".into(),
+            },
+        );
         let st = sample::status(fleet);
         let drops = st
             .as_ref()
