@@ -60,6 +60,18 @@ pub fn ppid(pid: u32) -> Option<u32> {
         .ok()
 }
 
+/// Whether `pid` has exited: gone from /proc, or a zombie waiting to be
+/// reaped.
+pub fn exited(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    matches!(state, Some("Z" | "X"))
+}
+
 /// The command line of `pid`, word by word (empty words dropped).
 pub fn argv(pid: u32) -> Option<Vec<String>> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;

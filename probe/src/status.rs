@@ -49,13 +49,19 @@ pub struct DaemonStatus {
     pub client_sandbox: Option<String>,
 }
 
-/// Clients from other PID namespaces and gVisor sandboxes.
+/// Clients from other PID namespaces and gVisor sandboxes, and the spans
+/// clients leave to their connection to end.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClientsStatus {
     /// Confined clients connected now.
     pub sandboxed: u64,
     /// Requests refused as reaching outside the client's sandbox.
     pub forbidden: u64,
+    /// Spans begun with `ends_with_connection` and not ended yet: the
+    /// daemon ends each when its connection closes (a server's spans
+    /// between calls; flat under load, or a connection forgets nothing).
+    #[serde(default)]
+    pub spans_ending_with_connection: u64,
 }
 
 /// The daemon as gVisor's runtime monitor.
@@ -245,8 +251,11 @@ impl DaemonStatus {
         let clients = match &self.client_sandbox {
             Some(id) => format!("this one is confined to its sandbox, {id}"),
             None => format!(
-                "{} confined connection(s) now; {} request(s) refused as outside their sandbox",
-                self.clients.sandboxed, self.clients.forbidden
+                "{} confined connection(s) now; {} request(s) refused as outside their sandbox; \
+                 {} span(s) to end when their connection closes",
+                self.clients.sandboxed,
+                self.clients.forbidden,
+                self.clients.spans_ending_with_connection
             ),
         };
         let (d, db) = (&self.drops, &self.db);

@@ -622,6 +622,97 @@ fn bad_input_gets_errors_and_the_daemon_keeps_serving() {
     assert_eq!(e.code(), Some(ErrorCode::NotFound));
 }
 
+/// A server's connection lives for weeks and begins a span to end with it
+/// between every two calls: the daemon forgets each one its client ends,
+/// and ends the rest when the connection closes.
+#[test]
+fn a_connection_forgets_the_spans_its_client_ended() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start();
+    let ending = |d: &Daemon| {
+        let status = d.client().status().unwrap();
+        status["clients"]["spans_ending_with_connection"].clone()
+    };
+    let mut server = d.client();
+    let begin = |c: &mut Client| {
+        let r = c
+            .call(
+                json!({"op": "begin_span", "label": "between calls", "ends_with_connection": true}),
+            )
+            .unwrap();
+        r["span_id"].as_u64().unwrap()
+    };
+    for _ in 0..40 {
+        let span = begin(&mut server);
+        server.end_span(span, None, None).unwrap();
+    }
+    let left: Vec<u64> = (0..3).map(|_| begin(&mut server)).collect();
+    assert_eq!(ending(&d), 3, "40 ended by their client, 3 not");
+    // one ended twice: the second end finds it closed, nothing changes
+    server.end_span(left[0], None, None).unwrap();
+    let e = server.end_span(left[0], None, None).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+    assert_eq!(ending(&d), 2);
+    drop(server);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (ending(&d) != 0 || d.client().status().unwrap()["open_spans"] != 0)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(ending(&d), 0, "the connection closed: its spans ended");
+    let status = d.client().status().unwrap();
+    assert_eq!(status["open_spans"], 0, "{status}");
+}
+
+/// A bridge killed in the middle of a call never ends that call's span:
+/// the daemon ends it once the client's process is gone, and leaves alone
+/// a span whose client is alive (it may end it on another connection).
+#[test]
+fn a_span_ends_when_the_client_that_began_it_is_killed() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start();
+    // a client that begins a call's span and is killed before it ends it
+    let script = "import socket, sys, time\n\
+                  s = socket.socket(socket.AF_UNIX)\n\
+                  s.connect(sys.argv[1])\n\
+                  s.sendall(b'{\"op\": \"begin_span\", \"label\": \"a call\"}\\n')\n\
+                  print(s.makefile().readline(), flush=True)\n\
+                  time.sleep(600)\n";
+    let mut client = Command::new("python3")
+        .args(["-c", script])
+        .arg(d.socket())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut answer = String::new();
+    let mut out = client.stdout.take().unwrap();
+    while !answer.contains('\n') {
+        let mut buf = [0u8; 256];
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "the client said nothing: {answer}");
+        answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let begun: Value = serde_json::from_str(answer.trim()).unwrap();
+    let span = begun["span_id"].as_u64().unwrap();
+    // one begun by a client that stays alive and goes away from the socket
+    {
+        let mut c = d.client();
+        c.begin_span(Some("left open"), "x").unwrap();
+    }
+    assert_eq!(d.client().status().unwrap()["open_spans"], 2);
+    client.kill().unwrap();
+    client.wait().unwrap();
+    let mut c = d.client();
+    wait_stored(&mut c, span);
+    let status = c.status().unwrap();
+    assert_eq!(status["open_spans"], 1, "the live client's stays: {status}");
+}
+
 #[test]
 fn export_reimports_into_a_fresh_db_with_identical_rows() {
     if !root() {

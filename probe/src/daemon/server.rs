@@ -170,7 +170,11 @@ pub(super) async fn connection(
     };
     let _sandboxed = SandboxedClient::count(&core.clients, &peer.scope);
     // spans begun here that end with this connection (`ends_with_connection`)
+    // and their client has not ended yet; and the others begun here, which
+    // end with the client's process (a bridge killed in the middle of a call)
     let mut ends_with_us: Vec<u64> = Vec::new();
+    let mut ends_with_client: Vec<u64> = Vec::new();
+    let pending = &core.clients.ending_with_connection;
     let served: anyhow::Result<()> = async {
         loop {
             buf.clear();
@@ -251,13 +255,29 @@ pub(super) async fn connection(
                             ..
                         })
                     );
+                    let begun = matches!(req, Request::BeginSpan(_));
+                    let ended = match req {
+                        Request::EndSpan { span_id, .. } => Some(span_id),
+                        _ => None,
+                    };
                     let line = respond(&id, req, &core, &config, &peer).await;
-                    if ends_with_us_too
-                        && let Some(span) = serde_json::from_str::<Value>(&line)
-                            .ok()
-                            .and_then(|v| v["span_id"].as_u64())
-                    {
-                        ends_with_us.push(span);
+                    if let Some(span) = begun.then(|| span_begun(&line)).flatten() {
+                        if ends_with_us_too {
+                            ends_with_us.push(span);
+                            pending.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            ends_with_client.push(span);
+                        }
+                    }
+                    // ended by its client (or not open any more, which the
+                    // answer says): nothing left to end at disconnect. A
+                    // server's connection lives for weeks and begins spans
+                    // for every call.
+                    if let Some(span) = ended {
+                        if forget(&mut ends_with_us, span) {
+                            pending.fetch_sub(1, Ordering::Relaxed);
+                        }
+                        forget(&mut ends_with_client, span);
                     }
                     line
                 }
@@ -269,6 +289,20 @@ pub(super) async fn connection(
     // the daemon ends them (they were begun here, by this client): those
     // its client ended already are not open, which is nothing to do (and
     // no refusal to count)
+    pending.fetch_sub(ends_with_us.len() as u64, Ordering::Relaxed);
+    // a client's other spans end with its process: one killed in the
+    // middle of a call never ends that call's span, which would hold a
+    // place among `max_open_spans` and its threads' tracking for the
+    // daemon's life. A client alive that closed a connection (to open
+    // another, say) ends its spans itself.
+    let client_gone = match peer_pid {
+        // (0: a process in a PID namespace the daemon cannot see)
+        Some(pid) if pid > 0 && !ends_with_client.is_empty() => has_exited(pid).await,
+        _ => false,
+    };
+    if client_gone {
+        ends_with_us.append(&mut ends_with_client);
+    }
     for span in ends_with_us {
         let closed = core
             .ask(|reply| Command::End {
@@ -286,6 +320,35 @@ pub(super) async fn connection(
         }
     }
     served
+}
+
+/// The span id a `begin_span` answered with.
+fn span_begun(line: &str) -> Option<u64> {
+    serde_json::from_str::<Value>(line)
+        .ok()
+        .and_then(|v| v["span_id"].as_u64())
+}
+
+/// Removes `span` from `spans`; whether it was there.
+fn forget(spans: &mut Vec<u64>, span: u64) -> bool {
+    let at = spans.iter().position(|s| *s == span);
+    at.map(|i| spans.swap_remove(i)).is_some()
+}
+
+/// Whether a client whose connection just closed has exited: a process
+/// closes its files before it becomes a zombie, so the close can come a
+/// moment before the exit shows in /proc.
+async fn has_exited(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if crate::proctree::exited(pid) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A span whose process ended: waits (up to [`SETTLE_WAIT`]) for its
@@ -541,6 +604,10 @@ pub(super) async fn respond(
                         s.clients = crate::status::ClientsStatus {
                             sandboxed: core.clients.sandboxed_now.load(Ordering::Relaxed),
                             forbidden: core.clients.forbidden.load(Ordering::Relaxed),
+                            spans_ending_with_connection: core
+                                .clients
+                                .ending_with_connection
+                                .load(Ordering::Relaxed),
                         };
                         json!({"status": seen_by(s, &peer.scope)})
                     })

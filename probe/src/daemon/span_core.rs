@@ -73,6 +73,9 @@ pub(super) struct CoreHandle {
 pub(super) struct ClientCounts {
     pub(super) sandboxed_now: AtomicU64,
     pub(super) forbidden: AtomicU64,
+    /// Spans begun to end with their connection, not ended yet: each
+    /// connection keeps their ids until its client ends them or it closes.
+    pub(super) ending_with_connection: AtomicU64,
 }
 
 impl ClientCounts {

@@ -304,6 +304,13 @@ impl Report<'_> {
             cap: None,
         });
         out.push(Series {
+            name: "spans to end with their connection".into(),
+            unit: "",
+            fit: global(&|s| s.ending_with_connection.map(|v| v as f64)),
+            floor: 1.0,
+            cap: None,
+        });
+        out.push(Series {
             name: "daemon's write memory (paths)".into(),
             unit: "",
             fit: global(&|s| s.paths_remembered.map(|v| v as f64)),
@@ -381,11 +388,14 @@ impl Report<'_> {
             ("threads", "threads", "", per_role(&|p| p.threads as f64)),
             (
                 "spans",
-                "the daemon's open spans, tracked tasks and write memory; call cgroups",
+                "the daemon's open spans, tracked tasks, spans to end with their connection, write memory; call cgroups",
                 "",
                 vec![
                     line("open spans", &|s| s.open_spans.map(|v| v as f64)),
                     line("tracked tasks", &|s| s.tracked_tasks.map(|v| v as f64)),
+                    line("spans to end with their connection", &|s| {
+                        s.ending_with_connection.map(|v| v as f64)
+                    }),
                     line("write memory (thousands of paths)", &|s| {
                         s.paths_remembered.map(|v| v as f64 / 1000.0)
                     }),

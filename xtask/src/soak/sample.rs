@@ -27,6 +27,9 @@ pub struct Sample {
     pub procs: BTreeMap<Role, ProcSample>,
     /// The daemon's, when it answered.
     pub open_spans: Option<u64>,
+    /// Spans its connections end if they close first (a server's spans
+    /// between calls): bounded by the servers' connections, or a leak.
+    pub ending_with_connection: Option<u64>,
     pub tracked_tasks: Option<u64>,
     /// The sessions' remembered writes (paths and directories).
     pub paths_remembered: Option<u64>,
@@ -93,6 +96,7 @@ pub fn take(fleet: &Fleet, started: Instant) -> Sample {
     if let Some(st) = status(fleet) {
         let n = |v: &Value| v.as_u64();
         s.open_spans = n(&st["open_spans"]);
+        s.ending_with_connection = n(&st["clients"]["spans_ending_with_connection"]);
         s.tracked_tasks = n(&st["tracked_tasks"]);
         s.paths_remembered = n(&st["paths_remembered"]);
         s.events_total = n(&st["events_total"]);
