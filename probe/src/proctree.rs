@@ -48,12 +48,17 @@ fn walk(pid: u32) -> (Vec<u32>, Vec<u32>) {
     (processes, threads)
 }
 
-/// The parent of `pid`, from /proc/PID/stat.
-pub fn ppid(pid: u32) -> Option<u32> {
+/// /proc/PID/stat after its command name (state, ppid, …); `None` when
+/// the process is gone.
+fn stat_after_comm(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // comm may hold spaces and parentheses: fields start after the last ')'
-    stat.rsplit_once(')')?
-        .1
+    Some(stat.rsplit_once(')')?.1.to_owned())
+}
+
+/// The parent of `pid`, from /proc/PID/stat.
+pub fn ppid(pid: u32) -> Option<u32> {
+    stat_after_comm(pid)?
         .split_whitespace()
         .nth(1)?
         .parse()
@@ -63,13 +68,7 @@ pub fn ppid(pid: u32) -> Option<u32> {
 /// Whether `pid` has exited: gone from /proc, or a zombie waiting to be
 /// reaped.
 pub fn exited(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return true;
-    };
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next());
-    matches!(state, Some("Z" | "X"))
+    stat_after_comm(pid).is_none_or(|f| matches!(f.split_whitespace().next(), Some("Z" | "X")))
 }
 
 /// The command line of `pid`, word by word (empty words dropped).

@@ -169,12 +169,7 @@ pub(super) async fn connection(
         ),
     };
     let _sandboxed = SandboxedClient::count(&core.clients, &peer.scope);
-    // spans begun here that end with this connection (`ends_with_connection`)
-    // and their client has not ended yet; and the others begun here, which
-    // end with the client's process (a bridge killed in the middle of a call)
-    let mut ends_with_us: Vec<u64> = Vec::new();
-    let mut ends_with_client: Vec<u64> = Vec::new();
-    let pending = &core.clients.ending_with_connection;
+    let mut begun_here = BegunHere::new(&core.clients.ending_with_connection);
     let served: anyhow::Result<()> = async {
         loop {
             buf.clear();
@@ -262,22 +257,10 @@ pub(super) async fn connection(
                     };
                     let line = respond(&id, req, &core, &config, &peer).await;
                     if let Some(span) = begun.then(|| span_begun(&line)).flatten() {
-                        if ends_with_us_too {
-                            ends_with_us.push(span);
-                            pending.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            ends_with_client.push(span);
-                        }
+                        begun_here.begun(span, ends_with_us_too);
                     }
-                    // ended by its client (or not open any more, which the
-                    // answer says): nothing left to end at disconnect. A
-                    // server's connection lives for weeks and begins spans
-                    // for every call.
                     if let Some(span) = ended {
-                        if forget(&mut ends_with_us, span) {
-                            pending.fetch_sub(1, Ordering::Relaxed);
-                        }
-                        forget(&mut ends_with_client, span);
+                        begun_here.ended(span);
                     }
                     line
                 }
@@ -289,21 +272,7 @@ pub(super) async fn connection(
     // the daemon ends them (they were begun here, by this client): those
     // its client ended already are not open, which is nothing to do (and
     // no refusal to count)
-    pending.fetch_sub(ends_with_us.len() as u64, Ordering::Relaxed);
-    // a client's other spans end with its process: one killed in the
-    // middle of a call never ends that call's span, which would hold a
-    // place among `max_open_spans` and its threads' tracking for the
-    // daemon's life. A client alive that closed a connection (to open
-    // another, say) ends its spans itself.
-    let client_gone = match peer_pid {
-        // (0: a process in a PID namespace the daemon cannot see)
-        Some(pid) if pid > 0 && !ends_with_client.is_empty() => has_exited(pid).await,
-        _ => false,
-    };
-    if client_gone {
-        ends_with_us.append(&mut ends_with_client);
-    }
-    for span in ends_with_us {
+    for span in begun_here.left_at_close(peer_pid).await {
         let closed = core
             .ask(|reply| Command::End {
                 span,
@@ -327,6 +296,65 @@ fn span_begun(line: &str) -> Option<u64> {
     serde_json::from_str::<Value>(line)
         .ok()
         .and_then(|v| v["span_id"].as_u64())
+}
+
+/// The spans one connection began that its client has not ended yet: those
+/// begun to end with the connection (`ends_with_connection`, counted
+/// daemon-wide in status), and the others, which end with the client's
+/// process. A server's connection lives for weeks and begins spans for
+/// every call, so each is forgotten once its client ends it.
+struct BegunHere<'a> {
+    with_connection: Vec<u64>,
+    with_client: Vec<u64>,
+    counted: &'a AtomicU64,
+}
+
+impl<'a> BegunHere<'a> {
+    fn new(counted: &'a AtomicU64) -> Self {
+        Self {
+            with_connection: Vec::new(),
+            with_client: Vec::new(),
+            counted,
+        }
+    }
+
+    fn begun(&mut self, span: u64, ends_with_connection: bool) {
+        if ends_with_connection {
+            self.with_connection.push(span);
+            self.counted.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.with_client.push(span);
+        }
+    }
+
+    /// Ended by its client (or not open any more, which the answer says):
+    /// nothing left to end at the close.
+    fn ended(&mut self, span: u64) {
+        if forget(&mut self.with_connection, span) {
+            self.counted.fetch_sub(1, Ordering::Relaxed);
+        }
+        forget(&mut self.with_client, span);
+    }
+
+    /// The spans the daemon ends as the connection closes. The client's
+    /// other spans go with its process: one killed in the middle of a call
+    /// never ends that call's span, which would hold a place among
+    /// `max_open_spans` and its threads' tracking for the daemon's life. A
+    /// client alive that closed a connection (to open another, say) ends
+    /// its spans itself.
+    async fn left_at_close(mut self, peer_pid: Option<u32>) -> Vec<u64> {
+        self.counted
+            .fetch_sub(self.with_connection.len() as u64, Ordering::Relaxed);
+        let client_gone = match peer_pid {
+            // (0: a process in a PID namespace the daemon cannot see)
+            Some(pid) if pid > 0 && !self.with_client.is_empty() => has_exited(pid).await,
+            _ => false,
+        };
+        if client_gone {
+            self.with_connection.append(&mut self.with_client);
+        }
+        self.with_connection
+    }
 }
 
 /// Removes `span` from `spans`; whether it was there.
