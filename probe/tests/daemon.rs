@@ -1248,6 +1248,58 @@ fn a_span_that_follows_a_cgroup_gets_its_threads_and_what_execs_in_it() {
     }
 }
 
+/// A span asked to follow a cgroup and a process that is gone fails; the
+/// cgroup's threads it had tracked by then leave with it, and its id is
+/// not the next span's (else that span would get their events).
+#[test]
+fn a_failed_begin_leaves_no_thread_traced_for_the_next_span() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start_with_config("[retention]\nkeep_events = \"all\"\n");
+    let mut c = d.client();
+    let root = probe::cgroup::v2_root().expect("a cgroup2 mount");
+    let cg = root.join(format!("probe-dt-failed-begin-{}", std::process::id()));
+    std::fs::create_dir_all(&cg).unwrap();
+    // another process of the call's container, failing all the time
+    let mut neighbour = Command::new("sh")
+        .args([
+            "-c",
+            "while :; do cat /nonexistent-tree-neighbour 2>/dev/null; sleep 0.02; done",
+        ])
+        .spawn()
+        .unwrap();
+    std::fs::write(cg.join("cgroup.procs"), neighbour.id().to_string()).unwrap();
+    // the call's own process, gone before the span begins
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let e = c
+        .call(json!({"op": "begin_span", "label": "call", "cgroup": cg, "pid": gone_pid}))
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+    // the next span follows a process of its own, and only that
+    let r = c
+        .call(json!({"op": "begin_span", "label": "next", "pid": std::process::id()}))
+        .unwrap();
+    let span = r["span_id"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    c.end_span(span, Some(&tool_error()), None).unwrap();
+    wait_stored(&mut c, span);
+    let paths = stored_paths(&mut c, span);
+    neighbour.kill().unwrap();
+    neighbour.wait().unwrap();
+    for _ in 0..50 {
+        if std::fs::remove_dir(&cg).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(paths.is_empty(), "the failed span's threads: {paths:?}");
+    let status = d.client().status().unwrap();
+    assert_eq!(status["open_spans"], 0, "{status}");
+}
+
 /// `sh -c SCRIPT` in a new span of `session` (begun with `begin`'s extra
 /// fields), ended with its exit; answers the span id and its attribution.
 fn script_span(

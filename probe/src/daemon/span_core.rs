@@ -462,9 +462,11 @@ impl Core {
         evidence.cap = self.config.event_cap;
         evidence.source = source;
         let (sources, mut sink) = self.parts();
-        let attached = sources[index].begin(&mut evidence, follow, &mut sink)?;
-        // nothing is followed on an error: the span never existed
+        let attached = sources[index].begin(&mut evidence, follow, &mut sink);
+        // the id is spent even on an error: events the ring still holds
+        // from what was followed before it must not land in the next span
         self.next_span += 1;
+        let attached = attached?;
         evidence.root_serves = follow.tree || server;
         let meta = self.otlp.is_some().then(|| {
             let parent = meta.traceparent.as_deref().and_then(|t| {

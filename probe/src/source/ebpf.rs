@@ -217,13 +217,15 @@ impl EvidenceSource for EbpfSource {
         );
         let followed = self.follow(span, what);
         if followed.is_err() {
-            // nothing was traced: the span never existed
+            // the span never existed: what was followed before the error
+            // (a cgroup's threads, then a process that was gone) stops
             if let Some(Followed {
                 cgroup: Some(id), ..
             }) = self.followed.remove(&span.id)
             {
                 self.probe.unfollow_cgroup(id, span.id);
             }
+            self.probe.untrack_span(span.id);
         }
         followed
     }
