@@ -41,6 +41,9 @@ struct Series {
 }
 
 struct Fit {
+    /// The window's first and last sample times, seconds into the run.
+    from_s: f64,
+    to_s: f64,
     first: f64,
     last: f64,
     mean: f64,
@@ -69,6 +72,8 @@ impl Fit {
             / n)
             .sqrt();
         Some(Fit {
+            from_s: points[0].0,
+            to_s: points[points.len() - 1].0,
             first: points[0].1,
             last: points[points.len() - 1].1,
             mean: my,
@@ -133,21 +138,22 @@ impl Report<'_> {
         let _ = writeln!(md, "## Does anything grow?\n");
         let _ = writeln!(
             md,
-            "Least-squares slope of each series after warm-up (a process's series: after its last \
-             restart and a warm-up of its own; the full-disk minute left out), and that slope over a \
-             month (720 h). *Flat* means the fitted change over the window is within twice the \
+            "Least-squares slope of each series after warm-up (a process's series: over the second \
+             half of its last life, from its restart to the end, which the early kills make most of \
+             the run; the full-disk minute left out), and that slope over a month (720 h). The plots \
+             show every sample, warm-ups included. *Flat* means the fitted change over the window is within twice the \
              scatter around the line, or under the series' floor (one fd, one thread, one span, \
              1 MiB of RSS). A series the process bounds (the daemon's write memory) may fill \
              toward its cap.\n"
         );
         let _ = writeln!(
             md,
-            "| series | first | last | mean | slope per hour | a month at that slope | verdict |\n|---|---:|---:|---:|---:|---:|---|"
+            "| series | fitted over | first | last | mean | slope per hour | a month at that slope | verdict |\n|---|---|---:|---:|---:|---:|---:|---|"
         );
         let mut grows = Vec::new();
         for s in &series {
             let Some(f) = Fit::of(&s.fit) else {
-                let _ = writeln!(md, "| {} | | | | | | too few samples |", s.name);
+                let _ = writeln!(md, "| {} | | | | | | | too few samples |", s.name);
                 continue;
             };
             let flat = f.flat(s.floor);
@@ -162,8 +168,10 @@ impl Report<'_> {
             };
             let _ = writeln!(
                 md,
-                "| {} | {:.1} {u} | {:.1} {u} | {:.1} {u} | {:+.2} {u}/h | {:+.1} {u} | {} |",
+                "| {} | {:.1}–{:.1} min | {:.1} {u} | {:.1} {u} | {:.1} {u} | {:+.2} {u}/h | {:+.1} {u} | {} |",
                 s.name,
+                f.from_s / 60.0,
+                f.to_s / 60.0,
                 f.first,
                 f.last,
                 f.mean,
@@ -251,19 +259,23 @@ impl Report<'_> {
     fn series(&self, warm: f64, disk: (f64, f64)) -> Vec<Series> {
         let in_fit = |t: f64| t >= warm && !(disk.0..=disk.1).contains(&t);
         let mut out = Vec::new();
+        let end = self.samples.last().map_or(0.0, |s| s.t);
         for role in Role::ALL {
-            // after the role's last restart, plus its own warm-up
+            // the second half of the role's last life: a process fills its
+            // caches, pools and heap after a restart for a while that is
+            // its own, and what grows after that is what a month adds up
             let restart = self
                 .timeline
                 .marks
                 .iter()
                 .filter(|m| m.1 == format!("kill -9 {}", role.name()))
-                .map(|m| m.0 + warm / 2.0)
+                .map(|m| m.0)
                 .fold(0.0, f64::max);
+            let from = second_half(restart, end, warm);
             let pts = |f: &dyn Fn(&super::sample::ProcSample) -> f64| -> Vec<(f64, f64)> {
                 self.samples
                     .iter()
-                    .filter(|s| in_fit(s.t) && s.t >= restart)
+                    .filter(|s| in_fit(s.t) && s.t >= from)
                     .filter_map(|s| s.procs.get(&role).map(|p| (s.t, f(p))))
                     .collect()
             };
@@ -549,9 +561,15 @@ fn date() -> String {
         .unwrap_or_default()
 }
 
+/// Where a process's fit starts: the second half of its life from
+/// `restart` to `end`, and never within half the run's warm-up of its start.
+fn second_half(restart: f64, end: f64, warm: f64) -> f64 {
+    restart + ((end - restart) / 2.0).max(warm / 2.0)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Fit;
+    use super::{Fit, second_half};
 
     fn series(f: impl Fn(f64) -> f64) -> Vec<(f64, f64)> {
         (0..360)
@@ -572,5 +590,26 @@ mod tests {
         // RSS scattered around a level
         let scattered = series(|t| 50.0 + ((t / 10.0) as u64 % 7) as f64 * 0.3);
         assert!(Fit::of(&scattered).unwrap().flat(1.0));
+    }
+
+    #[test]
+    fn a_process_is_judged_past_a_long_warm_up_and_a_leak_still_shows() {
+        // killed 6 minutes into an hour, then 17 MiB of warm-up over 20
+        // minutes and flat: the shape the daemon's RSS had
+        let restart = 360.0;
+        let from = second_half(restart, 3_590.0, 360.0);
+        assert_eq!(from, 1_975.0);
+        let warming = |t: f64| 45.0 + 17.0 * ((t - restart) / 1_200.0).clamp(0.0, 1.0);
+        let window = |f: &dyn Fn(f64) -> f64, start: f64| -> Vec<(f64, f64)> {
+            series(f).into_iter().filter(|p| p.0 >= start).collect()
+        };
+        assert!(Fit::of(&window(&warming, from)).unwrap().flat(1.0));
+        // three minutes after the restart, the warm-up reads as growth
+        assert!(!Fit::of(&window(&warming, restart + 180.0)).unwrap().flat(1.0));
+        // 4 MiB an hour on top of it still grows in the second half
+        let leaking = |t: f64| warming(t) + 4.0 * t / 3_600.0;
+        assert!(!Fit::of(&window(&leaking, from)).unwrap().flat(1.0));
+        // a short run: never before half its warm-up after the restart
+        assert_eq!(second_half(24.0, 60.0, 60.0), 54.0);
     }
 }
