@@ -164,7 +164,13 @@ impl Report<'_> {
             let verdict = match (flat, capped) {
                 (true, _) => "flat".to_string(),
                 (false, Some(cap)) => format!("fills toward its cap ({cap:.0})"),
-                (false, None) => "**grows**".to_string(),
+                (false, None) if self.minutes >= super::JUDGED_FROM_MINUTES => {
+                    "**grows**".to_string()
+                }
+                (false, None) => format!(
+                    "rises (not judged: a run under {:.0} minutes is warm-up)",
+                    super::JUDGED_FROM_MINUTES
+                ),
             };
             let _ = writeln!(
                 md,
