@@ -1240,12 +1240,7 @@ fn a_span_that_follows_a_cgroup_gets_its_threads_and_what_execs_in_it() {
         .unwrap_err();
     assert!(e.to_string().contains("not a cgroup v2 directory"), "{e}");
     drop(server);
-    for _ in 0..50 {
-        if std::fs::remove_dir(&cg).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    remove_cgroup(&cg);
 }
 
 /// A span asked to follow a cgroup and a process that is gone fails; the
@@ -1289,15 +1284,20 @@ fn a_failed_begin_leaves_no_thread_traced_for_the_next_span() {
     let paths = stored_paths(&mut c, span);
     neighbour.kill().unwrap();
     neighbour.wait().unwrap();
-    for _ in 0..50 {
-        if std::fs::remove_dir(&cg).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    remove_cgroup(&cg);
     assert!(paths.is_empty(), "the failed span's threads: {paths:?}");
     let status = d.client().status().unwrap();
     assert_eq!(status["open_spans"], 0, "{status}");
+}
+
+/// Removes a test's cgroup once its killed processes have left it.
+fn remove_cgroup(cg: &Path) {
+    for _ in 0..50 {
+        if std::fs::remove_dir(cg).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `sh -c SCRIPT` in a new span of `session` (begun with `begin`'s extra

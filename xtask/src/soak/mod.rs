@@ -54,6 +54,11 @@ const FILL_DISK_AT: f64 = 0.75;
 /// A shorter run is all warm-up: its slopes are shown, not judged.
 pub const JUDGED_FROM_MINUTES: f64 = 30.0;
 
+/// Whether a run of `minutes` judges its series' growth.
+pub fn judges_growth(minutes: f64) -> bool {
+    minutes >= JUDGED_FROM_MINUTES
+}
+
 /// Runs the soak; fails when a check failed (and, for a run of 30 minutes
 /// or more, when a series grows). SOAK.md is written either way.
 pub fn run(o: &Options) -> anyhow::Result<()> {
@@ -127,7 +132,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     let grows = report.write(&o.out)?;
     drop(fleet);
     let failed: Vec<&checks::Check> = timeline.checks.iter().filter(|c| !c.passed).collect();
-    let judged = o.minutes >= JUDGED_FROM_MINUTES;
+    let judged = judges_growth(o.minutes);
     eprintln!(
         "xtask: soak: {} checks, {} failed; {} series {}; report: {}",
         timeline.checks.len(),

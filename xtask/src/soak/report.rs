@@ -164,9 +164,7 @@ impl Report<'_> {
             let verdict = match (flat, capped) {
                 (true, _) => "flat".to_string(),
                 (false, Some(cap)) => format!("fills toward its cap ({cap:.0})"),
-                (false, None) if self.minutes >= super::JUDGED_FROM_MINUTES => {
-                    "**grows**".to_string()
-                }
+                (false, None) if super::judges_growth(self.minutes) => "**grows**".to_string(),
                 (false, None) => format!(
                     "rises (not judged: a run under {:.0} minutes is warm-up)",
                     super::JUDGED_FROM_MINUTES
@@ -611,7 +609,11 @@ mod tests {
         };
         assert!(Fit::of(&window(&warming, from)).unwrap().flat(1.0));
         // three minutes after the restart, the warm-up reads as growth
-        assert!(!Fit::of(&window(&warming, restart + 180.0)).unwrap().flat(1.0));
+        assert!(
+            !Fit::of(&window(&warming, restart + 180.0))
+                .unwrap()
+                .flat(1.0)
+        );
         // 4 MiB an hour on top of it still grows in the second half
         let leaking = |t: f64| warming(t) + 4.0 * t / 3_600.0;
         assert!(!Fit::of(&window(&leaking, from)).unwrap().flat(1.0));
