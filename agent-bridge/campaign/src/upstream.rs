@@ -64,6 +64,32 @@ impl Drop for Upstream {
     }
 }
 
+/// Ports a DNS stub may try before it gives up.
+const PORT_TRIES: usize = 32;
+
+/// A TCP listener and a UDP socket on one port of `host`, as a DNS server
+/// answers on both. The kernel picks a port free for TCP; UDP may hold it
+/// already (the two protocols' ports are picked apart: three campaign
+/// loops beside each other once drew a UDP port another run's listener
+/// held). A port that fails is kept bound until the end, so the kernel
+/// picks another.
+async fn bind_tcp_and_udp(host: Ipv4Addr) -> std::io::Result<(TcpListener, UdpSocket)> {
+    let mut tried = Vec::new();
+    for _ in 0..PORT_TRIES {
+        let tcp = TcpListener::bind((host, 0)).await?;
+        let port = tcp.local_addr()?.port();
+        match UdpSocket::bind((host, port)).await {
+            Ok(udp) => return Ok((tcp, udp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => tried.push(tcp),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        format!("no port free for both TCP and UDP in {} tries", tried.len()),
+    ))
+}
+
 impl Upstream {
     /// Starts the three servers on `host` (ports picked by the kernel) on
     /// the current tokio runtime. They stop when the value is dropped.
@@ -80,13 +106,10 @@ impl Upstream {
         let echo = TcpListener::bind((host, 0))
             .await
             .map_err(|e| bind("TCP echo", e))?;
-        let dns_udp = UdpSocket::bind((host, 0))
+        let (dns_tcp, dns_udp) = bind_tcp_and_udp(host)
             .await
             .map_err(|e| bind("DNS stub", e))?;
         let dns_port = dns_udp.local_addr()?.port();
-        let dns_tcp = TcpListener::bind((host, dns_port))
-            .await
-            .map_err(|e| bind("DNS stub (TCP)", e))?;
         let stop = CancellationToken::new();
         let up = Upstream {
             host,
@@ -774,6 +797,21 @@ mod tests {
         q
     }
 
+    /// A UDP socket connected to `up`'s DNS stub.
+    async fn stub_client(up: &Upstream) -> UdpSocket {
+        let s = UdpSocket::bind((up.host, 0)).await.unwrap();
+        s.connect((up.host, up.dns_port)).await.unwrap();
+        s
+    }
+
+    /// The stub's answer to an A query for `name`.
+    async fn ask(s: &UdpSocket, name: &str) -> Vec<u8> {
+        s.send(&query(name, 1)).await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.recv(&mut buf).await.unwrap();
+        buf[..n].to_vec()
+    }
+
     #[tokio::test]
     async fn the_servers_answer_over_loopback() {
         let up = Upstream::start(UPSTREAM_HOST).await.unwrap();
@@ -814,16 +852,69 @@ mod tests {
         c.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"ping\0\xff");
         // DNS over UDP: an A record, and NXDOMAIN outside the zone
-        let s = UdpSocket::bind((up.host, 0)).await.unwrap();
-        s.connect((up.host, up.dns_port)).await.unwrap();
-        s.send(&query("www.campaign.test", 1)).await.unwrap();
-        let mut buf = [0u8; 512];
-        let n = s.recv(&mut buf).await.unwrap();
-        assert_eq!(&buf[n - 4..n], &UPSTREAM_HOST.octets());
-        assert_eq!(buf[3] & 0x0f, 0);
-        s.send(&query("example.org", 1)).await.unwrap();
-        let n = s.recv(&mut buf).await.unwrap();
-        assert_eq!(buf[3] & 0x0f, 3, "NXDOMAIN: {:?}", &buf[..n]);
+        let s = stub_client(&up).await;
+        let answer = ask(&s, "www.campaign.test").await;
+        assert_eq!(answer[answer.len() - 4..], UPSTREAM_HOST.octets());
+        assert_eq!(answer[3] & 0x0f, 0);
+        let answer = ask(&s, "example.org").await;
+        assert_eq!(answer[3] & 0x0f, 3, "NXDOMAIN: {answer:?}");
         drop(up);
+    }
+
+    /// The DNS stub's port must be free for UDP and TCP alike. In a network
+    /// namespace whose ephemeral range is four ports, the HTTP server and
+    /// the echo hold two of them: a UDP port picked first, without regard
+    /// to TCP, was one of theirs half the time.
+    #[test]
+    fn the_dns_stub_gets_a_port_free_for_udp_and_tcp() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+                "this test makes a network namespace and needs root; CI=true forbids skipping"
+            );
+            eprintln!("SKIPPED: needs root for a network namespace");
+            return;
+        }
+        for round in 0..24 {
+            std::thread::spawn(move || {
+                // SAFETY: unshare takes flags; a new network namespace
+                // moves only this thread (and what it starts) into it
+                let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+                assert_eq!(r, 0, "unshare: {}", std::io::Error::last_os_error());
+                let set_up = std::process::Command::new("sh")
+                    .args([
+                        "-c",
+                        "ip link set lo up && echo '40000 40003' > /proc/sys/net/ipv4/ip_local_port_range",
+                    ])
+                    .status()
+                    .unwrap();
+                assert!(set_up.success(), "loopback and port range: {set_up}");
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let up = Upstream::start(UPSTREAM_HOST)
+                        .await
+                        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                    let ports = [up.http_port, up.echo_port, up.dns_port];
+                    assert!(
+                        ports.iter().all(|p| (40000..=40003).contains(p))
+                            && ports[0] != ports[1]
+                            && ports[1] != ports[2]
+                            && ports[0] != ports[2],
+                        "round {round}: {ports:?}"
+                    );
+                    // the stub answers on its port over both protocols
+                    let answer = ask(&stub_client(&up).await, "www.campaign.test").await;
+                    assert_eq!(answer[answer.len() - 4..], UPSTREAM_HOST.octets());
+                    tokio::net::TcpStream::connect((up.host, up.dns_port))
+                        .await
+                        .unwrap();
+                });
+            })
+            .join()
+            .unwrap();
+        }
     }
 }
