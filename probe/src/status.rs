@@ -62,6 +62,11 @@ pub struct ClientsStatus {
     /// between calls; flat under load, or a connection forgets nothing).
     #[serde(default)]
     pub spans_ending_with_connection: u64,
+    /// Span ids the connections keep to end should their client's process
+    /// die: those open, and at most as many again ended on another
+    /// connection since the last pruning (flat under load).
+    #[serde(default)]
+    pub spans_ending_with_client: u64,
 }
 
 /// The daemon as gVisor's runtime monitor.
@@ -252,10 +257,11 @@ impl DaemonStatus {
             Some(id) => format!("this one is confined to its sandbox, {id}"),
             None => format!(
                 "{} confined connection(s) now; {} request(s) refused as outside their sandbox; \
-                 {} span(s) to end when their connection closes",
+                 {} span(s) to end when their connection closes, {} kept to end if their client dies",
                 self.clients.sandboxed,
                 self.clients.forbidden,
-                self.clients.spans_ending_with_connection
+                self.clients.spans_ending_with_connection,
+                self.clients.spans_ending_with_client
             ),
         };
         let (d, db) = (&self.drops, &self.db);

@@ -667,6 +667,57 @@ fn a_connection_forgets_the_spans_its_client_ended() {
     assert_eq!(status["open_spans"], 0, "{status}");
 }
 
+/// agent-bridge begins a call's span on one connection and ends it on
+/// another: the first connection, which lives as long as the bridge, must
+/// not keep the ids of spans ended elsewhere (8 bytes a call, for weeks).
+#[test]
+fn a_connection_forgets_the_spans_ended_on_another() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start();
+    let kept = |d: &Daemon| {
+        let status = d.client().status().unwrap();
+        let clients = &status["clients"];
+        (
+            clients["spans_ending_with_client"].as_u64().unwrap(),
+            clients["spans_ending_with_connection"].as_u64().unwrap(),
+        )
+    };
+    let (mut begins, mut ends) = (d.client(), d.client());
+    for i in 0..1000 {
+        let r = begins
+            .call(
+                json!({"op": "begin_span", "label": "a call", "ends_with_connection": i % 2 == 0}),
+            )
+            .unwrap();
+        ends.end_span(r["span_id"].as_u64().unwrap(), None, None)
+            .unwrap();
+    }
+    // one still open, on the beginning connection
+    let open = begins
+        .call(json!({"op": "begin_span", "label": "a call"}))
+        .unwrap()["span_id"]
+        .as_u64()
+        .unwrap();
+    let (with_client, with_connection) = kept(&d);
+    assert!(
+        with_client + with_connection < 2 * 64,
+        "1000 spans ended on another connection: {with_client} ending with their client \
+         and {with_connection} with their connection still kept"
+    );
+    assert!(with_client >= 1, "the open span is kept");
+    begins.end_span(open, None, None).unwrap();
+    drop(begins);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while kept(&d) != (0, 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(kept(&d), (0, 0), "the connection closed: it keeps nothing");
+    let status = d.client().status().unwrap();
+    assert_eq!(status["open_spans"], 0, "{status}");
+}
+
 /// A bridge killed in the middle of a call never ends that call's span:
 /// the daemon ends it once the client's process is gone, and leaves alone
 /// a span whose client is alive (it may end it on another connection).

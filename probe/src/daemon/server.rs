@@ -169,7 +169,7 @@ pub(super) async fn connection(
         ),
     };
     let _sandboxed = SandboxedClient::count(&core.clients, &peer.scope);
-    let mut begun_here = BegunHere::new(&core.clients.ending_with_connection);
+    let mut begun_here = BegunHere::new(&core);
     let served: anyhow::Result<()> = async {
         loop {
             buf.clear();
@@ -299,31 +299,51 @@ fn span_begun(line: &str) -> Option<u64> {
 }
 
 /// The spans one connection began that its client has not ended yet: those
-/// begun to end with the connection (`ends_with_connection`, counted
-/// daemon-wide in status), and the others, which end with the client's
-/// process. A server's connection lives for weeks and begins spans for
-/// every call, so each is forgotten once its client ends it.
+/// begun to end with the connection (`ends_with_connection`), and the
+/// others, which end with the client's process (both counted daemon-wide in
+/// status). A server's connection lives for weeks and begins spans for
+/// every call, so each is forgotten once its client ends it: on this
+/// connection at once, and on another (agent-bridge begins a call's span on
+/// one connection and ends it on a second) when the lists are next pruned
+/// of the spans no longer open.
 struct BegunHere<'a> {
     with_connection: Vec<u64>,
     with_client: Vec<u64>,
-    counted: &'a AtomicU64,
+    core: &'a CoreHandle,
+    /// The length at which the lists are pruned next: twice what the last
+    /// pruning kept, so pruning costs O(1) a span.
+    prune_at: usize,
 }
 
+/// The least `BegunHere::prune_at`.
+const PRUNE_AT_LEAST: usize = 64;
+
 impl<'a> BegunHere<'a> {
-    fn new(counted: &'a AtomicU64) -> Self {
+    fn new(core: &'a CoreHandle) -> Self {
         Self {
             with_connection: Vec::new(),
             with_client: Vec::new(),
-            counted,
+            core,
+            prune_at: PRUNE_AT_LEAST,
         }
     }
 
     fn begun(&mut self, span: u64, ends_with_connection: bool) {
         if ends_with_connection {
             self.with_connection.push(span);
-            self.counted.fetch_add(1, Ordering::Relaxed);
+            self.core
+                .clients
+                .ending_with_connection
+                .fetch_add(1, Ordering::Relaxed);
         } else {
             self.with_client.push(span);
+            self.core
+                .clients
+                .ending_with_client
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        if self.with_connection.len() + self.with_client.len() >= self.prune_at {
+            self.prune();
         }
     }
 
@@ -331,9 +351,35 @@ impl<'a> BegunHere<'a> {
     /// nothing left to end at the close.
     fn ended(&mut self, span: u64) {
         if forget(&mut self.with_connection, span) {
-            self.counted.fetch_sub(1, Ordering::Relaxed);
+            self.core
+                .clients
+                .ending_with_connection
+                .fetch_sub(1, Ordering::Relaxed);
         }
-        forget(&mut self.with_client, span);
+        if forget(&mut self.with_client, span) {
+            self.core
+                .clients
+                .ending_with_client
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets the spans no longer open (a span id is never reused, so one
+    /// closed stays closed).
+    fn prune(&mut self) {
+        if let Ok(core) = self.core.lock() {
+            let clients = &self.core.clients;
+            for (spans, count) in [
+                (&mut self.with_connection, &clients.ending_with_connection),
+                (&mut self.with_client, &clients.ending_with_client),
+            ] {
+                let before = spans.len();
+                spans.retain(|s| core.is_open(*s));
+                count.fetch_sub((before - spans.len()) as u64, Ordering::Relaxed);
+            }
+        }
+        let kept = self.with_connection.len() + self.with_client.len();
+        self.prune_at = (2 * kept).max(PRUNE_AT_LEAST);
     }
 
     /// The spans the daemon ends as the connection closes. The client's
@@ -343,8 +389,13 @@ impl<'a> BegunHere<'a> {
     /// client alive that closed a connection (to open another, say) ends
     /// its spans itself.
     async fn left_at_close(mut self, peer_pid: Option<u32>) -> Vec<u64> {
-        self.counted
+        let clients = &self.core.clients;
+        clients
+            .ending_with_connection
             .fetch_sub(self.with_connection.len() as u64, Ordering::Relaxed);
+        clients
+            .ending_with_client
+            .fetch_sub(self.with_client.len() as u64, Ordering::Relaxed);
         let client_gone = match peer_pid {
             // (0: a process in a PID namespace the daemon cannot see)
             Some(pid) if pid > 0 && !self.with_client.is_empty() => has_exited(pid).await,
@@ -635,6 +686,10 @@ pub(super) async fn respond(
                             spans_ending_with_connection: core
                                 .clients
                                 .ending_with_connection
+                                .load(Ordering::Relaxed),
+                            spans_ending_with_client: core
+                                .clients
+                                .ending_with_client
                                 .load(Ordering::Relaxed),
                         };
                         json!({"status": seen_by(s, &peer.scope)})

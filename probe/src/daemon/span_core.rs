@@ -76,6 +76,10 @@ pub(super) struct ClientCounts {
     /// Spans begun to end with their connection, not ended yet: each
     /// connection keeps their ids until its client ends them or it closes.
     pub(super) ending_with_connection: AtomicU64,
+    /// Spans begun to end with their client's process, whose ids a
+    /// connection keeps: those not ended yet, and those ended on another
+    /// connection since it last pruned its list.
+    pub(super) ending_with_client: AtomicU64,
 }
 
 impl ClientCounts {
@@ -296,6 +300,11 @@ impl Core {
         for source in sources {
             source.drain(max, &mut sink);
         }
+    }
+
+    /// Whether span `id` is open (ids are never reused).
+    pub(super) fn is_open(&self, id: u64) -> bool {
+        self.spans.contains_key(&id)
     }
 
     pub(super) fn handle(&mut self, cmd: Command) {

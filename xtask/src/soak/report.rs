@@ -327,6 +327,13 @@ impl Report<'_> {
             cap: None,
         });
         out.push(Series {
+            name: "span ids kept to end if their client dies".into(),
+            unit: "",
+            fit: global(&|s| s.ending_with_client.map(|v| v as f64)),
+            floor: 1.0,
+            cap: None,
+        });
+        out.push(Series {
             name: "daemon's write memory (paths)".into(),
             unit: "",
             fit: global(&|s| s.paths_remembered.map(|v| v as f64)),
@@ -404,13 +411,16 @@ impl Report<'_> {
             ("threads", "threads", "", per_role(&|p| p.threads as f64)),
             (
                 "spans",
-                "the daemon's open spans, tracked tasks, spans to end with their connection, write memory; call cgroups",
+                "the daemon's open spans, tracked tasks, spans to end with their connection, span ids kept for their client, write memory; call cgroups",
                 "",
                 vec![
                     line("open spans", &|s| s.open_spans.map(|v| v as f64)),
                     line("tracked tasks", &|s| s.tracked_tasks.map(|v| v as f64)),
                     line("spans to end with their connection", &|s| {
                         s.ending_with_connection.map(|v| v as f64)
+                    }),
+                    line("span ids kept to end if their client dies", &|s| {
+                        s.ending_with_client.map(|v| v as f64)
                     }),
                     line("write memory (thousands of paths)", &|s| {
                         s.paths_remembered.map(|v| v as f64 / 1000.0)
@@ -448,7 +458,9 @@ impl Report<'_> {
     }
 }
 
-const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+const COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+];
 
 /// A line chart: time in minutes across, `lines` up, `marks` as dashed
 /// verticals.

@@ -30,6 +30,10 @@ pub struct Sample {
     /// Spans its connections end if they close first (a server's spans
     /// between calls): bounded by the servers' connections, or a leak.
     pub ending_with_connection: Option<u64>,
+    /// Span ids its connections keep to end should their client die:
+    /// those open, and those ended on another connection since the last
+    /// pruning (bounded by twice the open spans), or a leak.
+    pub ending_with_client: Option<u64>,
     pub tracked_tasks: Option<u64>,
     /// The sessions' remembered writes (paths and directories).
     pub paths_remembered: Option<u64>,
@@ -97,6 +101,7 @@ pub fn take(fleet: &Fleet, started: Instant) -> Sample {
         let n = |v: &Value| v.as_u64();
         s.open_spans = n(&st["open_spans"]);
         s.ending_with_connection = n(&st["clients"]["spans_ending_with_connection"]);
+        s.ending_with_client = n(&st["clients"]["spans_ending_with_client"]);
         s.tracked_tasks = n(&st["tracked_tasks"]);
         s.paths_remembered = n(&st["paths_remembered"]);
         s.events_total = n(&st["events_total"]);
