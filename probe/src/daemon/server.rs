@@ -307,8 +307,8 @@ fn span_begun(line: &str) -> Option<u64> {
 /// one connection and ends it on a second) when the lists are next pruned
 /// of the spans no longer open.
 struct BegunHere<'a> {
-    with_connection: Vec<u64>,
-    with_client: Vec<u64>,
+    with_connection: Kept<'a>,
+    with_client: Kept<'a>,
     core: &'a CoreHandle,
     /// The length at which the lists are pruned next: twice what the last
     /// pruning kept, so pruning costs O(1) a span.
@@ -318,31 +318,69 @@ struct BegunHere<'a> {
 /// The least `BegunHere::prune_at`.
 const PRUNE_AT_LEAST: usize = 64;
 
+/// Span ids a connection keeps, with the daemon-wide count status shows
+/// kept in step.
+struct Kept<'a> {
+    ids: Vec<u64>,
+    count: &'a AtomicU64,
+}
+
+impl<'a> Kept<'a> {
+    fn new(count: &'a AtomicU64) -> Self {
+        Self {
+            ids: Vec::new(),
+            count,
+        }
+    }
+
+    fn push(&mut self, span: u64) {
+        self.ids.push(span);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn forget(&mut self, span: u64) {
+        if let Some(i) = self.ids.iter().position(|s| *s == span) {
+            self.ids.swap_remove(i);
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn retain(&mut self, keep: impl Fn(u64) -> bool) {
+        let before = self.ids.len();
+        self.ids.retain(|s| keep(*s));
+        self.count
+            .fetch_sub((before - self.ids.len()) as u64, Ordering::Relaxed);
+    }
+
+    /// The ids, no longer counted.
+    fn take(mut self) -> Vec<u64> {
+        self.count
+            .fetch_sub(self.ids.len() as u64, Ordering::Relaxed);
+        std::mem::take(&mut self.ids)
+    }
+}
+
 impl<'a> BegunHere<'a> {
     fn new(core: &'a CoreHandle) -> Self {
         Self {
-            with_connection: Vec::new(),
-            with_client: Vec::new(),
+            with_connection: Kept::new(&core.clients.ending_with_connection),
+            with_client: Kept::new(&core.clients.ending_with_client),
             core,
             prune_at: PRUNE_AT_LEAST,
         }
     }
 
+    fn kept(&self) -> usize {
+        self.with_connection.ids.len() + self.with_client.ids.len()
+    }
+
     fn begun(&mut self, span: u64, ends_with_connection: bool) {
         if ends_with_connection {
             self.with_connection.push(span);
-            self.core
-                .clients
-                .ending_with_connection
-                .fetch_add(1, Ordering::Relaxed);
         } else {
             self.with_client.push(span);
-            self.core
-                .clients
-                .ending_with_client
-                .fetch_add(1, Ordering::Relaxed);
         }
-        if self.with_connection.len() + self.with_client.len() >= self.prune_at {
+        if self.kept() >= self.prune_at {
             self.prune();
         }
     }
@@ -350,36 +388,18 @@ impl<'a> BegunHere<'a> {
     /// Ended by its client (or not open any more, which the answer says):
     /// nothing left to end at the close.
     fn ended(&mut self, span: u64) {
-        if forget(&mut self.with_connection, span) {
-            self.core
-                .clients
-                .ending_with_connection
-                .fetch_sub(1, Ordering::Relaxed);
-        }
-        if forget(&mut self.with_client, span) {
-            self.core
-                .clients
-                .ending_with_client
-                .fetch_sub(1, Ordering::Relaxed);
-        }
+        self.with_connection.forget(span);
+        self.with_client.forget(span);
     }
 
     /// Forgets the spans no longer open (a span id is never reused, so one
     /// closed stays closed).
     fn prune(&mut self) {
         if let Ok(core) = self.core.lock() {
-            let clients = &self.core.clients;
-            for (spans, count) in [
-                (&mut self.with_connection, &clients.ending_with_connection),
-                (&mut self.with_client, &clients.ending_with_client),
-            ] {
-                let before = spans.len();
-                spans.retain(|s| core.is_open(*s));
-                count.fetch_sub((before - spans.len()) as u64, Ordering::Relaxed);
-            }
+            self.with_connection.retain(|s| core.is_open(s));
+            self.with_client.retain(|s| core.is_open(s));
         }
-        let kept = self.with_connection.len() + self.with_client.len();
-        self.prune_at = (2 * kept).max(PRUNE_AT_LEAST);
+        self.prune_at = (2 * self.kept()).max(PRUNE_AT_LEAST);
     }
 
     /// The spans the daemon ends as the connection closes. The client's
@@ -388,30 +408,19 @@ impl<'a> BegunHere<'a> {
     /// `max_open_spans` and its threads' tracking for the daemon's life. A
     /// client alive that closed a connection (to open another, say) ends
     /// its spans itself.
-    async fn left_at_close(mut self, peer_pid: Option<u32>) -> Vec<u64> {
-        let clients = &self.core.clients;
-        clients
-            .ending_with_connection
-            .fetch_sub(self.with_connection.len() as u64, Ordering::Relaxed);
-        clients
-            .ending_with_client
-            .fetch_sub(self.with_client.len() as u64, Ordering::Relaxed);
+    async fn left_at_close(self, peer_pid: Option<u32>) -> Vec<u64> {
+        let mut ending = self.with_connection.take();
+        let with_client = self.with_client.take();
         let client_gone = match peer_pid {
             // (0: a process in a PID namespace the daemon cannot see)
-            Some(pid) if pid > 0 && !self.with_client.is_empty() => has_exited(pid).await,
+            Some(pid) if pid > 0 && !with_client.is_empty() => has_exited(pid).await,
             _ => false,
         };
         if client_gone {
-            self.with_connection.append(&mut self.with_client);
+            ending.extend(with_client);
         }
-        self.with_connection
+        ending
     }
-}
-
-/// Removes `span` from `spans`; whether it was there.
-fn forget(spans: &mut Vec<u64>, span: u64) -> bool {
-    let at = spans.iter().position(|s| *s == span);
-    at.map(|i| spans.swap_remove(i)).is_some()
 }
 
 /// Whether a client whose connection just closed has exited: a process
