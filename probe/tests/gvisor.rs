@@ -12,7 +12,7 @@
 use std::io::Write as _;
 use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
@@ -66,7 +66,10 @@ impl Drop for Scratch {
 }
 
 /// `probe trace --gvisor --json -- runsc --root STATE --network=none`,
-/// to be followed by `do CMD` or `run …`.
+/// to be followed by `do CMD` or `run …`. Its stdin is an empty pipe:
+/// runsc chowns the stdio it gets to its sandbox's user, and `output()`'s
+/// default stdin is /dev/null, the whole host's (stdout and stderr are
+/// `output()`'s pipes or the caller's own).
 fn probe_runsc(state: &Path) -> Command {
     probe_runsc_with(state, &[])
 }
@@ -78,7 +81,8 @@ fn probe_runsc_with(state: &Path, flags: &[&str]) -> Command {
         .args(flags)
         .args(["--gvisor", "--json", "--timeout", "60", "--", "runsc"])
         .arg(format!("--root={}", state.display()))
-        .arg("--network=none");
+        .arg("--network=none")
+        .stdin(Stdio::piped());
     c
 }
 
@@ -714,6 +718,12 @@ impl Drop for Daemon {
     }
 }
 
+/// An empty file at `path`, open to read.
+fn empty_file(path: &Path) -> std::fs::File {
+    std::fs::write(path, "").unwrap();
+    std::fs::File::open(path).unwrap()
+}
+
 /// A host daemon of the test's own in `dir` (killed on drop), and a
 /// sandbox started detached with its session (`run --detach`, as
 /// containerd does), running `sleep 120`; `edit` changes its OCI config.
@@ -760,21 +770,24 @@ impl DetachedSandbox {
             .args(["run", "--detach", "--bundle"])
             .arg(&bundle)
             .arg(&d.id)
-            // the sandbox keeps what it inherits: pipes would never close
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            // the sandbox keeps what it inherits, so pipes would never
+            // close, and runsc chowns it to the sandbox's user: files of
+            // its own, never /dev/null
+            .stdin(empty_file(&dir.join("sandbox.in")))
+            .stdout(std::fs::File::create(dir.join("sandbox.out")).unwrap())
+            .stderr(std::fs::File::create(dir.join("sandbox.err")).unwrap())
             .status()
             .unwrap();
         assert!(started.success(), "runsc run --detach: {started}");
         d
     }
 
-    /// runsc with this sandbox's state directory.
+    /// runsc with this sandbox's state directory, and an empty pipe for
+    /// stdin (`exec` chowns its stdio, see [`probe_runsc`]).
     fn runsc(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("runsc");
         cmd.arg(format!("--root={}", self.dir.join("state").display()));
-        cmd.args(args);
+        cmd.args(args).stdin(Stdio::piped());
         cmd
     }
 }

@@ -57,8 +57,9 @@ fn once(probe: Option<(&Path, &str)>, script: &str) -> anyhow::Result<(f64, serd
     };
     cmd.args(["--network=none", "do", "sh", "-c", script]);
     let started = Instant::now();
+    // pipes, never /dev/null: runsc chowns its stdio to its sandbox's user
     let out = cmd
-        .stderr(Stdio::null())
+        .stdin(Stdio::piped())
         .output()
         .context("running runsc (cargo xtask setup installs it)")?;
     let secs = started.elapsed().as_secs_f64();

@@ -9,7 +9,7 @@
 //! host kernel gives. No disk and no network device: the guest has none.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
 use serde_json::Value;
@@ -830,6 +830,9 @@ fn gvisor(dist: &Path) -> anyhow::Result<()> {
             .args(["120", "runsc", "--network=none", "do"])
             .arg(&probe)
             .args(&args)
+            // runsc chowns its stdio to its sandbox's user: an empty pipe,
+            // not output()'s default /dev/null (the whole host's)
+            .stdin(Stdio::piped())
             .output()
             .context("running runsc")?;
         let stdout = String::from_utf8_lossy(&out.stdout);

@@ -1,7 +1,8 @@
 //! The stages of `cargo xtask test`: the wall time of each and how busy the
 //! machine's CPUs were meanwhile (from /proc/stat), printed as each stage
 //! ends and as a table at the end, so a slow run says where its time went
-//! and whether it waited or computed.
+//! and whether it waited or computed. A stage must also leave the owners of
+//! /dev/null and of its own stdio as it found them.
 
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,53 @@ impl CpuTicks {
     }
 }
 
+/// Who owns each of some files: (uid, gid), None where it cannot be read.
+#[derive(PartialEq, Debug)]
+struct Owners(Vec<(&'static str, Option<(u32, u32)>)>);
+
+impl Owners {
+    /// /dev/null and this process's stdio (their /proc links lead to the
+    /// file, pipe or terminal itself). runsc chowns the stdio it gets to its
+    /// sandbox's user: a test that hands it the caller's (CI's log) or
+    /// /dev/null (the whole host's) changes them for everyone after it.
+    fn of_stdio() -> Self {
+        Self::of(&[
+            ("/dev/null", "/dev/null"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ])
+    }
+
+    fn of(files: &[(&'static str, &str)]) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        Self(
+            files
+                .iter()
+                .map(|&(name, path)| {
+                    let owner = std::fs::metadata(path).ok().map(|m| (m.uid(), m.gid()));
+                    (name, owner)
+                })
+                .collect(),
+        )
+    }
+
+    /// What changed owner since `earlier`, said as `stdout: 0:0 -> 65534:65534`.
+    fn changed_since(&self, earlier: &Owners) -> Vec<String> {
+        let said =
+            |o: Option<(u32, u32)>| o.map_or("unreadable".into(), |(u, g)| format!("{u}:{g}"));
+        earlier
+            .0
+            .iter()
+            .zip(&self.0)
+            .filter(|(before, after)| before.1 != after.1)
+            .map(|((name, before), (_, after))| {
+                format!("{name}: {} -> {}", said(*before), said(*after))
+            })
+            .collect()
+    }
+}
+
 struct Row {
     name: String,
     wall: Duration,
@@ -79,8 +127,17 @@ impl Stages {
         name: &str,
         stage: impl FnOnce() -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
-        let (started, cpu) = (Instant::now(), CpuTicks::now());
-        let result = stage();
+        let (started, cpu, owners) = (Instant::now(), CpuTicks::now(), Owners::of_stdio());
+        let mut result = stage();
+        let changed = Owners::of_stdio().changed_since(&owners);
+        if result.is_ok() && !changed.is_empty() {
+            result = Err(anyhow::anyhow!(
+                "stage {name} changed the owner of {}: a program it started was handed \
+                 them (runsc chowns its stdio to its sandbox's user): give it pipes or \
+                 files of its own",
+                changed.join(", ")
+            ));
+        }
         let (busy, niced) = CpuTicks::now().shares_since(cpu);
         let row = Row {
             name: name.to_string(),
@@ -173,5 +230,28 @@ mod tests {
             table.lines().last().unwrap().starts_with("the whole run"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn a_changed_owner_is_named_with_both_owners() {
+        use std::os::unix::fs::MetadataExt as _;
+        let file = std::env::temp_dir().join(format!("xtask-owners-{}", std::process::id()));
+        std::fs::write(&file, "").unwrap();
+        let path = file.to_str().unwrap();
+        let owners = || Owners::of(&[("log", path), ("gone", "/nonexistent/log")]);
+        let before = owners();
+        assert_eq!(before.0[1], ("gone", None));
+        assert!(owners().changed_since(&before).is_empty());
+        let me = std::fs::metadata(&file).unwrap();
+        // giving a file away takes root (CI runs this as root)
+        let given = std::os::unix::fs::chown(&file, Some(65534), Some(65534));
+        let changed = owners().changed_since(&before);
+        std::fs::remove_file(&file).unwrap();
+        if me.uid() != 0 {
+            assert!(given.is_err() && changed.is_empty(), "{changed:?}");
+            return;
+        }
+        given.unwrap();
+        assert_eq!(changed, ["log: 0:0 -> 65534:65534"]);
     }
 }

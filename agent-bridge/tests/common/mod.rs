@@ -282,9 +282,15 @@ impl Bridge {
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            // a pipe copied to ours, not ours: a wrapper may chown its
+            // stdio (runsc gives it to its sandbox's user), and ours may be
+            // the caller's file (CI's log)
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("start agent-bridge");
+        let mut stderr = child.stderr.take().unwrap();
+        tokio::spawn(async move { tokio::io::copy(&mut stderr, &mut tokio::io::stderr()).await });
         let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(
             child.stdout.take().unwrap(),
             child.stdin.take().unwrap(),
@@ -934,10 +940,14 @@ impl Relay {
             .args(["python3", relay.to_str().unwrap(), socket, mark])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            // a pipe, copied to ours: see `Bridge::stdio_under`
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start the relay");
         let stdin = child.stdin.take().unwrap();
         let stdout = child.stdout.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::stderr()));
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
